@@ -1,0 +1,89 @@
+//! Identifier rules shared by session ids, project names and working-context
+//! session names.
+//!
+//! One rule for all three keeps URLs, AHP URIs and database keys free of
+//! escaping: `[A-Za-z0-9._:-]`, 1 to 128 characters.
+
+/// The longest accepted identifier, in bytes (all accepted characters are
+/// ASCII, so bytes and characters agree).
+pub const MAX_NAME_LEN: usize = 128;
+
+/// Why a name was refused; each message names the rule so a caller can fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// The name is empty.
+    #[error("{kind} must not be empty")]
+    Empty {
+        /// What was being named ("session id", "project", ...).
+        kind: &'static str,
+    },
+    /// The name is longer than [`MAX_NAME_LEN`].
+    #[error("{kind} is {len} characters long; at most {MAX_NAME_LEN} are allowed")]
+    TooLong {
+        /// What was being named.
+        kind: &'static str,
+        /// The length that was given.
+        len: usize,
+    },
+    /// The name holds a character outside `[A-Za-z0-9._:-]`.
+    #[error("{kind} contains {found:?}; only letters, digits and . _ : - are allowed")]
+    BadCharacter {
+        /// What was being named.
+        kind: &'static str,
+        /// The first offending character.
+        found: char,
+    },
+}
+
+/// Checks `name` against the identifier rule, naming it `kind` in the error.
+pub fn validate_name(kind: &'static str, name: &str) -> Result<(), NameError> {
+    if name.is_empty() {
+        return Err(NameError::Empty { kind });
+    }
+    if let Some(found) = name.chars().find(|c| !is_name_char(*c)) {
+        return Err(NameError::BadCharacter { kind, found });
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(NameError::TooLong {
+            kind,
+            len: name.len(),
+        });
+    }
+    Ok(())
+}
+
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_the_allowed_alphabet() {
+        assert_eq!(validate_name("project", "Team-1.core_x:y"), Ok(()));
+        assert_eq!(validate_name("project", &"a".repeat(MAX_NAME_LEN)), Ok(()));
+    }
+
+    #[test]
+    fn refuses_empty_long_and_foreign_characters() {
+        assert_eq!(
+            validate_name("project", ""),
+            Err(NameError::Empty { kind: "project" })
+        );
+        assert_eq!(
+            validate_name("project", &"a".repeat(MAX_NAME_LEN + 1)),
+            Err(NameError::TooLong {
+                kind: "project",
+                len: MAX_NAME_LEN + 1
+            })
+        );
+        let err = validate_name("session id", "a/b").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "session id contains '/'; only letters, digits and . _ : - are allowed"
+        );
+        assert!(validate_name("project", "é").is_err());
+    }
+}

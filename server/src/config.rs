@@ -1,0 +1,237 @@
+//! The command line. Every flag has a `TETHER_*` environment fallback, so a
+//! container is configured with environment variables alone.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::store::{StoreOptions, redact_url};
+
+/// Tether: a durable, multi-user session host for coding agents.
+#[derive(Debug, Parser)]
+#[command(name = "tether", version, about, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server.
+    Serve(ServeArgs),
+    /// Print the OpenAPI document the server serves at /openapi.json.
+    Openapi,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// Flags of `tether serve`.
+#[derive(Clone, Args)]
+pub struct ServeArgs {
+    /// Address to listen on. Only loopback addresses are accepted unless
+    /// --insecure-allow-remote is given.
+    #[arg(long, env = "TETHER_BIND", default_value = "127.0.0.1:7878")]
+    pub bind: SocketAddr,
+
+    /// Allow listening on a non-loopback address without authentication.
+    /// Anyone who can reach the port can then read and drive every session.
+    #[arg(long, env = "TETHER_INSECURE_ALLOW_REMOTE", default_value_t = false)]
+    pub insecure_allow_remote: bool,
+
+    /// The database: `sqlite:PATH` (or a plain path) for embedded SQLite, or
+    /// `postgres://USER:PASSWORD@HOST/DB`.
+    #[arg(
+        long,
+        env = "TETHER_DATABASE_URL",
+        default_value = "sqlite:./tether.db"
+    )]
+    pub database_url: String,
+
+    /// Seconds to wait for a database connection, also at start-up.
+    #[arg(
+        long,
+        env = "TETHER_DATABASE_CONNECT_TIMEOUT_SECS",
+        default_value_t = 5
+    )]
+    pub database_connect_timeout_secs: u64,
+
+    /// Largest number of database connections (read pool for SQLite).
+    #[arg(long, env = "TETHER_DATABASE_MAX_CONNECTIONS", default_value_t = 8)]
+    pub database_max_connections: u32,
+
+    /// Largest accepted HTTP request body, in bytes. Larger bodies get 413.
+    /// The default leaves room for a 1 MiB working context plus JSON framing.
+    #[arg(long, env = "TETHER_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
+    #[arg(long, env = "TETHER_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
+    pub shutdown_grace_secs: u64,
+
+    /// Log format. The level is set with RUST_LOG (default `info`).
+    #[arg(long, env = "TETHER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl fmt::Debug for ServeArgs {
+    // Written by hand so a password in the database URL never reaches a log.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServeArgs")
+            .field("bind", &self.bind)
+            .field("insecure_allow_remote", &self.insecure_allow_remote)
+            .field("database_url", &redact_url(&self.database_url))
+            .field(
+                "database_connect_timeout_secs",
+                &self.database_connect_timeout_secs,
+            )
+            .field("database_max_connections", &self.database_max_connections)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("shutdown_grace_secs", &self.shutdown_grace_secs)
+            .field("log_format", &self.log_format)
+            .finish()
+    }
+}
+
+/// Why a configuration cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A non-loopback bind without the explicit opt-in.
+    #[error(
+        "refusing to listen on {0}: it is not a loopback address and Tether has no authentication \
+         configured; pass --insecure-allow-remote (TETHER_INSECURE_ALLOW_REMOTE=true) to allow it"
+    )]
+    RemoteBindRefused(SocketAddr),
+}
+
+/// The settings a running server uses, derived from [`ServeArgs`].
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Largest accepted request body, in bytes.
+    pub max_body_bytes: usize,
+    /// How long in-flight requests may run after shutdown begins.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 2 * 1024 * 1024,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ServeArgs {
+    /// Checks the bind rule: loopback, or an explicit opt-in.
+    pub fn check_bind(&self) -> Result<(), ConfigError> {
+        if self.bind.ip().is_loopback() || self.insecure_allow_remote {
+            Ok(())
+        } else {
+            Err(ConfigError::RemoteBindRefused(self.bind))
+        }
+    }
+
+    /// The store connection settings.
+    pub fn store_options(&self) -> StoreOptions {
+        StoreOptions {
+            connect_timeout: Duration::from_secs(self.database_connect_timeout_secs),
+            max_connections: self.database_max_connections,
+        }
+    }
+
+    /// The running server's settings.
+    pub fn serve_config(&self) -> ServeConfig {
+        ServeConfig {
+            max_body_bytes: self.max_body_bytes,
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+        }
+    }
+}
+
+/// Every `TETHER_*` environment variable the command line reads, for checks
+/// that deployment files only set variables that exist.
+pub fn env_vars() -> Vec<String> {
+    use clap::CommandFactory;
+    let mut out = Vec::new();
+    let mut stack = vec![Cli::command()];
+    while let Some(command) = stack.pop() {
+        out.extend(
+            command
+                .get_arguments()
+                .filter_map(|arg| arg.get_env())
+                .map(|env| env.to_string_lossy().into_owned()),
+        );
+        stack.extend(command.get_subcommands().cloned());
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> ServeArgs {
+        let mut argv = vec!["tether", "serve"];
+        argv.extend_from_slice(list);
+        match Cli::try_parse_from(argv).expect("valid arguments").command {
+            Command::Serve(args) => args,
+            Command::Openapi => panic!("expected serve"),
+        }
+    }
+
+    #[test]
+    fn loopback_is_the_default_and_remote_needs_the_opt_in() {
+        assert!(args(&[]).check_bind().is_ok());
+        assert!(args(&["--bind", "[::1]:9000"]).check_bind().is_ok());
+        let refused = args(&["--bind", "0.0.0.0:7878"]).check_bind().unwrap_err();
+        assert!(refused.to_string().contains("--insecure-allow-remote"));
+        assert!(
+            args(&["--bind", "0.0.0.0:7878", "--insecure-allow-remote"])
+                .check_bind()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn debug_redacts_the_database_password() {
+        let shown = format!(
+            "{:?}",
+            args(&["--database-url", "postgres://u:hunter2@db/t"])
+        );
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    #[test]
+    fn every_flag_has_an_env_fallback() {
+        use clap::CommandFactory;
+        let command = Cli::command();
+        let serve = command
+            .get_subcommands()
+            .find(|c| c.get_name() == "serve")
+            .expect("serve exists");
+        for arg in serve.get_arguments() {
+            if matches!(arg.get_id().as_str(), "help" | "version") {
+                continue;
+            }
+            assert!(
+                arg.get_env().is_some(),
+                "--{} has no env fallback",
+                arg.get_id()
+            );
+        }
+        assert!(env_vars().contains(&"TETHER_DATABASE_URL".to_owned()));
+    }
+}

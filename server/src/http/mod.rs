@@ -1,0 +1,109 @@
+//! The HTTP surface: one module per resource, each owning its router; this
+//! module only merges them, adds the cross-cutting layers and the OpenAPI
+//! document.
+
+pub mod error;
+pub mod health;
+
+use std::sync::{Arc, OnceLock};
+
+use axum::Router;
+use axum::extract::{MatchedPath, Request};
+use axum::http::{HeaderName, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi;
+use utoipa::openapi::OpenApi as OpenApiDoc;
+use utoipa_axum::router::OpenApiRouter;
+
+use crate::AppState;
+
+/// The header carrying the request id, set when the client sent none and
+/// echoed on the response.
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Tether",
+        description = "A durable, multi-user session host for coding agents. \
+                       AHP 1.0 over WebSocket at /ahp; this document covers the REST API.",
+        license(name = "MIT OR Apache-2.0", identifier = "MIT OR Apache-2.0"),
+    ),
+    tags((name = "operations", description = "Liveness, readiness and this document."))
+)]
+struct ApiDoc;
+
+/// All documented routes with their OpenAPI description.
+fn documented() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(health::router())
+}
+
+/// The OpenAPI document the server serves at `/openapi.json`.
+pub fn openapi() -> OpenApiDoc {
+    let (_, mut doc) = documented().split_for_parts();
+    // The version follows the crate so the committed file changes with releases.
+    doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    doc
+}
+
+/// The OpenAPI document as the pretty JSON committed in `openapi/openapi.json`.
+pub fn openapi_json() -> String {
+    let mut json = openapi()
+        .to_pretty_json()
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    json.push('\n');
+    json
+}
+
+/// Builds the whole application router.
+pub fn router(state: AppState) -> Router {
+    static SPEC: OnceLock<Arc<str>> = OnceLock::new();
+    let spec = SPEC.get_or_init(|| openapi_json().into()).clone();
+    let max_body = state.config.max_body_bytes;
+    let (routes, _) = documented().split_for_parts();
+    routes
+        .route(
+            "/openapi.json",
+            get(move || {
+                let spec = spec.clone();
+                async move { ([("content-type", "application/json")], spec.to_string()) }
+            }),
+        )
+        .fallback(not_found)
+        .with_state(state)
+        .layer(RequestBodyLimitLayer::new(max_body))
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|request: &Request| {
+                let route = request
+                    .extensions()
+                    .get::<MatchedPath>()
+                    .map(MatchedPath::as_str)
+                    .unwrap_or("unmatched");
+                let id = request
+                    .headers()
+                    .get(&REQUEST_ID)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-");
+                tracing::info_span!("http", method = %request.method(), route, request_id = id)
+            }),
+        )
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+}
+
+async fn not_found(request: Request) -> Response {
+    error::problem(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        Some(format!(
+            "There is no route for {} {}.",
+            request.method(),
+            request.uri().path()
+        )),
+    )
+    .into_response()
+}

@@ -1,0 +1,92 @@
+//! The `tether` binary: parses the command line and hands over to the library.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tether_server::config::{Cli, Command, ServeArgs};
+use tether_server::{AppState, serve, store, telemetry};
+use tokio::net::TcpListener;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => return fail(format!("cannot start the async runtime: {err}")),
+    };
+    match cli.command {
+        Command::Serve(args) => runtime.block_on(run_serve(args)),
+        Command::Openapi => {
+            print!("{}", tether_server::http::openapi_json());
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// Prints one line to stderr and returns a failing exit code.
+fn fail(message: String) -> ExitCode {
+    eprintln!("tether: error: {message}");
+    ExitCode::FAILURE
+}
+
+async fn run_serve(args: ServeArgs) -> ExitCode {
+    telemetry::init(args.log_format);
+    if let Err(err) = args.check_bind() {
+        return fail(err.to_string());
+    }
+    if !args.bind.ip().is_loopback() {
+        tracing::warn!(
+            bind = %args.bind,
+            "listening on a non-loopback address without authentication: anyone who can reach \
+             this port can read and drive every session"
+        );
+    }
+    let store = match store::open(&args.database_url, &args.store_options()).await {
+        Ok(store) => store,
+        Err(err) => return fail(err.to_string()),
+    };
+    let listener = match TcpListener::bind(args.bind).await {
+        Ok(listener) => listener,
+        Err(err) => {
+            store.close().await;
+            return fail(format!("cannot listen on {}: {err}", args.bind));
+        }
+    };
+    let addr = listener
+        .local_addr()
+        .map_or_else(|_| args.bind.to_string(), |a| a.to_string());
+    tracing::info!(
+        %addr,
+        backend = store.backend().as_str(),
+        database = %store::redact_url(&args.database_url),
+        "tether is serving"
+    );
+    let state = AppState::new(store, args.serve_config());
+    match serve(listener, state, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => fail(format!("server failed: {err}")),
+    }
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM (container stop).
+async fn shutdown_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {},
+        () = terminate => {},
+    }
+}

@@ -1,0 +1,458 @@
+//! Durable storage: the transcript log, the session read model, snapshots,
+//! recorded rejections and working contexts.
+//!
+//! [`Store`] is object-safe and held as `Arc<dyn Store>`. Each backend is
+//! written by hand against its own SQL and runs its own migrations when it
+//! opens; one conformance suite (`tests/tests/store_conformance.rs`) holds them
+//! to the same contract.
+//!
+//! The contract every backend keeps:
+//! * `serverSeq` is host-wide, strictly increasing in commit order, gap-free
+//!   and never reused, also across restarts and hosts sharing one database.
+//! * [`Store::append`] commits a whole batch in one transaction (group commit)
+//!   and returns only once it is durable.
+//! * An origin `(clientId, clientSeq)` is accepted at most once and is never
+//!   both accepted and rejected: the first recorded outcome wins.
+//! * A session's read-model row is written in the same transaction as the log
+//!   row it summarises.
+
+mod postgres;
+mod rows;
+mod sqlite;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+
+/// How many rows one read may return at most, whatever the caller asks for.
+/// Keeps a single reply bounded in memory (invariant 7).
+pub const MAX_READ_LIMIT: u32 = 10_000;
+
+/// Snapshots kept per channel; older ones are pruned when a new one is written.
+/// Two, so a reader that just fetched the previous one can still use it.
+const SNAPSHOTS_KEPT: i64 = 2;
+
+/// Errors of the storage layer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database URL names a scheme Tether does not speak.
+    #[error(
+        "unsupported database URL {0:?}: use sqlite:PATH (or a plain file path) or postgres://USER@HOST/DB"
+    )]
+    UnsupportedUrl(String),
+    /// The database could not be opened or prepared for use.
+    #[error("cannot open {target}: {reason}")]
+    Open {
+        /// The database, with any password redacted.
+        target: String,
+        /// Why, in one line.
+        reason: String,
+    },
+    /// A query failed (connection lost, disk full, constraint broken, ...).
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A stored row could not be decoded.
+    #[error("corrupt stored record: {0}")]
+    Corrupt(String),
+}
+
+/// Which backend a store runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Embedded SQLite.
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+}
+
+impl Backend {
+    /// The backend's name as reported by `/readyz`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
+
+/// The host record: created once per database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostRecord {
+    /// A UUID created when the database was first opened. Clients compare it
+    /// to know whether their `serverSeq` still means anything.
+    pub epoch: Uuid,
+    /// The highest `serverSeq` ever issued.
+    pub last_seq: u64,
+}
+
+/// The client that dispatched an action, and its sequence number.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Origin {
+    /// The AHP client id.
+    pub client_id: String,
+    /// The client's own sequence number for the dispatch.
+    pub client_seq: u64,
+}
+
+/// One envelope to append.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEnvelope {
+    /// The channel URI (`ahp-session:/<id>`, `ahp-chat:/<id>`, `ahp-root://`).
+    pub channel: String,
+    /// The session the envelope belongs to, if any (root envelopes have none).
+    pub session_id: Option<String>,
+    /// The action as JSON text, stored and re-sent byte for byte.
+    pub action: String,
+    /// Who dispatched it; `None` for host-originated actions.
+    pub origin: Option<Origin>,
+    /// The session's read-model row after this envelope, written in the same
+    /// transaction. The store fills in `last_seq` and the update time.
+    pub session: Option<SessionRecord>,
+}
+
+/// An envelope as stored in the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEnvelope {
+    /// Its `serverSeq`.
+    pub seq: u64,
+    /// The channel URI.
+    pub channel: String,
+    /// The session it belongs to, if any.
+    pub session_id: Option<String>,
+    /// The action JSON text, exactly as appended.
+    pub action: String,
+    /// Who dispatched it; `None` for host-originated actions.
+    pub origin: Option<Origin>,
+    /// Commit time, milliseconds since the Unix epoch.
+    pub at_ms: i64,
+}
+
+/// A refused dispatch, recorded so a retry gets the same answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// The origin that was refused.
+    pub origin: Origin,
+    /// The channel it was aimed at.
+    pub channel: String,
+    /// The refused action JSON text.
+    pub action: String,
+    /// Why, as a sentence a person can act on.
+    pub reason: String,
+    /// When it was recorded, milliseconds since the Unix epoch.
+    pub at_ms: i64,
+}
+
+/// What a store already knows about an origin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OriginOutcome {
+    /// The origin was accepted as this envelope.
+    Accepted(StoredEnvelope),
+    /// The origin was refused.
+    Rejected(Rejection),
+}
+
+/// The result of appending one envelope of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Appended {
+    /// Committed with this `serverSeq`.
+    Committed {
+        /// The seq it was given.
+        seq: u64,
+        /// Commit time, milliseconds since the Unix epoch.
+        at_ms: i64,
+    },
+    /// Not appended: its origin already has an outcome, returned here. Nothing
+    /// of the envelope (nor its read-model row) was written.
+    Duplicate(OriginOutcome),
+}
+
+/// A session's read-model row as the writer supplies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRecord {
+    /// Session id (the path of `ahp-session:/<id>`).
+    pub id: String,
+    /// Project name.
+    pub project: String,
+    /// Agent provider.
+    pub provider: String,
+    /// Title, explicit or derived.
+    pub title: Option<String>,
+    /// Projected state (`live`, `dormant`, `ended`, `closed`).
+    pub state: String,
+    /// Turns started.
+    pub turns: u64,
+    /// Whether the session can be resumed.
+    pub resumable: bool,
+    /// Creation time, milliseconds since the Unix epoch; kept from the first
+    /// write of the row.
+    pub created_ms: i64,
+    /// The whole projection as JSON text.
+    pub projection: String,
+}
+
+/// A session's read-model row as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRow {
+    /// The row as last written.
+    pub record: SessionRecord,
+    /// The seq of the session's latest envelope; unique across sessions.
+    pub last_seq: u64,
+    /// Time of the latest envelope, milliseconds since the Unix epoch.
+    pub updated_ms: i64,
+}
+
+/// Which sessions a page holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionFilter {
+    /// Only this project's sessions.
+    pub project: Option<String>,
+    /// Only sessions in this projected state.
+    pub state: Option<String>,
+}
+
+/// One page of sessions, most recently updated first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionPage {
+    /// The sessions.
+    pub items: Vec<SessionRow>,
+    /// Pass as `before` to get the next page; `None` on the last page.
+    pub next_before: Option<u64>,
+}
+
+/// A channel's state at a seq.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The channel URI.
+    pub channel: String,
+    /// The state includes every envelope of the channel up to this seq.
+    pub seq: u64,
+    /// The state as JSON text.
+    pub state: String,
+    /// When it was written, milliseconds since the Unix epoch.
+    pub at_ms: i64,
+}
+
+/// A saved working context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedContext {
+    /// Project name.
+    pub project: String,
+    /// Session name.
+    pub session: String,
+    /// The context as JSON text.
+    pub body: String,
+    /// When it was last saved, milliseconds since the Unix epoch.
+    pub saved_ms: i64,
+}
+
+/// Durable storage for one Tether database.
+#[async_trait]
+pub trait Store: Send + Sync + fmt::Debug {
+    /// Which backend this is.
+    fn backend(&self) -> Backend;
+
+    /// The host record.
+    async fn host(&self) -> Result<HostRecord, StoreError>;
+
+    /// Checks that the database answers.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Appends a batch in one transaction and returns one outcome per
+    /// envelope, in order. Committed envelopes get consecutive seqs; an
+    /// envelope whose origin already has an outcome is skipped and reported.
+    /// Returns only once the transaction is durable.
+    async fn append(&self, batch: Vec<NewEnvelope>) -> Result<Vec<Appended>, StoreError>;
+
+    /// Records a refused dispatch. The first outcome recorded for an origin
+    /// wins: the returned outcome is the one that holds, which is an earlier
+    /// acceptance or rejection when there was one.
+    async fn record_rejection(&self, rejection: Rejection) -> Result<OriginOutcome, StoreError>;
+
+    /// What is known about an origin, if anything.
+    async fn origin_outcome(
+        &self,
+        client_id: &str,
+        client_seq: u64,
+    ) -> Result<Option<OriginOutcome>, StoreError>;
+
+    /// Envelopes with seq above `after`, oldest first, at most `limit`
+    /// (capped at [`MAX_READ_LIMIT`]); only those on `channels` when given.
+    async fn read_after(
+        &self,
+        after: u64,
+        channels: Option<&[String]>,
+        limit: u32,
+    ) -> Result<Vec<StoredEnvelope>, StoreError>;
+
+    /// A page of one session's transcript (the session channel and its chats),
+    /// seq above `after`, oldest first.
+    async fn transcript(
+        &self,
+        session_id: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredEnvelope>, StoreError>;
+
+    /// One session's read-model row.
+    async fn session(&self, id: &str) -> Result<Option<SessionRow>, StoreError>;
+
+    /// A page of sessions, most recently updated first, each with `last_seq`
+    /// below `before` when given.
+    async fn sessions(
+        &self,
+        filter: &SessionFilter,
+        before: Option<u64>,
+        limit: u32,
+    ) -> Result<SessionPage, StoreError>;
+
+    /// Writes a channel snapshot and prunes all but the newest few.
+    async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), StoreError>;
+
+    /// The newest snapshot of a channel.
+    async fn latest_snapshot(&self, channel: &str) -> Result<Option<Snapshot>, StoreError>;
+
+    /// Saves (upserts) a working context; returns the save time.
+    async fn save_working_context(
+        &self,
+        project: &str,
+        session: &str,
+        body: &str,
+    ) -> Result<i64, StoreError>;
+
+    /// One saved working context.
+    async fn working_context(
+        &self,
+        project: &str,
+        session: &str,
+    ) -> Result<Option<SavedContext>, StoreError>;
+
+    /// A project's saved working contexts (bodies left empty), most recently
+    /// saved first, ties broken by session name.
+    async fn working_contexts(&self, project: &str) -> Result<Vec<SavedContext>, StoreError>;
+
+    /// Closes every connection after in-flight work finishes.
+    async fn close(&self);
+}
+
+/// Connection settings shared by the backends.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// How long to wait for a connection (also when first connecting).
+    pub connect_timeout: Duration,
+    /// Largest read pool size.
+    pub max_connections: u32,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(5),
+            max_connections: 8,
+        }
+    }
+}
+
+/// Opens the store a database URL names: `postgres://…`/`postgresql://…`,
+/// `sqlite:PATH`/`sqlite://PATH`, or a plain file path (SQLite).
+pub async fn open(url: &str, options: &StoreOptions) -> Result<Arc<dyn Store>, StoreError> {
+    match parse_url(url)? {
+        Target::Postgres => Ok(Arc::new(PostgresStore::open(url, options).await?)),
+        Target::Sqlite(path) => Ok(Arc::new(SqliteStore::open(&path, options).await?)),
+    }
+}
+
+enum Target {
+    Postgres,
+    Sqlite(String),
+}
+
+fn parse_url(url: &str) -> Result<Target, StoreError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok(Target::Postgres);
+    }
+    let path = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or(url);
+    // Anything else with a scheme is a mistake, not a file name.
+    if path.is_empty() || path.contains("://") {
+        return Err(StoreError::UnsupportedUrl(redact_url(url)));
+    }
+    Ok(Target::Sqlite(path.to_owned()))
+}
+
+/// The URL with any password replaced by `***`, for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((userinfo, host)) = rest.split_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn now_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
+}
+
+/// Converts a stored `BIGINT` seq to `u64`.
+pub(crate) fn seq_from_db(value: i64) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("negative seq {value}")))
+}
+
+/// Converts a seq to the database's signed `BIGINT`.
+pub(crate) fn seq_to_db(value: u64) -> i64 {
+    // Seqs start at 1 and grow by one per envelope; 2^63 is out of reach.
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// Clamps a caller's limit to `1..=MAX_READ_LIMIT`.
+pub(crate) fn clamp_limit(limit: u32) -> i64 {
+    i64::from(limit.clamp(1, MAX_READ_LIMIT))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_each_url_form() {
+        assert!(matches!(
+            parse_url("postgres://a@b/c"),
+            Ok(Target::Postgres)
+        ));
+        assert!(matches!(
+            parse_url("postgresql://a@b/c"),
+            Ok(Target::Postgres)
+        ));
+        assert!(matches!(parse_url("sqlite://./t.db"), Ok(Target::Sqlite(p)) if p == "./t.db"));
+        assert!(matches!(parse_url("sqlite:t.db"), Ok(Target::Sqlite(p)) if p == "t.db"));
+        assert!(matches!(parse_url("./t.db"), Ok(Target::Sqlite(p)) if p == "./t.db"));
+        assert!(matches!(
+            parse_url("mysql://root@h/db"),
+            Err(StoreError::UnsupportedUrl(_))
+        ));
+        assert!(matches!(parse_url(""), Err(StoreError::UnsupportedUrl(_))));
+    }
+
+    #[test]
+    fn redacts_passwords_only() {
+        assert_eq!(
+            redact_url("postgres://me:secret@db:5432/t"),
+            "postgres://me:***@db:5432/t"
+        );
+        assert_eq!(redact_url("postgres://me@db/t"), "postgres://me@db/t");
+        assert_eq!(redact_url("./tether.db"), "./tether.db");
+    }
+}

@@ -1,0 +1,441 @@
+//! The PostgreSQL store, for teams and for several hosts on one database.
+//!
+//! `serverSeq` comes from the host row, read `FOR UPDATE` inside the appending
+//! transaction. The row lock is held until commit, so appends from every host
+//! sharing the database commit one after another in seq order: a host tailing
+//! the log never sees seq N+1 committed while N is still in flight. After each
+//! append the transaction sends `NOTIFY tether_log` so tailing hosts wake up.
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Postgres, Transaction};
+use uuid::Uuid;
+
+use super::{
+    Appended, Backend, HostRecord, NewEnvelope, OriginOutcome, Rejection, SavedContext,
+    SessionFilter, SessionPage, SessionRecord, SessionRow, Snapshot, Store, StoreError,
+    StoreOptions, StoredEnvelope, clamp_limit, now_ms, redact_url, rows, seq_to_db,
+};
+
+/// The channel `NOTIFY`ed with the new `last_seq` after every append.
+pub const LOG_NOTIFY_CHANNEL: &str = "tether_log";
+
+/// The Postgres store.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url` and migrates it.
+    pub async fn open(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
+        let fail = |reason: String| StoreError::Open {
+            target: format!("Postgres database {}", redact_url(url)),
+            reason,
+        };
+        let connect: PgConnectOptions =
+            url.parse().map_err(|e: sqlx::Error| fail(e.to_string()))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections.max(2))
+            .acquire_timeout(options.connect_timeout)
+            .connect_with(connect)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        // The migrator takes an advisory lock, so hosts starting together on
+        // one database migrate it once.
+        sqlx::migrate!("../migrations/postgres")
+            .run(&pool)
+            .await
+            .map_err(|e| fail(format!("migration failed: {e}")))?;
+        sqlx::query(
+            "INSERT INTO host (id, epoch, last_seq) VALUES (1, $1, 0) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(Uuid::new_v4().to_string())
+        .execute(&pool)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+        Ok(Self { pool })
+    }
+
+    async fn outcome_in(
+        tx: &mut Transaction<'static, Postgres>,
+        client_id: &str,
+        client_seq: u64,
+    ) -> Result<Option<OriginOutcome>, StoreError> {
+        let seq = seq_to_db(client_seq);
+        let accepted: Option<rows::Envelope> = sqlx::query_as(
+            "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
+             FROM log WHERE client_id = $1 AND client_seq = $2",
+        )
+        .bind(client_id)
+        .bind(seq)
+        .fetch_optional(&mut **tx)
+        .await?;
+        if let Some(row) = accepted {
+            return Ok(Some(OriginOutcome::Accepted(row.try_into()?)));
+        }
+        let rejected: Option<rows::Rejection> = sqlx::query_as(
+            "SELECT client_id, client_seq, channel, action, reason, at_ms \
+             FROM rejections WHERE client_id = $1 AND client_seq = $2",
+        )
+        .bind(client_id)
+        .bind(seq)
+        .fetch_optional(&mut **tx)
+        .await?;
+        rejected
+            .map(|row| Ok(OriginOutcome::Rejected(row.try_into()?)))
+            .transpose()
+    }
+
+    /// Locks the host row for the rest of the transaction and returns the
+    /// last issued seq. Every writer of origins and seqs takes this lock first.
+    async fn lock_host(tx: &mut Transaction<'static, Postgres>) -> Result<i64, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT last_seq FROM host WHERE id = 1 FOR UPDATE")
+                .fetch_one(&mut **tx)
+                .await?,
+        )
+    }
+
+    async fn upsert_session(
+        tx: &mut Transaction<'static, Postgres>,
+        record: &SessionRecord,
+        seq: i64,
+        at_ms: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO sessions (id, project, provider, title, state, turns, resumable, \
+                                   last_seq, created_ms, updated_ms, projection) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+             ON CONFLICT (id) DO UPDATE SET project = excluded.project, \
+                 provider = excluded.provider, title = excluded.title, state = excluded.state, \
+                 turns = excluded.turns, resumable = excluded.resumable, \
+                 last_seq = excluded.last_seq, updated_ms = excluded.updated_ms, \
+                 projection = excluded.projection",
+        )
+        .bind(&record.id)
+        .bind(&record.project)
+        .bind(&record.provider)
+        .bind(&record.title)
+        .bind(&record.state)
+        .bind(seq_to_db(record.turns))
+        .bind(record.resumable)
+        .bind(seq)
+        .bind(record.created_ms)
+        .bind(at_ms)
+        .bind(&record.projection)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn backend(&self) -> Backend {
+        Backend::Postgres
+    }
+
+    async fn host(&self) -> Result<HostRecord, StoreError> {
+        let row: rows::Host = sqlx::query_as("SELECT epoch, last_seq FROM host WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await?;
+        row.try_into()
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn append(&self, batch: Vec<NewEnvelope>) -> Result<Vec<Appended>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let last = Self::lock_host(&mut tx).await?;
+        let at_ms = now_ms();
+        let mut next = last;
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for envelope in batch {
+            let seq = next + 1;
+            let inserted = match &envelope.origin {
+                None => sqlx::query(
+                    "INSERT INTO log (seq, channel, session_id, action, at_ms) \
+                     VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(seq)
+                .bind(&envelope.channel)
+                .bind(&envelope.session_id)
+                .bind(&envelope.action)
+                .bind(at_ms)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected(),
+                // The host lock makes this check-then-insert race-free: every
+                // writer of origins holds it.
+                Some(origin) => sqlx::query(
+                    "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, at_ms) \
+                     SELECT $1, $2, $3, $4, $5, $6, $7 WHERE NOT EXISTS \
+                         (SELECT 1 FROM rejections WHERE client_id = $5 AND client_seq = $6) \
+                     ON CONFLICT (client_id, client_seq) DO NOTHING",
+                )
+                .bind(seq)
+                .bind(&envelope.channel)
+                .bind(&envelope.session_id)
+                .bind(&envelope.action)
+                .bind(&origin.client_id)
+                .bind(seq_to_db(origin.client_seq))
+                .bind(at_ms)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected(),
+            };
+            if inserted == 0 {
+                let origin = envelope.origin.as_ref().ok_or_else(|| {
+                    StoreError::Corrupt("host-originated insert was ignored".into())
+                })?;
+                let outcome = Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq)
+                    .await?
+                    .ok_or_else(|| {
+                        StoreError::Corrupt("origin conflict without a recorded outcome".into())
+                    })?;
+                outcomes.push(Appended::Duplicate(outcome));
+                continue;
+            }
+            next = seq;
+            if let Some(record) = &envelope.session {
+                Self::upsert_session(&mut tx, record, seq, at_ms).await?;
+            }
+            outcomes.push(Appended::Committed {
+                seq: rows::seq(seq)?,
+                at_ms,
+            });
+        }
+        if next != last {
+            sqlx::query("UPDATE host SET last_seq = $1 WHERE id = 1")
+                .bind(next)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(LOG_NOTIFY_CHANNEL)
+                .bind(next.to_string())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    async fn record_rejection(&self, rejection: Rejection) -> Result<OriginOutcome, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        Self::lock_host(&mut tx).await?;
+        let origin = &rejection.origin;
+        if let Some(existing) =
+            Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq).await?
+        {
+            tx.rollback().await?;
+            return Ok(existing);
+        }
+        sqlx::query(
+            "INSERT INTO rejections (client_id, client_seq, channel, action, reason, at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&origin.client_id)
+        .bind(seq_to_db(origin.client_seq))
+        .bind(&rejection.channel)
+        .bind(&rejection.action)
+        .bind(&rejection.reason)
+        .bind(rejection.at_ms)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(OriginOutcome::Rejected(rejection))
+    }
+
+    async fn origin_outcome(
+        &self,
+        client_id: &str,
+        client_seq: u64,
+    ) -> Result<Option<OriginOutcome>, StoreError> {
+        // REPEATABLE READ: both lookups see one snapshot, so an outcome
+        // committed between them cannot be missed by both.
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await?;
+        let outcome = Self::outcome_in(&mut tx, client_id, client_seq).await?;
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn read_after(
+        &self,
+        after: u64,
+        channels: Option<&[String]>,
+        limit: u32,
+    ) -> Result<Vec<StoredEnvelope>, StoreError> {
+        let found: Vec<rows::Envelope> = match channels {
+            None => {
+                sqlx::query_as(
+                    "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
+                     FROM log WHERE seq > $1 ORDER BY seq LIMIT $2",
+                )
+                .bind(seq_to_db(after))
+                .bind(clamp_limit(limit))
+                .fetch_all(&self.pool)
+                .await?
+            }
+            Some(channels) => {
+                sqlx::query_as(
+                    "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
+                     FROM log WHERE seq > $1 AND channel = ANY($2) ORDER BY seq LIMIT $3",
+                )
+                .bind(seq_to_db(after))
+                .bind(channels)
+                .bind(clamp_limit(limit))
+                .fetch_all(&self.pool)
+                .await?
+            }
+        };
+        found.into_iter().map(TryInto::try_into).collect()
+    }
+
+    async fn transcript(
+        &self,
+        session_id: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredEnvelope>, StoreError> {
+        let found: Vec<rows::Envelope> = sqlx::query_as(
+            "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
+             FROM log WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        )
+        .bind(session_id)
+        .bind(seq_to_db(after))
+        .bind(clamp_limit(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        found.into_iter().map(TryInto::try_into).collect()
+    }
+
+    async fn session(&self, id: &str) -> Result<Option<SessionRow>, StoreError> {
+        let found: Option<rows::Session> = sqlx::query_as(
+            "SELECT id, project, provider, title, state, turns, resumable, last_seq, \
+                    created_ms, updated_ms, projection FROM sessions WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        found.map(TryInto::try_into).transpose()
+    }
+
+    async fn sessions(
+        &self,
+        filter: &SessionFilter,
+        before: Option<u64>,
+        limit: u32,
+    ) -> Result<SessionPage, StoreError> {
+        let sql = rows::session_page_sql(filter, before, |n| format!("${n}"));
+        let limit = clamp_limit(limit);
+        let mut query = sqlx::query_as::<_, rows::Session>(AssertSqlSafe(sql));
+        if let Some(project) = &filter.project {
+            query = query.bind(project);
+        }
+        if let Some(state) = &filter.state {
+            query = query.bind(state);
+        }
+        if let Some(before) = before {
+            query = query.bind(seq_to_db(before));
+        }
+        let found = query.bind(limit + 1).fetch_all(&self.pool).await?;
+        rows::session_page(found, limit)
+    }
+
+    async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO snapshots (channel, seq, state, at_ms) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (channel, seq) DO UPDATE SET state = excluded.state, at_ms = excluded.at_ms",
+        )
+        .bind(&snapshot.channel)
+        .bind(seq_to_db(snapshot.seq))
+        .bind(&snapshot.state)
+        .bind(snapshot.at_ms)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "DELETE FROM snapshots WHERE channel = $1 AND seq NOT IN \
+                 (SELECT seq FROM snapshots WHERE channel = $1 ORDER BY seq DESC LIMIT $2)",
+        )
+        .bind(&snapshot.channel)
+        .bind(super::SNAPSHOTS_KEPT)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn latest_snapshot(&self, channel: &str) -> Result<Option<Snapshot>, StoreError> {
+        let found: Option<rows::Snapshot> = sqlx::query_as(
+            "SELECT channel, seq, state, at_ms FROM snapshots WHERE channel = $1 \
+             ORDER BY seq DESC LIMIT 1",
+        )
+        .bind(channel)
+        .fetch_optional(&self.pool)
+        .await?;
+        found.map(TryInto::try_into).transpose()
+    }
+
+    async fn save_working_context(
+        &self,
+        project: &str,
+        session: &str,
+        body: &str,
+    ) -> Result<i64, StoreError> {
+        let saved_ms = now_ms();
+        sqlx::query(
+            "INSERT INTO working_contexts (project, session, body, saved_ms) \
+             VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (project, session) DO UPDATE SET body = excluded.body, \
+                 saved_ms = excluded.saved_ms",
+        )
+        .bind(project)
+        .bind(session)
+        .bind(body)
+        .bind(saved_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(saved_ms)
+    }
+
+    async fn working_context(
+        &self,
+        project: &str,
+        session: &str,
+    ) -> Result<Option<SavedContext>, StoreError> {
+        Ok(sqlx::query_as::<_, rows::Context>(
+            "SELECT project, session, body, saved_ms FROM working_contexts \
+             WHERE project = $1 AND session = $2",
+        )
+        .bind(project)
+        .bind(session)
+        .fetch_optional(&self.pool)
+        .await?
+        .map(Into::into))
+    }
+
+    async fn working_contexts(&self, project: &str) -> Result<Vec<SavedContext>, StoreError> {
+        Ok(sqlx::query_as::<_, rows::Context>(
+            "SELECT project, session, '' AS body, saved_ms FROM working_contexts \
+             WHERE project = $1 ORDER BY saved_ms DESC, session",
+        )
+        .bind(project)
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .map(Into::into)
+        .collect())
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}

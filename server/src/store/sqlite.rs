@@ -1,0 +1,445 @@
+//! The embedded SQLite store.
+//!
+//! One writer connection (SQLite has one writer anyway; a single connection
+//! makes every write transaction `BEGIN IMMEDIATE` without lock retries) and a
+//! pool of read-only connections that WAL lets run beside it. `synchronous =
+//! FULL` makes a commit durable before it is acknowledged, so an acknowledged
+//! append survives power loss, not only a process crash.
+
+use std::path::Path;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{AssertSqlSafe, Sqlite, Transaction};
+use uuid::Uuid;
+
+use super::{
+    Appended, Backend, HostRecord, NewEnvelope, OriginOutcome, Rejection, SavedContext,
+    SessionFilter, SessionPage, SessionRecord, SessionRow, Snapshot, Store, StoreError,
+    StoreOptions, StoredEnvelope, clamp_limit, now_ms, rows, seq_to_db,
+};
+
+/// How long a connection waits on a lock held by another process before
+/// failing (a second `tether` on the same file, a backup tool). Long enough to
+/// ride out a checkpoint, short enough to surface a stuck peer.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The SQLite store.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    writer: SqlitePool,
+    readers: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file at `path` and migrates it.
+    pub async fn open(path: &str, options: &StoreOptions) -> Result<Self, StoreError> {
+        let fail = |reason: String| StoreError::Open {
+            target: format!("SQLite database {path}"),
+            reason,
+        };
+        let base = SqliteConnectOptions::new()
+            .filename(Path::new(path))
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .acquire_timeout(options.connect_timeout)
+            .connect_with(base.clone().create_if_missing(true))
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        sqlx::migrate!("../migrations/sqlite")
+            .run(&writer)
+            .await
+            .map_err(|e| fail(format!("migration failed: {e}")))?;
+        sqlx::query(
+            "INSERT INTO host (id, epoch, last_seq) VALUES (1, ?, 0) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(Uuid::new_v4().to_string())
+        .execute(&writer)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+        let readers = SqlitePoolOptions::new()
+            .max_connections(options.max_connections.max(1))
+            .acquire_timeout(options.connect_timeout)
+            .connect_with(base.read_only(true))
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(Self { writer, readers })
+    }
+
+    async fn outcome_in(
+        tx: &mut Transaction<'static, Sqlite>,
+        client_id: &str,
+        client_seq: u64,
+    ) -> Result<Option<OriginOutcome>, StoreError> {
+        let seq = seq_to_db(client_seq);
+        let accepted: Option<rows::Envelope> = sqlx::query_as(
+            "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
+             FROM log WHERE client_id = ? AND client_seq = ?",
+        )
+        .bind(client_id)
+        .bind(seq)
+        .fetch_optional(&mut **tx)
+        .await?;
+        if let Some(row) = accepted {
+            return Ok(Some(OriginOutcome::Accepted(row.try_into()?)));
+        }
+        let rejected: Option<rows::Rejection> = sqlx::query_as(
+            "SELECT client_id, client_seq, channel, action, reason, at_ms \
+             FROM rejections WHERE client_id = ? AND client_seq = ?",
+        )
+        .bind(client_id)
+        .bind(seq)
+        .fetch_optional(&mut **tx)
+        .await?;
+        rejected
+            .map(|row| Ok(OriginOutcome::Rejected(row.try_into()?)))
+            .transpose()
+    }
+
+    async fn upsert_session(
+        tx: &mut Transaction<'static, Sqlite>,
+        record: &SessionRecord,
+        seq: i64,
+        at_ms: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO sessions (id, project, provider, title, state, turns, resumable, \
+                                   last_seq, created_ms, updated_ms, projection) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (id) DO UPDATE SET project = excluded.project, \
+                 provider = excluded.provider, title = excluded.title, state = excluded.state, \
+                 turns = excluded.turns, resumable = excluded.resumable, \
+                 last_seq = excluded.last_seq, updated_ms = excluded.updated_ms, \
+                 projection = excluded.projection",
+        )
+        .bind(&record.id)
+        .bind(&record.project)
+        .bind(&record.provider)
+        .bind(&record.title)
+        .bind(&record.state)
+        .bind(seq_to_db(record.turns))
+        .bind(record.resumable)
+        .bind(seq)
+        .bind(record.created_ms)
+        .bind(at_ms)
+        .bind(&record.projection)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> Backend {
+        Backend::Sqlite
+    }
+
+    async fn host(&self) -> Result<HostRecord, StoreError> {
+        let row: rows::Host = sqlx::query_as("SELECT epoch, last_seq FROM host WHERE id = 1")
+            .fetch_one(&self.readers)
+            .await?;
+        row.try_into()
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.readers).await?;
+        Ok(())
+    }
+
+    async fn append(&self, batch: Vec<NewEnvelope>) -> Result<Vec<Appended>, StoreError> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        let last: i64 = sqlx::query_scalar("SELECT last_seq FROM host WHERE id = 1")
+            .fetch_one(&mut *tx)
+            .await?;
+        let at_ms = now_ms();
+        let mut next = last;
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for envelope in batch {
+            let seq = next + 1;
+            let inserted = match &envelope.origin {
+                None => sqlx::query(
+                    "INSERT INTO log (seq, channel, session_id, action, at_ms) \
+                     VALUES (?, ?, ?, ?, ?)",
+                )
+                .bind(seq)
+                .bind(&envelope.channel)
+                .bind(&envelope.session_id)
+                .bind(&envelope.action)
+                .bind(at_ms)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected(),
+                // An origin is taken once: not if the log already holds it
+                // (the unique index) and not if it was already refused.
+                Some(origin) => sqlx::query(
+                    "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, at_ms) \
+                     SELECT ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS \
+                         (SELECT 1 FROM rejections WHERE client_id = ? AND client_seq = ?) \
+                     ON CONFLICT (client_id, client_seq) DO NOTHING",
+                )
+                .bind(seq)
+                .bind(&envelope.channel)
+                .bind(&envelope.session_id)
+                .bind(&envelope.action)
+                .bind(&origin.client_id)
+                .bind(seq_to_db(origin.client_seq))
+                .bind(at_ms)
+                .bind(&origin.client_id)
+                .bind(seq_to_db(origin.client_seq))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected(),
+            };
+            if inserted == 0 {
+                let origin = envelope.origin.as_ref().ok_or_else(|| {
+                    StoreError::Corrupt("host-originated insert was ignored".into())
+                })?;
+                let outcome = Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq)
+                    .await?
+                    .ok_or_else(|| {
+                        StoreError::Corrupt("origin conflict without a recorded outcome".into())
+                    })?;
+                outcomes.push(Appended::Duplicate(outcome));
+                continue;
+            }
+            next = seq;
+            if let Some(record) = &envelope.session {
+                Self::upsert_session(&mut tx, record, seq, at_ms).await?;
+            }
+            outcomes.push(Appended::Committed {
+                seq: rows::seq(seq)?,
+                at_ms,
+            });
+        }
+        if next != last {
+            sqlx::query("UPDATE host SET last_seq = ? WHERE id = 1")
+                .bind(next)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    async fn record_rejection(&self, rejection: Rejection) -> Result<OriginOutcome, StoreError> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        let origin = &rejection.origin;
+        if let Some(existing) =
+            Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq).await?
+        {
+            tx.rollback().await?;
+            return Ok(existing);
+        }
+        sqlx::query(
+            "INSERT INTO rejections (client_id, client_seq, channel, action, reason, at_ms) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&origin.client_id)
+        .bind(seq_to_db(origin.client_seq))
+        .bind(&rejection.channel)
+        .bind(&rejection.action)
+        .bind(&rejection.reason)
+        .bind(rejection.at_ms)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(OriginOutcome::Rejected(rejection))
+    }
+
+    async fn origin_outcome(
+        &self,
+        client_id: &str,
+        client_seq: u64,
+    ) -> Result<Option<OriginOutcome>, StoreError> {
+        let mut tx = self.readers.begin().await?;
+        let outcome = Self::outcome_in(&mut tx, client_id, client_seq).await?;
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn read_after(
+        &self,
+        after: u64,
+        channels: Option<&[String]>,
+        limit: u32,
+    ) -> Result<Vec<StoredEnvelope>, StoreError> {
+        let found: Vec<rows::Envelope> = match channels {
+            None => {
+                sqlx::query_as(
+                    "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
+                     FROM log WHERE seq > ? ORDER BY seq LIMIT ?",
+                )
+                .bind(seq_to_db(after))
+                .bind(clamp_limit(limit))
+                .fetch_all(&self.readers)
+                .await?
+            }
+            Some(channels) => {
+                let channels = serde_json::to_string(channels)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                sqlx::query_as(
+                    "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
+                     FROM log WHERE seq > ? AND channel IN (SELECT value FROM json_each(?)) \
+                     ORDER BY seq LIMIT ?",
+                )
+                .bind(seq_to_db(after))
+                .bind(channels)
+                .bind(clamp_limit(limit))
+                .fetch_all(&self.readers)
+                .await?
+            }
+        };
+        found.into_iter().map(TryInto::try_into).collect()
+    }
+
+    async fn transcript(
+        &self,
+        session_id: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredEnvelope>, StoreError> {
+        let found: Vec<rows::Envelope> = sqlx::query_as(
+            "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
+             FROM log WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+        )
+        .bind(session_id)
+        .bind(seq_to_db(after))
+        .bind(clamp_limit(limit))
+        .fetch_all(&self.readers)
+        .await?;
+        found.into_iter().map(TryInto::try_into).collect()
+    }
+
+    async fn session(&self, id: &str) -> Result<Option<SessionRow>, StoreError> {
+        let found: Option<rows::Session> = sqlx::query_as(
+            "SELECT id, project, provider, title, state, turns, resumable, last_seq, \
+                    created_ms, updated_ms, projection FROM sessions WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_optional(&self.readers)
+        .await?;
+        found.map(TryInto::try_into).transpose()
+    }
+
+    async fn sessions(
+        &self,
+        filter: &SessionFilter,
+        before: Option<u64>,
+        limit: u32,
+    ) -> Result<SessionPage, StoreError> {
+        let sql = rows::session_page_sql(filter, before, |_| "?".to_owned());
+        let limit = clamp_limit(limit);
+        let mut query = sqlx::query_as::<_, rows::Session>(AssertSqlSafe(sql));
+        if let Some(project) = &filter.project {
+            query = query.bind(project);
+        }
+        if let Some(state) = &filter.state {
+            query = query.bind(state);
+        }
+        if let Some(before) = before {
+            query = query.bind(seq_to_db(before));
+        }
+        let found = query.bind(limit + 1).fetch_all(&self.readers).await?;
+        rows::session_page(found, limit)
+    }
+
+    async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), StoreError> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query(
+            "INSERT INTO snapshots (channel, seq, state, at_ms) VALUES (?, ?, ?, ?) \
+             ON CONFLICT (channel, seq) DO UPDATE SET state = excluded.state, at_ms = excluded.at_ms",
+        )
+        .bind(&snapshot.channel)
+        .bind(seq_to_db(snapshot.seq))
+        .bind(&snapshot.state)
+        .bind(snapshot.at_ms)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "DELETE FROM snapshots WHERE channel = ? AND seq NOT IN \
+                 (SELECT seq FROM snapshots WHERE channel = ? ORDER BY seq DESC LIMIT ?)",
+        )
+        .bind(&snapshot.channel)
+        .bind(&snapshot.channel)
+        .bind(super::SNAPSHOTS_KEPT)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn latest_snapshot(&self, channel: &str) -> Result<Option<Snapshot>, StoreError> {
+        let found: Option<rows::Snapshot> = sqlx::query_as(
+            "SELECT channel, seq, state, at_ms FROM snapshots WHERE channel = ? \
+             ORDER BY seq DESC LIMIT 1",
+        )
+        .bind(channel)
+        .fetch_optional(&self.readers)
+        .await?;
+        found.map(TryInto::try_into).transpose()
+    }
+
+    async fn save_working_context(
+        &self,
+        project: &str,
+        session: &str,
+        body: &str,
+    ) -> Result<i64, StoreError> {
+        let saved_ms = now_ms();
+        sqlx::query(
+            "INSERT INTO working_contexts (project, session, body, saved_ms) VALUES (?, ?, ?, ?) \
+             ON CONFLICT (project, session) DO UPDATE SET body = excluded.body, \
+                 saved_ms = excluded.saved_ms",
+        )
+        .bind(project)
+        .bind(session)
+        .bind(body)
+        .bind(saved_ms)
+        .execute(&self.writer)
+        .await?;
+        Ok(saved_ms)
+    }
+
+    async fn working_context(
+        &self,
+        project: &str,
+        session: &str,
+    ) -> Result<Option<SavedContext>, StoreError> {
+        Ok(sqlx::query_as::<_, rows::Context>(
+            "SELECT project, session, body, saved_ms FROM working_contexts \
+             WHERE project = ? AND session = ?",
+        )
+        .bind(project)
+        .bind(session)
+        .fetch_optional(&self.readers)
+        .await?
+        .map(Into::into))
+    }
+
+    async fn working_contexts(&self, project: &str) -> Result<Vec<SavedContext>, StoreError> {
+        Ok(sqlx::query_as::<_, rows::Context>(
+            "SELECT project, session, '' AS body, saved_ms FROM working_contexts \
+             WHERE project = ? ORDER BY saved_ms DESC, session",
+        )
+        .bind(project)
+        .fetch_all(&self.readers)
+        .await?
+        .into_iter()
+        .map(Into::into)
+        .collect())
+    }
+
+    async fn close(&self) {
+        self.readers.close().await;
+        self.writer.close().await;
+    }
+}

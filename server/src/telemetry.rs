@@ -1,0 +1,22 @@
+//! Logging set-up: `RUST_LOG` picks the level, `--log-format` the shape.
+
+use std::io::IsTerminal;
+
+use tracing_subscriber::EnvFilter;
+
+use crate::config::LogFormat;
+
+/// Installs the global subscriber. Logs go to stderr so stdout stays free for
+/// command output.
+pub fn init(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    // A second initialisation (tests starting several servers) is harmless.
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}

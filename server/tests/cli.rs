@@ -1,0 +1,172 @@
+//! The real `tether` binary: start-up failures are one clear line and a
+//! non-zero exit; a healthy start serves and shuts down cleanly on SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tether");
+
+/// Runs `tether serve` with `args` and a clean environment for our variables.
+fn serve(args: &[&str]) -> Output {
+    let mut command = Command::new(BIN);
+    command.arg("serve").args(args);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("TETHER_") {
+            command.env_remove(key);
+        }
+    }
+    command
+        .env("TETHER_DATABASE_CONNECT_TIMEOUT_SECS", "2")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run tether")
+}
+
+/// Asserts a failed start: exit code 1 and exactly one line on stderr that
+/// contains `needle`, with no panic trace.
+fn assert_one_line_failure(output: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(lines.len(), 1, "one error line expected, got: {stderr}");
+    assert!(lines[0].starts_with("tether: error: "), "{stderr}");
+    assert!(lines[0].contains(needle), "{needle:?} not in {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn an_unknown_database_scheme_is_refused() {
+    let output = serve(&["--database-url", "mysql://root@127.0.0.1/tether"]);
+    assert_one_line_failure(&output, "unsupported database URL");
+}
+
+#[test]
+fn an_unreachable_postgres_is_named() {
+    // Port 1 on loopback: nothing listens there, the connection is refused.
+    let output = serve(&["--database-url", "postgres://u:secret@127.0.0.1:1/tether"]);
+    assert_one_line_failure(
+        &output,
+        "cannot open Postgres database postgres://u:***@127.0.0.1:1/tether",
+    );
+    assert!(!String::from_utf8_lossy(&output.stderr).contains("secret"));
+}
+
+#[test]
+fn an_unwritable_sqlite_path_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("not-a-dir");
+    std::fs::write(&blocker, b"a file where a directory should be").unwrap();
+    let path = blocker.join("tether.db");
+    let output = serve(&["--database-url", &format!("sqlite:{}", path.display())]);
+    assert_one_line_failure(&output, "cannot open SQLite database");
+}
+
+#[test]
+fn a_corrupt_sqlite_file_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tether.db");
+    std::fs::write(&path, vec![0x5a_u8; 64 * 1024]).unwrap();
+    let output = serve(&["--database-url", &format!("sqlite:{}", path.display())]);
+    assert_one_line_failure(&output, "not a database");
+}
+
+#[test]
+fn a_remote_bind_needs_the_explicit_opt_in() {
+    let output = serve(&["--bind", "0.0.0.0:0", "--database-url", "sqlite::memory:"]);
+    assert_one_line_failure(&output, "--insecure-allow-remote");
+}
+
+#[test]
+fn serves_with_no_configuration_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = Command::new(BIN);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("TETHER_") {
+            command.env_remove(key);
+        }
+    }
+    // No flags except a free port: the default database is ./tether.db in
+    // the working directory.
+    let mut child = command
+        .args(["serve", "--bind", "127.0.0.1:0"])
+        .current_dir(dir.path())
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A watchdog: a server that never logs or never stops fails the test
+    // instead of hanging it.
+    let pid = child.id().to_string();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(60));
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    });
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("the server logs its address").unwrap();
+        if let Some(rest) = line.split("addr=").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let ready: serde_json::Value = runtime.block_on(async {
+        reqwest::get(format!("http://{addr}/readyz"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    });
+    assert_eq!(ready["status"], "ready");
+    assert_eq!(ready["backend"], "sqlite");
+    assert!(
+        dir.path().join("tether.db").exists(),
+        "the default database file"
+    );
+
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let exit = child.wait().unwrap();
+    assert!(exit.success(), "exit {exit:?}; log: {rest:?}");
+    assert!(rest.iter().any(|l| l.contains("store closed")), "{rest:?}");
+}
+
+#[test]
+fn the_compose_file_sets_only_variables_the_server_reads() {
+    let compose = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docker-compose.yml"
+    ))
+    .expect("docker-compose.yml at the repository root");
+    let known = tether_server::config::env_vars();
+    let mut set = Vec::new();
+    for line in compose.lines() {
+        let entry = line.trim().trim_start_matches("- ");
+        let key = entry.split([':', '=']).next().unwrap_or("").trim();
+        if key.starts_with("TETHER_") {
+            set.push(key.to_owned());
+        }
+    }
+    assert!(
+        set.contains(&"TETHER_DATABASE_URL".to_owned()),
+        "compose configures Postgres: {set:?}"
+    );
+    assert!(set.contains(&"TETHER_INSECURE_ALLOW_REMOTE".to_owned()));
+    for key in &set {
+        assert!(
+            known.contains(key),
+            "docker-compose.yml sets {key}, which tether does not read"
+        );
+    }
+    assert!(
+        compose.contains("127.0.0.1:7878:7878"),
+        "the port is published on the host's loopback only"
+    );
+}

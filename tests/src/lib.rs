@@ -1,0 +1,242 @@
+//! Test support: a fresh database per test on either backend, and the real
+//! server started on a port-0 listener.
+//!
+//! Postgres tests run when `TETHER_TEST_POSTGRES_URL` names a server (any
+//! database on it; each test creates and drops its own). Without it they skip
+//! with a loud message, unless `TETHER_TEST_REQUIRE_POSTGRES=1` (set by CI),
+//! which turns the skip into a failure.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tether_server::config::ServeConfig;
+use tether_server::store::{self, Store, StoreOptions};
+use tether_server::{AppState, serve};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The environment variable naming the Postgres server for tests.
+pub const POSTGRES_URL_ENV: &str = "TETHER_TEST_POSTGRES_URL";
+/// Set to `1` to fail, not skip, when Postgres is not configured.
+pub const REQUIRE_POSTGRES_ENV: &str = "TETHER_TEST_REQUIRE_POSTGRES";
+
+/// Which backend a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A SQLite file in a fresh temporary directory.
+    Sqlite,
+    /// A freshly created Postgres database.
+    Postgres,
+}
+
+/// A fresh, empty database that is removed when dropped.
+#[derive(Debug)]
+pub struct TestDb {
+    url: String,
+    backend: Backend,
+    _dir: Option<tempfile::TempDir>,
+    postgres: Option<PostgresDb>,
+}
+
+#[derive(Debug)]
+struct PostgresDb {
+    admin_url: String,
+    name: String,
+}
+
+impl TestDb {
+    /// A database on `backend`, or `None` (after a loud message) when that
+    /// backend is not configured for this run.
+    pub async fn new(backend: Backend) -> Option<Self> {
+        match backend {
+            Backend::Sqlite => Some(Self::sqlite()),
+            Backend::Postgres => Self::postgres().await,
+        }
+    }
+
+    /// A SQLite database file in a new temporary directory.
+    pub fn sqlite() -> Self {
+        let dir = tempfile::tempdir().expect("create a temporary directory");
+        let path = dir.path().join("tether.db");
+        Self {
+            url: format!("sqlite:{}", path.display()),
+            backend: Backend::Sqlite,
+            _dir: Some(dir),
+            postgres: None,
+        }
+    }
+
+    /// A new Postgres database, or `None` when Postgres is not configured.
+    pub async fn postgres() -> Option<Self> {
+        let Ok(admin_url) = std::env::var(POSTGRES_URL_ENV) else {
+            if std::env::var(REQUIRE_POSTGRES_ENV).as_deref() == Ok("1") {
+                panic!("{POSTGRES_URL_ENV} is not set but {REQUIRE_POSTGRES_ENV}=1");
+            }
+            eprintln!(
+                "\n*** SKIPPED: Postgres half of this test: set {POSTGRES_URL_ENV} \
+                 (e.g. postgres://postgres@127.0.0.1:5432/postgres) to run it ***\n"
+            );
+            return None;
+        };
+        let name = format!("tether_t_{}", uuid::Uuid::new_v4().simple());
+        let admin = sqlx::PgPool::connect(&admin_url)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to {POSTGRES_URL_ENV}: {e}"));
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&admin)
+            .await
+            .expect("create a test database");
+        admin.close().await;
+        let mut url = reqwest::Url::parse(&admin_url).expect("a valid Postgres URL");
+        url.set_path(&format!("/{name}"));
+        Some(Self {
+            url: url.to_string(),
+            backend: Backend::Postgres,
+            _dir: None,
+            postgres: Some(PostgresDb { admin_url, name }),
+        })
+    }
+
+    /// The database URL, as `tether serve --database-url` takes it.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Which backend this is.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Opens (and migrates) a store on this database. Call again after
+    /// closing or abandoning one to simulate a restart.
+    pub async fn open(&self) -> Arc<dyn Store> {
+        store::open(&self.url, &StoreOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("open {}: {e}", self.url))
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let Some(pg) = self.postgres.take() else {
+            return;
+        };
+        // Drop runs outside any runtime guarantee, so clean up on a thread of
+        // its own. Best effort: a leftover database only costs disk.
+        let cleanup = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                if let Ok(admin) = sqlx::PgPool::connect(&pg.admin_url).await {
+                    let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", pg.name);
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&admin).await;
+                    admin.close().await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// A server running in this process on a real socket.
+#[derive(Debug)]
+pub struct TestServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestServer {
+    /// Starts a server on `db` with default settings.
+    pub async fn start(db: &TestDb) -> Self {
+        Self::start_with(db.open().await, ServeConfig::default()).await
+    }
+
+    /// Starts a server on an open store with the given settings.
+    pub async fn start_with(store: Arc<dyn Store>, config: ServeConfig) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+        let addr = listener.local_addr().expect("local address");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let state = AppState::new(store, config);
+        let task = tokio::spawn(serve(listener, state, async move {
+            let _ = stopped.await;
+        }));
+        Self {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// `http://<addr>`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A REST client for this server.
+    pub fn client(&self) -> tether_client::Client {
+        tether_client::Client::new(&self.base_url()).expect("valid base URL")
+    }
+
+    /// Shuts the server down gracefully and waits for it (and its store) to
+    /// close.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("server task").expect("server result");
+        }
+    }
+}
+
+/// The path of the `tether` binary built alongside these tests.
+pub fn tether_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current test executable");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target directory");
+    let bin = dir.join(format!("tether{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with `cargo test --workspace`, which builds it",
+        bin.display()
+    );
+    bin
+}
+
+/// Declares each named `async fn(TestDb)` as two tests, `sqlite::NAME` and
+/// `postgres::NAME`, each on a fresh database of its backend.
+#[macro_export]
+macro_rules! backend_tests {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(db) = $crate::TestDb::new($crate::Backend::Sqlite).await {
+                        super::$name(db).await;
+                    }
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(db) = $crate::TestDb::new($crate::Backend::Postgres).await {
+                        super::$name(db).await;
+                    }
+                }
+            )*
+        }
+    };
+}

@@ -1,0 +1,613 @@
+//! The `Store` contract, run against SQLite always and Postgres when
+//! configured. Every case gets a fresh database.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tether_server::store::{
+    Appended, NewEnvelope, Origin, OriginOutcome, Rejection, SessionFilter, SessionRecord,
+    Snapshot, Store, StoreOptions,
+};
+use tether_tests::{TestDb, backend_tests};
+
+backend_tests!(
+    seqs_are_monotonic_and_gap_free_across_batches_and_restarts,
+    concurrent_appends_never_share_a_seq,
+    an_origin_is_accepted_once_and_its_outcome_is_kept,
+    read_after_returns_exactly_the_suffix_in_order,
+    transcript_pages_hold_one_session_in_order,
+    session_pages_list_every_session_once_newest_first,
+    the_read_model_is_written_with_the_log,
+    snapshots_return_the_newest,
+    working_contexts_upsert_and_list_most_recent_first,
+    a_killed_writer_loses_no_acknowledged_append,
+);
+
+fn envelope(channel: &str, n: u64) -> NewEnvelope {
+    NewEnvelope {
+        channel: channel.to_owned(),
+        session_id: channel.strip_prefix("ahp-session:/").map(str::to_owned),
+        action: format!(r#"{{"type":"x-test/n","n":{n}}}"#),
+        origin: None,
+        session: None,
+    }
+}
+
+fn from_client(mut envelope: NewEnvelope, client_id: &str, client_seq: u64) -> NewEnvelope {
+    envelope.origin = Some(Origin {
+        client_id: client_id.to_owned(),
+        client_seq,
+    });
+    envelope
+}
+
+fn record(id: &str, project: &str, state: &str) -> SessionRecord {
+    SessionRecord {
+        id: id.to_owned(),
+        project: project.to_owned(),
+        provider: "echo".to_owned(),
+        title: Some(format!("title of {id}")),
+        state: state.to_owned(),
+        turns: 0,
+        resumable: false,
+        created_ms: 1_700_000_000_000,
+        projection: format!(r#"{{"id":"{id}"}}"#),
+    }
+}
+
+fn committed(outcomes: &[Appended]) -> Vec<u64> {
+    outcomes
+        .iter()
+        .map(|o| match o {
+            Appended::Committed { seq, .. } => *seq,
+            Appended::Duplicate(d) => panic!("unexpected duplicate: {d:?}"),
+        })
+        .collect()
+}
+
+async fn seqs_are_monotonic_and_gap_free_across_batches_and_restarts(db: TestDb) {
+    let store = db.open().await;
+    let first_host = store.host().await.unwrap();
+    assert_eq!(first_host.last_seq, 0);
+    let mut seen = Vec::new();
+    let mut n = 0;
+    for size in [1_u64, 5, 20] {
+        let batch = (0..size)
+            .map(|i| {
+                n += 1;
+                if i % 2 == 0 {
+                    from_client(envelope("ahp-session:/s1", n), "c1", n)
+                } else {
+                    envelope("ahp-session:/s1", n)
+                }
+            })
+            .collect();
+        seen.extend(committed(&store.append(batch).await.unwrap()));
+    }
+    assert_eq!(seen, (1..=26).collect::<Vec<_>>());
+    assert_eq!(store.append(Vec::new()).await.unwrap(), Vec::new());
+    assert_eq!(store.host().await.unwrap().last_seq, 26);
+    store.close().await;
+
+    let reopened = db.open().await;
+    let host = reopened.host().await.unwrap();
+    assert_eq!(host.epoch, first_host.epoch, "the epoch survives a restart");
+    assert_eq!(host.last_seq, 26);
+    let more = committed(
+        &reopened
+            .append(vec![envelope("ahp-root://", 1), envelope("ahp-root://", 2)])
+            .await
+            .unwrap(),
+    );
+    assert_eq!(more, vec![27, 28]);
+    reopened.close().await;
+}
+
+async fn concurrent_appends_never_share_a_seq(db: TestDb) {
+    const TASKS: u64 = 16;
+    const BATCHES: u64 = 20;
+    const SIZE: u64 = 4;
+    let store = db.open().await;
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            for batch in 0..BATCHES {
+                let envelopes = (0..SIZE)
+                    .map(|i| {
+                        let n = (batch * SIZE + i) + 1;
+                        from_client(
+                            envelope(&format!("ahp-session:/t{task}"), n),
+                            &format!("client-{task}"),
+                            n,
+                        )
+                    })
+                    .collect();
+                mine.extend(committed(&store.append(envelopes).await.unwrap()));
+            }
+            (task, mine)
+        }));
+    }
+    let mut all = BTreeSet::new();
+    for joined in tasks {
+        let (task, mine) = joined.await.unwrap();
+        assert!(
+            mine.windows(2).all(|w| w[0] < w[1]),
+            "task {task} saw its seqs out of order"
+        );
+        for seq in mine {
+            assert!(all.insert(seq), "seq {seq} was issued twice");
+        }
+    }
+    let total = TASKS * BATCHES * SIZE;
+    assert_eq!(all, (1..=total).collect::<BTreeSet<_>>());
+    let log = store.read_after(0, None, 10_000).await.unwrap();
+    assert_eq!(log.len() as u64, total);
+    assert!(log.windows(2).all(|w| w[0].seq + 1 == w[1].seq));
+    // Each task's own envelopes appear in the order it appended them.
+    for task in 0..TASKS {
+        let channel = format!("ahp-session:/t{task}");
+        let mine: Vec<_> = log
+            .iter()
+            .filter(|e| e.channel == channel)
+            .map(|e| e.origin.as_ref().unwrap().client_seq)
+            .collect();
+        assert_eq!(mine, (1..=BATCHES * SIZE).collect::<Vec<_>>());
+    }
+    store.close().await;
+}
+
+async fn an_origin_is_accepted_once_and_its_outcome_is_kept(db: TestDb) {
+    let store = db.open().await;
+    let first = store
+        .append(vec![from_client(envelope("ahp-session:/s", 1), "c", 1)])
+        .await
+        .unwrap();
+    assert_eq!(committed(&first), vec![1]);
+
+    // The same origin again, alone and inside a batch with a new one.
+    let mut retry = envelope("ahp-session:/s", 99);
+    retry.session = Some(record("s", "p", "live"));
+    let again = store
+        .append(vec![
+            from_client(retry, "c", 1),
+            from_client(envelope("ahp-session:/s", 2), "c", 2),
+            from_client(envelope("ahp-session:/s", 3), "c", 2),
+        ])
+        .await
+        .unwrap();
+    match &again[0] {
+        Appended::Duplicate(OriginOutcome::Accepted(original)) => {
+            assert_eq!(original.seq, 1);
+            assert_eq!(
+                original.action, r#"{"type":"x-test/n","n":1}"#,
+                "the original is returned"
+            );
+        }
+        other => panic!("expected the original acceptance, got {other:?}"),
+    }
+    assert!(
+        matches!(again[1], Appended::Committed { seq: 2, .. }),
+        "seqs stay gap-free: {again:?}"
+    );
+    assert!(
+        matches!(&again[2], Appended::Duplicate(OriginOutcome::Accepted(e)) if e.seq == 2),
+        "a duplicate inside one batch: {again:?}"
+    );
+    assert!(
+        store.session("s").await.unwrap().is_none(),
+        "a duplicate writes no read model"
+    );
+
+    // Rejections: first outcome wins, in both directions.
+    let rejection = |seq: u64, reason: &str| Rejection {
+        origin: Origin {
+            client_id: "c".into(),
+            client_seq: seq,
+        },
+        channel: "ahp-session:/s".into(),
+        action: r#"{"type":"x-test/bad"}"#.into(),
+        reason: reason.into(),
+        at_ms: 5,
+    };
+    assert!(matches!(
+        store.record_rejection(rejection(1, "too late")).await.unwrap(),
+        OriginOutcome::Accepted(e) if e.seq == 1
+    ));
+    let refused = store
+        .record_rejection(rejection(7, "first reason"))
+        .await
+        .unwrap();
+    assert_eq!(
+        refused,
+        OriginOutcome::Rejected(rejection(7, "first reason"))
+    );
+    assert_eq!(
+        store
+            .record_rejection(rejection(7, "second reason"))
+            .await
+            .unwrap(),
+        OriginOutcome::Rejected(rejection(7, "first reason"))
+    );
+    let after_reject = store
+        .append(vec![from_client(envelope("ahp-session:/s", 7), "c", 7)])
+        .await
+        .unwrap();
+    assert_eq!(
+        after_reject,
+        vec![Appended::Duplicate(OriginOutcome::Rejected(rejection(
+            7,
+            "first reason"
+        )))]
+    );
+    assert_eq!(
+        store.origin_outcome("c", 7).await.unwrap(),
+        Some(OriginOutcome::Rejected(rejection(7, "first reason")))
+    );
+    assert!(matches!(
+        store.origin_outcome("c", 2).await.unwrap(),
+        Some(OriginOutcome::Accepted(e)) if e.seq == 2
+    ));
+    assert_eq!(store.origin_outcome("c", 8).await.unwrap(), None);
+    assert_eq!(store.origin_outcome("other", 1).await.unwrap(), None);
+    assert_eq!(store.host().await.unwrap().last_seq, 2);
+    store.close().await;
+}
+
+async fn read_after_returns_exactly_the_suffix_in_order(db: TestDb) {
+    let store = db.open().await;
+    let channels = ["ahp-root://", "ahp-session:/a", "ahp-chat:/a-1"];
+    let batch = (1..=60)
+        .map(|n| envelope(channels[(n % 3) as usize], n))
+        .collect();
+    store.append(batch).await.unwrap();
+    let all = store.read_after(0, None, 1000).await.unwrap();
+    assert_eq!(
+        all.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (1..=60).collect::<Vec<_>>()
+    );
+    for after in [0_u64, 1, 17, 59, 60, 500] {
+        let suffix = store.read_after(after, None, 1000).await.unwrap();
+        let expected: Vec<_> = all.iter().filter(|e| e.seq > after).cloned().collect();
+        assert_eq!(suffix, expected, "after {after}");
+    }
+    let limited = store.read_after(10, None, 5).await.unwrap();
+    assert_eq!(
+        limited.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![11, 12, 13, 14, 15]
+    );
+    let wanted = vec!["ahp-session:/a".to_owned(), "ahp-chat:/a-1".to_owned()];
+    let filtered = store.read_after(20, Some(&wanted), 1000).await.unwrap();
+    let expected: Vec<_> = all
+        .iter()
+        .filter(|e| e.seq > 20 && wanted.contains(&e.channel))
+        .cloned()
+        .collect();
+    assert_eq!(filtered, expected);
+    assert!(
+        store
+            .read_after(0, Some(&[]), 1000)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    store.close().await;
+}
+
+async fn transcript_pages_hold_one_session_in_order(db: TestDb) {
+    let store = db.open().await;
+    let mut batch = Vec::new();
+    for n in 1..=30 {
+        let mut e = envelope(
+            if n % 2 == 0 {
+                "ahp-session:/x"
+            } else {
+                "ahp-session:/y"
+            },
+            n,
+        );
+        if n % 5 == 0 {
+            // A chat envelope belongs to its session's transcript.
+            e.channel = "ahp-chat:/x-chat".into();
+            e.session_id = Some("x".into());
+        }
+        batch.push(e);
+    }
+    store.append(batch).await.unwrap();
+    let mut pages = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store.transcript("x", after, 4).await.unwrap();
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        pages.extend(page);
+    }
+    let seqs: Vec<u64> = pages.iter().map(|e| e.seq).collect();
+    let expected: Vec<u64> = (1..=30).filter(|n| n % 2 == 0 || n % 5 == 0).collect();
+    assert_eq!(seqs, expected);
+    assert!(pages.iter().all(|e| e.session_id.as_deref() == Some("x")));
+    assert!(store.transcript("missing", 0, 10).await.unwrap().is_empty());
+    store.close().await;
+}
+
+async fn session_pages_list_every_session_once_newest_first(db: TestDb) {
+    const SESSIONS: usize = 57;
+    let store = db.open().await;
+    let mut batch = Vec::new();
+    for i in 0..SESSIONS {
+        let id = format!("s{i:03}");
+        let mut e = envelope(&format!("ahp-session:/{id}"), i as u64);
+        let project = if i % 3 == 0 { "alpha" } else { "beta" };
+        let state = if i % 4 == 0 { "ended" } else { "dormant" };
+        e.session = Some(record(&id, project, state));
+        batch.push(e);
+    }
+    store.append(batch).await.unwrap();
+    // Touch a few: they move to the front.
+    let mut touch = envelope("ahp-session:/s010", 1000);
+    touch.session = Some(record("s010", "beta", "live"));
+    store.append(vec![touch]).await.unwrap();
+
+    let page_all = |filter: SessionFilter| {
+        let store = store.clone();
+        async move {
+            let mut out = Vec::new();
+            let mut before = None;
+            loop {
+                let page = store.sessions(&filter, before, 10).await.unwrap();
+                assert!(page.items.len() <= 10);
+                out.extend(page.items);
+                match page.next_before {
+                    Some(next) => before = Some(next),
+                    None => break,
+                }
+            }
+            out
+        }
+    };
+    let all = page_all(SessionFilter::default()).await;
+    assert_eq!(all.len(), SESSIONS);
+    let ids: BTreeSet<_> = all.iter().map(|r| r.record.id.clone()).collect();
+    assert_eq!(ids.len(), SESSIONS, "every session exactly once");
+    assert!(
+        all.windows(2).all(|w| w[0].last_seq > w[1].last_seq),
+        "newest first"
+    );
+    assert_eq!(all[0].record.id, "s010");
+    assert_eq!(all[0].record.state, "live");
+
+    let alpha = page_all(SessionFilter {
+        project: Some("alpha".into()),
+        state: None,
+    })
+    .await;
+    assert_eq!(alpha.len(), SESSIONS.div_ceil(3));
+    assert!(alpha.iter().all(|r| r.record.project == "alpha"));
+    let ended = page_all(SessionFilter {
+        project: None,
+        state: Some("ended".into()),
+    })
+    .await;
+    assert_eq!(ended.len(), SESSIONS.div_ceil(4));
+    let both = page_all(SessionFilter {
+        project: Some("alpha".into()),
+        state: Some("ended".into()),
+    })
+    .await;
+    assert_eq!(
+        both.len(),
+        (0..SESSIONS).filter(|i| i % 3 == 0 && i % 4 == 0).count()
+    );
+    let exact = store
+        .sessions(&SessionFilter::default(), None, SESSIONS as u32)
+        .await
+        .unwrap();
+    assert_eq!(exact.items.len(), SESSIONS);
+    assert_eq!(exact.next_before, None, "no empty trailing page");
+    store.close().await;
+}
+
+async fn the_read_model_is_written_with_the_log(db: TestDb) {
+    let store = db.open().await;
+    let mut create = envelope("ahp-session:/m", 1);
+    create.session = Some(record("m", "p", "dormant"));
+    let seq = committed(&store.append(vec![create]).await.unwrap())[0];
+    let row = store.session("m").await.unwrap().unwrap();
+    assert_eq!(row.last_seq, seq);
+    assert_eq!(row.record, record("m", "p", "dormant"));
+
+    let mut update = envelope("ahp-session:/m", 2);
+    let mut changed = record("m", "p", "ended");
+    changed.turns = 3;
+    changed.resumable = true;
+    changed.title = None;
+    changed.created_ms = 42; // ignored: creation time is kept from the first write
+    update.session = Some(changed.clone());
+    let seq2 = committed(&store.append(vec![update]).await.unwrap())[0];
+    let row = store.session("m").await.unwrap().unwrap();
+    assert_eq!(row.last_seq, seq2);
+    assert_eq!(row.record.state, "ended");
+    assert_eq!(row.record.turns, 3);
+    assert!(row.record.resumable);
+    assert_eq!(row.record.title, None);
+    assert_eq!(row.record.created_ms, 1_700_000_000_000);
+    assert!(row.updated_ms >= row.record.created_ms);
+    assert!(store.session("nope").await.unwrap().is_none());
+    store.close().await;
+}
+
+async fn snapshots_return_the_newest(db: TestDb) {
+    let store = db.open().await;
+    assert!(
+        store
+            .latest_snapshot("ahp-session:/s")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    for seq in [3_u64, 9, 5, 12] {
+        store
+            .put_snapshot(Snapshot {
+                channel: "ahp-session:/s".into(),
+                seq,
+                state: format!(r#"{{"at":{seq}}}"#),
+                at_ms: 1,
+            })
+            .await
+            .unwrap();
+    }
+    store
+        .put_snapshot(Snapshot {
+            channel: "ahp-root://".into(),
+            seq: 100,
+            state: "{}".into(),
+            at_ms: 1,
+        })
+        .await
+        .unwrap();
+    let latest = store
+        .latest_snapshot("ahp-session:/s")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(latest.seq, 12);
+    assert_eq!(latest.state, r#"{"at":12}"#);
+    store.close().await;
+}
+
+async fn working_contexts_upsert_and_list_most_recent_first(db: TestDb) {
+    let store = db.open().await;
+    assert!(store.working_context("p", "a").await.unwrap().is_none());
+    assert!(store.working_contexts("p").await.unwrap().is_empty());
+    store
+        .save_working_context("p", "a", r#"{"goal":"one"}"#)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    store
+        .save_working_context("p", "b", r#"{"goal":"two"}"#)
+        .await
+        .unwrap();
+    store
+        .save_working_context("q", "c", r#"{"goal":"other project"}"#)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let resaved = store
+        .save_working_context("p", "a", r#"{"goal":"three"}"#)
+        .await
+        .unwrap();
+    let a = store.working_context("p", "a").await.unwrap().unwrap();
+    assert_eq!(a.body, r#"{"goal":"three"}"#);
+    assert_eq!(a.saved_ms, resaved);
+    let listed: Vec<_> = store
+        .working_contexts("p")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.session)
+        .collect();
+    assert_eq!(
+        listed,
+        vec!["a", "b"],
+        "a resave moves a session to the front"
+    );
+    store.close().await;
+}
+
+/// The child half of the crash test: appends until killed, printing each
+/// acknowledged seq. Does nothing unless started by the parent.
+#[test]
+fn crash_child() {
+    let Ok(url) = std::env::var("TETHER_CRASH_CHILD_URL") else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async move {
+        let store = tether_server::store::open(&url, &StoreOptions::default())
+            .await
+            .unwrap();
+        let mut n = 0_u64;
+        loop {
+            let batch = (0..10)
+                .map(|_| {
+                    n += 1;
+                    from_client(envelope("ahp-session:/crash", n), "crasher", n)
+                })
+                .collect();
+            for seq in committed(&store.append(batch).await.unwrap()) {
+                println!("acked {seq}");
+            }
+        }
+    });
+}
+
+async fn a_killed_writer_loses_no_acknowledged_append(db: TestDb) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
+        .env("TETHER_CRASH_CHILD_URL", db.url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let acked = tokio::task::spawn_blocking(move || {
+        let mut acked = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(seq) = line.strip_prefix("acked ") {
+                acked.push(seq.parse::<u64>().unwrap());
+            }
+            if acked.len() >= 300 || Instant::now() > deadline {
+                break;
+            }
+        }
+        // SIGKILL in the middle of the next batch: no graceful close.
+        child.kill().unwrap();
+        child.wait().unwrap();
+        acked
+    })
+    .await
+    .unwrap();
+    assert!(
+        acked.len() >= 300,
+        "the child acknowledged only {} appends",
+        acked.len()
+    );
+
+    let store: Arc<dyn Store> = db.open().await;
+    let log = store.read_after(0, None, 10_000).await.unwrap();
+    let stored: Vec<u64> = log.iter().map(|e| e.seq).collect();
+    assert_eq!(
+        stored,
+        (1..=stored.len() as u64).collect::<Vec<_>>(),
+        "no gap after the crash"
+    );
+    for seq in &acked {
+        let e = &log[(*seq - 1) as usize];
+        assert_eq!(
+            e.origin.as_ref().unwrap().client_seq,
+            *seq,
+            "acknowledged seq {seq} intact"
+        );
+    }
+    let host = store.host().await.unwrap();
+    assert!(host.last_seq >= *acked.last().unwrap());
+    let next = committed(
+        &store
+            .append(vec![envelope("ahp-root://", 0)])
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        next,
+        vec![host.last_seq + 1],
+        "seq continues above everything issued"
+    );
+    store.close().await;
+}
