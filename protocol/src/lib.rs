@@ -1,9 +1,14 @@
-//! Tether's shared vocabulary: identifiers and their validation, the REST
-//! bodies the server answers with and the client reads, and (as the project
-//! grows) the pure folds over transcripts. Nothing in this crate performs I/O,
-//! so the server, the client SDK and the tests all agree on one definition.
+//! Tether's shared vocabulary: identifiers and channels, working-directory
+//! URIs, the actions Tether adds to AHP, the session model and projection
+//! folds, and the REST bodies. Nothing in this crate performs I/O, so the
+//! server, the client SDK and the tests all agree on one definition.
 
+pub mod actions;
+pub mod channel;
 pub mod ids;
+pub mod model;
+pub mod projection;
 pub mod rest;
+pub mod workdir;
 
 pub use ids::{NameError, validate_name};

@@ -1,0 +1,306 @@
+//! A session's whole state (the AHP session state, its chats and the
+//! projection), changed only by folding accepted actions through the `ahp`
+//! reducers and Tether's own fold. The server's session actor and every
+//! rebuild (snapshot plus transcript tail) use this one fold, so a snapshot
+//! at seq N plus the envelopes after it always gives the live state
+//! (invariant 4).
+
+use std::collections::BTreeMap;
+
+use ahp::reducers::{ReduceOutcome, apply_action_to_chat, apply_action_to_session};
+use ahp_types::actions::StateAction;
+use ahp_types::state::{ChatState, SessionState};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::actions::{EXTENSION_PREFIX, SESSION_CREATED, action_type};
+use crate::channel::Channel;
+use crate::projection::Projection;
+
+/// The body of `x-tether/sessionCreated`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionCreated {
+    /// Project name.
+    pub project: String,
+    /// Agent provider.
+    pub provider: String,
+    /// Initial title (may be empty).
+    #[serde(default)]
+    pub title: String,
+    /// Canonical working-directory URIs; index 0 is the primary.
+    #[serde(default)]
+    pub working_directories: Vec<String>,
+    /// The active client, as AHP's `SessionActiveClient`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_client: Option<Value>,
+    /// The default chat's URI.
+    pub default_chat: String,
+    /// Creation time, RFC 3339.
+    pub created_at: String,
+}
+
+impl SessionCreated {
+    /// The action as it is appended to the transcript.
+    pub fn to_action(&self) -> Value {
+        let mut value = serde_json::to_value(self).unwrap_or_else(|_| json!({}));
+        if let Value::Object(map) = &mut value {
+            map.insert("type".into(), Value::String(SESSION_CREATED.into()));
+        }
+        value
+    }
+}
+
+/// A session's state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionModel {
+    /// Session id.
+    pub id: String,
+    /// How it was created.
+    pub created: SessionCreated,
+    /// The AHP session state.
+    pub session: SessionState,
+    /// Each chat's AHP state, by chat URI.
+    pub chats: BTreeMap<String, ChatState>,
+    /// What the transcript says about the session.
+    pub projection: Projection,
+    /// The seq of the last envelope folded in.
+    pub last_seq: u64,
+}
+
+/// Why a model could not be built or an action could not be folded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    /// A stored record does not have the expected shape.
+    #[error("malformed record: {0}")]
+    Malformed(String),
+}
+
+fn chat_state(resource: &str, modified_at: &str) -> Result<ChatState, ModelError> {
+    serde_json::from_value(json!({
+        "resource": resource,
+        "title": "",
+        "status": 1,
+        "modifiedAt": modified_at,
+        "turns": [],
+    }))
+    .map_err(|e| ModelError::Malformed(e.to_string()))
+}
+
+impl SessionModel {
+    /// The model right after `x-tether/sessionCreated` with seq `seq`.
+    pub fn created(id: &str, created: SessionCreated, seq: u64) -> Result<Self, ModelError> {
+        let chat = json!({
+            "resource": created.default_chat,
+            "title": "",
+            "status": 1,
+            "modifiedAt": created.created_at,
+        });
+        let session: SessionState = serde_json::from_value(json!({
+            "provider": created.provider,
+            "title": created.title,
+            "status": 1,
+            "project": {
+                "uri": format!("tether-project:/{}", created.project),
+                "displayName": created.project,
+            },
+            "workingDirectories": created.working_directories,
+            "lifecycle": "ready",
+            "activeClients": created.active_client.iter().collect::<Vec<_>>(),
+            "chats": [chat],
+            "defaultChat": created.default_chat,
+        }))
+        .map_err(|e| ModelError::Malformed(e.to_string()))?;
+        let mut chats = BTreeMap::new();
+        chats.insert(
+            created.default_chat.clone(),
+            chat_state(&created.default_chat, &created.created_at)?,
+        );
+        let mut projection = Projection::default();
+        if !created.title.trim().is_empty() {
+            projection.explicit_title = Some(created.title.clone());
+        }
+        Ok(Self {
+            id: id.to_owned(),
+            created,
+            session,
+            chats,
+            projection,
+            last_seq: seq,
+        })
+    }
+
+    /// Builds the model from its first record (`x-tether/sessionCreated`).
+    pub fn from_first_record(id: &str, action: &Value, seq: u64) -> Result<Self, ModelError> {
+        if action_type(action) != Some(SESSION_CREATED) {
+            return Err(ModelError::Malformed(format!(
+                "session {id} does not start with {SESSION_CREATED}"
+            )));
+        }
+        let created: SessionCreated = serde_json::from_value(action.clone())
+            .map_err(|e| ModelError::Malformed(e.to_string()))?;
+        Self::created(id, created, seq)
+    }
+
+    /// The session's channel URI.
+    pub fn uri(&self) -> String {
+        Channel::session_uri(&self.id)
+    }
+
+    /// Folds one action on `channel` (this session or one of its chats) and
+    /// reports the reducer's outcome. `Applied` and `NoOp` change (or keep)
+    /// the state and the projection; `OutOfScope` and `Invalid` leave both
+    /// untouched.
+    pub fn apply(&mut self, channel: &str, action: &Value, typed: &StateAction) -> ReduceOutcome {
+        let kind = action_type(action).unwrap_or_default();
+        let outcome = if kind.starts_with(EXTENSION_PREFIX) {
+            // Tether's extensions live on the session channel and only move
+            // the projection; AHP state has no slot for them.
+            if channel == self.uri() && kind != SESSION_CREATED {
+                ReduceOutcome::Applied
+            } else {
+                ReduceOutcome::OutOfScope
+            }
+        } else if channel == self.uri() {
+            let outcome = apply_action_to_session(&mut self.session, typed);
+            if matches!(outcome, ReduceOutcome::Applied) {
+                self.follow_chat_catalogue(typed);
+            }
+            outcome
+        } else if let Some(chat) = self.chats.get_mut(channel) {
+            apply_action_to_chat(chat, typed)
+        } else {
+            ReduceOutcome::OutOfScope
+        };
+        if matches!(outcome, ReduceOutcome::Applied | ReduceOutcome::NoOp) {
+            self.projection.observe(action);
+        }
+        outcome
+    }
+
+    /// Keeps a chat state for every chat in the session's catalogue.
+    fn follow_chat_catalogue(&mut self, typed: &StateAction) {
+        match typed {
+            StateAction::SessionChatAdded(added) => {
+                let summary = &added.summary;
+                if !self.chats.contains_key(&summary.resource) {
+                    if let Ok(chat) = chat_state(&summary.resource, &summary.modified_at) {
+                        self.chats.insert(summary.resource.clone(), chat);
+                    }
+                }
+            }
+            StateAction::SessionChatRemoved(removed) => {
+                self.chats.remove(&removed.chat);
+            }
+            _ => {}
+        }
+    }
+
+    /// The primary (index 0) working directory, if any.
+    pub fn primary_directory(&self) -> Option<&str> {
+        self.session
+            .working_directories
+            .as_ref()
+            .and_then(|dirs| dirs.first())
+            .map(String::as_str)
+    }
+}
+
+/// Parses an action object into AHP's typed action.
+pub fn typed_action(action: &Value) -> StateAction {
+    serde_json::from_value(action.clone()).unwrap_or(StateAction::Unknown(action.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(dirs: &[&str]) -> SessionModel {
+        SessionModel::created(
+            "s",
+            SessionCreated {
+                project: "p".into(),
+                provider: "echo".into(),
+                title: String::new(),
+                working_directories: dirs.iter().map(|d| d.to_string()).collect(),
+                active_client: None,
+                default_chat: "ahp-chat:/s.main".into(),
+                created_at: "2026-01-01T00:00:00.000Z".into(),
+            },
+            1,
+        )
+        .unwrap()
+    }
+
+    fn apply(m: &mut SessionModel, channel: &str, action: Value) -> ReduceOutcome {
+        let typed = typed_action(&action);
+        m.apply(channel, &action, &typed)
+    }
+
+    #[test]
+    fn replacement_dedupes_as_the_reducer_says() {
+        let mut m = model(&["file:///a", "file:///b", "file:///c"]);
+        let out = apply(
+            &mut m,
+            "ahp-session:/s",
+            json!({"type": "session/workingDirectoryReplaced", "directory": "file:///b", "replacement": "file:///c"}),
+        );
+        assert_eq!(out, ReduceOutcome::Applied);
+        assert_eq!(
+            m.session.working_directories.clone().unwrap(),
+            vec!["file:///a", "file:///c"]
+        );
+        let mut m = model(&["file:///a", "file:///b", "file:///c"]);
+        apply(
+            &mut m,
+            "ahp-session:/s",
+            json!({"type": "session/workingDirectoryReplaced", "directory": "file:///c", "replacement": "file:///a"}),
+        );
+        assert_eq!(
+            m.session.working_directories.clone().unwrap(),
+            vec!["file:///a", "file:///b"]
+        );
+        let out = apply(
+            &mut m,
+            "ahp-session:/s",
+            json!({"type": "session/workingDirectoryReplaced", "directory": "file:///zzz", "replacement": "file:///a"}),
+        );
+        assert_eq!(out, ReduceOutcome::NoOp);
+    }
+
+    #[test]
+    fn a_turn_runs_on_the_default_chat_and_the_projection_follows() {
+        let mut m = model(&[]);
+        let started = json!({"type": "chat/turnStarted", "turnId": "t1", "startedAt": "2026-01-01T00:00:01.000Z",
+            "message": {"text": "hi", "origin": {"kind": "user"}}});
+        assert_eq!(
+            apply(&mut m, "ahp-chat:/s.main", started),
+            ReduceOutcome::Applied
+        );
+        assert_eq!(m.projection.open_turn_id.as_deref(), Some("t1"));
+        let done = json!({"type": "chat/turnComplete", "turnId": "t1", "duration": 5});
+        assert_eq!(
+            apply(&mut m, "ahp-chat:/s.main", done),
+            ReduceOutcome::Applied
+        );
+        assert_eq!(m.chats["ahp-chat:/s.main"].turns.len(), 1);
+        assert_eq!(m.projection.open_turn_id, None);
+        assert_eq!(
+            apply(
+                &mut m,
+                "ahp-chat:/other",
+                json!({"type": "chat/draftChanged"})
+            ),
+            ReduceOutcome::OutOfScope
+        );
+    }
+
+    #[test]
+    fn snapshots_round_trip() {
+        let m = model(&["file:///a"]);
+        let text = serde_json::to_string(&m).unwrap();
+        let back: SessionModel = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, m);
+    }
+}

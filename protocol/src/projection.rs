@@ -1,0 +1,288 @@
+//! What a transcript says about its session: a pure fold over its actions
+//! (from aion-core's `AssistantSessionProjection`).
+//!
+//! The server keeps the fold's result as the session read model, written in
+//! the same transaction as each append; folding the stored transcript afresh
+//! gives the same value (invariant 5).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use crate::actions::{
+    AGENT_OPENED, COMMANDS_ADVERTISED, CONTEXT_SHARED, DOCUMENT_EDITED, SESSION_SETTLED,
+    action_type,
+};
+
+/// How many characters of the first turn's text make a derived title.
+pub const TITLE_CHARACTERS: usize = 80;
+
+/// The cause reported for a session with no live agent and no settling record.
+pub const NO_SETTLING_RECORD: &str = "no_settling_record";
+
+/// A session's state as the projection reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum SessionLifeState {
+    /// An agent is attached and running.
+    Live,
+    /// No agent runs; the session can be continued.
+    Dormant,
+    /// Put away by its owner; can be reloaded, but is never "current".
+    Closed,
+    /// Over for good. Absorbing: nothing moves a session out of it.
+    Ended,
+}
+
+impl SessionLifeState {
+    /// The name stored in the read model and accepted by `?state=`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Live => "live",
+            Self::Dormant => "dormant",
+            Self::Closed => "closed",
+            Self::Ended => "ended",
+        }
+    }
+}
+
+/// A command the agent advertised.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdvertisedCommand {
+    /// Command name.
+    pub name: String,
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+    /// A hint for its input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_hint: Option<String>,
+}
+
+/// The fold's accumulated facts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Projection {
+    /// The last settling record: state and cause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled: Option<Settled>,
+    /// The agent's own session handle from its most recent open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acp_session_ref: Option<String>,
+    /// Whether the agent said, at its most recent open, that it can load sessions.
+    #[serde(default)]
+    pub load_session: bool,
+    /// Turns started.
+    #[serde(default)]
+    pub turns: u64,
+    /// The first turn's text, the fallback title.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_turn_text: Option<String>,
+    /// The turn that started and has not completed, failed or been cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_turn_id: Option<String>,
+    /// The most recently shared on-screen context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_context: Option<Value>,
+    /// How many document edit batches have been folded; never rewinds.
+    #[serde(default)]
+    pub document_revision: u64,
+    /// The commands the agent advertised most recently (replaced whole).
+    #[serde(default)]
+    pub commands: Vec<AdvertisedCommand>,
+    /// The explicit AHP title, when one was set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explicit_title: Option<String>,
+}
+
+/// A settling record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Settled {
+    /// The state it settled to.
+    pub state: SessionLifeState,
+    /// Why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+}
+
+impl Projection {
+    /// Folds one accepted action (of the session channel or one of its chats).
+    pub fn observe(&mut self, action: &Value) {
+        let Some(kind) = action_type(action) else {
+            return;
+        };
+        let text = |key: &str| action.get(key).and_then(Value::as_str).map(str::to_owned);
+        match kind {
+            AGENT_OPENED => {
+                self.acp_session_ref = text("acpSessionRef");
+                self.load_session = action
+                    .get("loadSession")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
+                if !self.is_ended() {
+                    self.settled = None;
+                }
+            }
+            SESSION_SETTLED => {
+                if self.is_ended() {
+                    return;
+                }
+                let state = action
+                    .get("state")
+                    .cloned()
+                    .and_then(|s| serde_json::from_value::<SessionLifeState>(s).ok());
+                if let Some(state) = state.filter(|s| *s != SessionLifeState::Live) {
+                    self.settled = Some(Settled {
+                        state,
+                        cause: text("cause"),
+                    });
+                }
+            }
+            "chat/turnStarted" => {
+                self.turns += 1;
+                self.open_turn_id = text("turnId");
+                if self.first_turn_text.is_none() {
+                    self.first_turn_text = action
+                        .pointer("/message/text")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned);
+                }
+            }
+            "chat/turnComplete" | "chat/turnCancelled" | "chat/error" => {
+                if self.open_turn_id.is_some() && self.open_turn_id == text("turnId") {
+                    self.open_turn_id = None;
+                }
+            }
+            "session/titleChanged" => {
+                self.explicit_title = text("title").filter(|t| !t.trim().is_empty());
+            }
+            CONTEXT_SHARED => {
+                self.latest_context = action.get("context").cloned();
+            }
+            DOCUMENT_EDITED => {
+                let revision = action.get("revision").and_then(Value::as_u64).unwrap_or(0);
+                self.document_revision = self.document_revision.max(revision);
+            }
+            COMMANDS_ADVERTISED => {
+                self.commands = action
+                    .get("commands")
+                    .cloned()
+                    .and_then(|c| serde_json::from_value(c).ok())
+                    .unwrap_or_default();
+            }
+            _ => {}
+        }
+    }
+
+    fn is_ended(&self) -> bool {
+        matches!(&self.settled, Some(s) if s.state == SessionLifeState::Ended)
+    }
+
+    /// The state to report, given whether an agent is attached and running.
+    /// A running agent wins unless the session has ended; otherwise the last
+    /// settling record decides; with neither, `ended` with a cause that says
+    /// no settling record exists.
+    pub fn state(&self, live: bool) -> (SessionLifeState, Option<String>) {
+        if live && !self.is_ended() {
+            return (SessionLifeState::Live, None);
+        }
+        match &self.settled {
+            Some(settled) => (settled.state, settled.cause.clone()),
+            None => (SessionLifeState::Ended, Some(NO_SETTLING_RECORD.to_owned())),
+        }
+    }
+
+    /// Whether the session can be resumed.
+    pub fn resumable(&self) -> bool {
+        self.load_session && self.acp_session_ref.is_some()
+    }
+
+    /// The title a listing shows: the explicit title, else the first
+    /// [`TITLE_CHARACTERS`] characters of the trimmed first turn's text.
+    pub fn title(&self) -> Option<String> {
+        self.explicit_title.clone().or_else(|| {
+            self.first_turn_text
+                .as_deref()
+                .map(|t| t.trim().chars().take(TITLE_CHARACTERS).collect::<String>())
+                .filter(|t| !t.is_empty())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn fold(actions: &[Value]) -> Projection {
+        let mut p = Projection::default();
+        for a in actions {
+            p.observe(a);
+        }
+        p
+    }
+
+    #[test]
+    fn turns_open_and_close() {
+        let p = fold(&[
+            json!({"type": "chat/turnStarted", "turnId": "t1", "message": {"text": "  hello  "}}),
+            json!({"type": "chat/turnComplete", "turnId": "t1", "duration": 1}),
+            json!({"type": "chat/turnStarted", "turnId": "t2", "message": {"text": "second"}}),
+        ]);
+        assert_eq!(p.turns, 2);
+        assert_eq!(p.open_turn_id.as_deref(), Some("t2"));
+        assert_eq!(p.title().as_deref(), Some("hello"));
+    }
+
+    #[test]
+    fn ended_absorbs_and_live_wins_otherwise() {
+        let mut p = fold(&[
+            json!({"type": AGENT_OPENED, "acpSessionRef": "r", "loadSession": true, "resumed": false}),
+            json!({"type": SESSION_SETTLED, "state": "dormant"}),
+        ]);
+        assert!(p.resumable());
+        assert_eq!(p.state(false).0, SessionLifeState::Dormant);
+        assert_eq!(p.state(true).0, SessionLifeState::Live);
+        p.observe(&json!({"type": SESSION_SETTLED, "state": "ended", "cause": "gone"}));
+        p.observe(&json!({"type": SESSION_SETTLED, "state": "dormant"}));
+        p.observe(&json!({"type": AGENT_OPENED, "loadSession": true}));
+        assert_eq!(
+            p.state(true),
+            (SessionLifeState::Ended, Some("gone".into()))
+        );
+        assert_eq!(
+            Projection::default().state(false),
+            (SessionLifeState::Ended, Some(NO_SETTLING_RECORD.into()))
+        );
+    }
+
+    #[test]
+    fn title_is_explicit_or_eighty_trimmed_characters() {
+        let long = "x".repeat(100);
+        let p = fold(&[
+            json!({"type": "chat/turnStarted", "turnId": "t", "message": {"text": format!(" {long} ")}}),
+        ]);
+        assert_eq!(p.title().unwrap().chars().count(), TITLE_CHARACTERS);
+        let p = fold(&[
+            json!({"type": "chat/turnStarted", "turnId": "t", "message": {"text": "derived"}}),
+            json!({"type": "session/titleChanged", "title": "Explicit"}),
+        ]);
+        assert_eq!(p.title().as_deref(), Some("Explicit"));
+    }
+
+    #[test]
+    fn document_revision_never_rewinds_and_commands_are_replaced() {
+        let p = fold(&[
+            json!({"type": DOCUMENT_EDITED, "edits": [], "revision": 5}),
+            json!({"type": DOCUMENT_EDITED, "edits": [], "revision": 3}),
+            json!({"type": COMMANDS_ADVERTISED, "commands": [{"name": "a"}, {"name": "b"}]}),
+            json!({"type": COMMANDS_ADVERTISED, "commands": [{"name": "c"}]}),
+        ]);
+        assert_eq!(p.document_revision, 5);
+        assert_eq!(p.commands.len(), 1);
+        assert_eq!(p.commands[0].name, "c");
+    }
+}
