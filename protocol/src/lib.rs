@@ -9,6 +9,7 @@ pub mod ids;
 pub mod model;
 pub mod projection;
 pub mod rest;
+pub mod view;
 pub mod workdir;
 
 pub use ids::{NameError, validate_name};

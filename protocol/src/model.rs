@@ -153,30 +153,62 @@ impl SessionModel {
     /// the state and the projection; `OutOfScope` and `Invalid` leave both
     /// untouched.
     pub fn apply(&mut self, channel: &str, action: &Value, typed: &StateAction) -> ReduceOutcome {
+        let (outcome, trial) = self.try_apply(channel, action, typed);
+        if let Some(trial) = trial {
+            self.accept(trial, action, typed);
+        }
+        outcome
+    }
+
+    /// Runs the reducer on a copy of the part of the state `channel` names
+    /// (not the whole model: a chat with a long history is copied only when
+    /// the action targets it). Returns the outcome and, when it is `Applied`
+    /// or `NoOp`, the changed part for [`SessionModel::accept`].
+    pub fn try_apply(
+        &self,
+        channel: &str,
+        action: &Value,
+        typed: &StateAction,
+    ) -> (ReduceOutcome, Option<Trial>) {
         let kind = action_type(action).unwrap_or_default();
-        let outcome = if kind.starts_with(EXTENSION_PREFIX) {
+        let (outcome, target) = if kind.starts_with(EXTENSION_PREFIX) {
             // Tether's extensions live on the session channel and only move
             // the projection; AHP state has no slot for them.
             if channel == self.uri() && kind != SESSION_CREATED {
-                ReduceOutcome::Applied
+                (ReduceOutcome::Applied, Target::Extension)
             } else {
-                ReduceOutcome::OutOfScope
+                (ReduceOutcome::OutOfScope, Target::Extension)
             }
         } else if channel == self.uri() {
-            let outcome = apply_action_to_session(&mut self.session, typed);
-            if matches!(outcome, ReduceOutcome::Applied) {
+            let mut session = self.session.clone();
+            let outcome = apply_action_to_session(&mut session, typed);
+            (outcome, Target::Session(Box::new(session)))
+        } else if let Some(chat) = self.chats.get(channel) {
+            let mut chat = chat.clone();
+            let outcome = apply_action_to_chat(&mut chat, typed);
+            (outcome, Target::Chat(channel.to_owned(), Box::new(chat)))
+        } else {
+            (ReduceOutcome::OutOfScope, Target::Extension)
+        };
+        match outcome {
+            ReduceOutcome::Applied | ReduceOutcome::NoOp => (outcome, Some(Trial { target })),
+            _ => (outcome, None),
+        }
+    }
+
+    /// Adopts a trial from [`SessionModel::try_apply`] of the same action.
+    pub fn accept(&mut self, trial: Trial, action: &Value, typed: &StateAction) {
+        match trial.target {
+            Target::Session(session) => {
+                self.session = *session;
                 self.follow_chat_catalogue(typed);
             }
-            outcome
-        } else if let Some(chat) = self.chats.get_mut(channel) {
-            apply_action_to_chat(chat, typed)
-        } else {
-            ReduceOutcome::OutOfScope
-        };
-        if matches!(outcome, ReduceOutcome::Applied | ReduceOutcome::NoOp) {
-            self.projection.observe(action);
+            Target::Chat(uri, chat) => {
+                self.chats.insert(uri, *chat);
+            }
+            Target::Extension => {}
         }
-        outcome
+        self.projection.observe(action);
     }
 
     /// Keeps a chat state for every chat in the session's catalogue.
@@ -184,10 +216,10 @@ impl SessionModel {
         match typed {
             StateAction::SessionChatAdded(added) => {
                 let summary = &added.summary;
-                if !self.chats.contains_key(&summary.resource) {
-                    if let Ok(chat) = chat_state(&summary.resource, &summary.modified_at) {
-                        self.chats.insert(summary.resource.clone(), chat);
-                    }
+                if !self.chats.contains_key(&summary.resource)
+                    && let Ok(chat) = chat_state(&summary.resource, &summary.modified_at)
+                {
+                    self.chats.insert(summary.resource.clone(), chat);
                 }
             }
             StateAction::SessionChatRemoved(removed) => {
@@ -205,6 +237,19 @@ impl SessionModel {
             .and_then(|dirs| dirs.first())
             .map(String::as_str)
     }
+}
+
+/// A reducer result not yet adopted by the model.
+#[derive(Debug, Clone)]
+pub struct Trial {
+    target: Target,
+}
+
+#[derive(Debug, Clone)]
+enum Target {
+    Session(Box<SessionState>),
+    Chat(String, Box<ChatState>),
+    Extension,
 }
 
 /// Parses an action object into AHP's typed action.

@@ -150,10 +150,10 @@ impl Projection {
                         .map(str::to_owned);
                 }
             }
-            "chat/turnComplete" | "chat/turnCancelled" | "chat/error" => {
-                if self.open_turn_id.is_some() && self.open_turn_id == text("turnId") {
-                    self.open_turn_id = None;
-                }
+            "chat/turnComplete" | "chat/turnCancelled" | "chat/error"
+                if self.open_turn_id.is_some() && self.open_turn_id == text("turnId") =>
+            {
+                self.open_turn_id = None;
             }
             "session/titleChanged" => {
                 self.explicit_title = text("title").filter(|t| !t.trim().is_empty());

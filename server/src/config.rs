@@ -3,11 +3,15 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::agents::AgentSpec;
+use crate::engine::EngineConfig;
 use crate::store::{StoreOptions, redact_url};
+use crate::ws::WsLimits;
 
 /// Tether: a durable, multi-user session host for coding agents.
 #[derive(Debug, Parser)]
@@ -22,7 +26,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Print the OpenAPI document the server serves at /openapi.json.
     Openapi,
 }
@@ -82,6 +86,74 @@ pub struct ServeArgs {
     /// Log format. The level is set with RUST_LOG (default `info`).
     #[arg(long, env = "TETHER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Side-effect backend: `local` checks working directories on this host,
+    /// `webhook` asks --webhook-url, `agent` lets the session's agent decide.
+    #[arg(long, env = "TETHER_EFFECTS", value_enum, default_value_t = EffectsKind::Local)]
+    pub effects: EffectsKind,
+
+    /// URL the webhook side-effect backend POSTs proposed actions to.
+    #[arg(long, env = "TETHER_WEBHOOK_URL")]
+    pub webhook_url: Option<String>,
+
+    /// Longest a side effect may take, in milliseconds.
+    #[arg(long, env = "TETHER_EFFECT_TIMEOUT_MS", default_value_t = 5_000)]
+    pub effect_timeout_ms: u64,
+
+    /// Directories working directories must lie in (comma-separated; symlinks
+    /// are resolved first). Empty: no restriction.
+    #[arg(long, env = "TETHER_ALLOWED_ROOTS", value_delimiter = ',')]
+    pub allowed_roots: Vec<PathBuf>,
+
+    /// Largest WebSocket message, in bytes; a larger one closes the
+    /// connection with code 1009.
+    #[arg(long, env = "TETHER_MAX_FRAME_BYTES", default_value_t = 1024 * 1024)]
+    pub max_frame_bytes: usize,
+
+    /// Most subscriptions per WebSocket connection.
+    #[arg(long, env = "TETHER_MAX_SUBSCRIPTIONS", default_value_t = 1024)]
+    pub max_subscriptions: usize,
+
+    /// Most simultaneous WebSocket connections.
+    #[arg(long, env = "TETHER_MAX_CONNECTIONS", default_value_t = 20_000)]
+    pub max_connections: usize,
+
+    /// Bytes queued for one connection before it is closed as too slow
+    /// (code 4000; the client reconnects and replays).
+    #[arg(long, env = "TETHER_MAX_OUTBOUND_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_outbound_bytes: usize,
+
+    /// Seconds between server pings.
+    #[arg(long, env = "TETHER_PING_INTERVAL_SECS", default_value_t = 30)]
+    pub ping_interval_secs: u64,
+
+    /// Seconds of silence after which a connection is closed (code 4001).
+    #[arg(long, env = "TETHER_PING_TIMEOUT_SECS", default_value_t = 90)]
+    pub ping_timeout_secs: u64,
+
+    /// Largest gap `reconnect` replays envelope by envelope; a larger gap
+    /// gets snapshots.
+    #[arg(long, env = "TETHER_MAX_REPLAY", default_value_t = 10_000)]
+    pub max_replay: u32,
+
+    /// Seconds an idle session actor stays in memory.
+    #[arg(long, env = "TETHER_ACTOR_IDLE_SECS", default_value_t = 300)]
+    pub actor_idle_secs: u64,
+
+    /// Envelopes between two snapshots of a session.
+    #[arg(long, env = "TETHER_SNAPSHOT_EVERY", default_value_t = 256)]
+    pub snapshot_every: u64,
+}
+
+/// Which side-effect backend runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EffectsKind {
+    /// Working directories must exist here, inside the allowed roots.
+    Local,
+    /// A webhook decides.
+    Webhook,
+    /// The session's agent decides.
+    Agent,
 }
 
 impl fmt::Debug for ServeArgs {
@@ -99,19 +171,42 @@ impl fmt::Debug for ServeArgs {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("shutdown_grace_secs", &self.shutdown_grace_secs)
             .field("log_format", &self.log_format)
-            .finish()
+            .field("effects", &self.effects)
+            .field("webhook_url", &self.webhook_url.as_deref().map(redact_url))
+            .field("allowed_roots", &self.allowed_roots)
+            .finish_non_exhaustive()
     }
 }
 
 /// Why a configuration cannot be served.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// `--effects webhook` without a URL.
+    #[error("--effects webhook needs --webhook-url (TETHER_WEBHOOK_URL)")]
+    WebhookUrlMissing,
     /// A non-loopback bind without the explicit opt-in.
     #[error(
         "refusing to listen on {0}: it is not a loopback address and Tether has no authentication \
          configured; pass --insecure-allow-remote (TETHER_INSECURE_ALLOW_REMOTE=true) to allow it"
     )]
     RemoteBindRefused(SocketAddr),
+}
+
+/// The side-effect backend a server runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EffectsConfig {
+    /// `local`, restricted to these roots (empty: anywhere).
+    Local {
+        /// Allowed roots.
+        allowed_roots: Vec<PathBuf>,
+    },
+    /// `webhook` at this URL.
+    Webhook {
+        /// Where proposed actions are POSTed.
+        url: String,
+    },
+    /// `agent`.
+    Agent,
 }
 
 /// The settings a running server uses, derived from [`ServeArgs`].
@@ -121,6 +216,14 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// How long in-flight requests may run after shutdown begins.
     pub shutdown_grace: Duration,
+    /// Engine settings.
+    pub engine: EngineConfig,
+    /// WebSocket limits.
+    pub ws: WsLimits,
+    /// Agents besides the built-in echo agent.
+    pub agents: Vec<AgentSpec>,
+    /// The side-effect backend.
+    pub effects: EffectsConfig,
 }
 
 impl Default for ServeConfig {
@@ -128,6 +231,12 @@ impl Default for ServeConfig {
         Self {
             max_body_bytes: 2 * 1024 * 1024,
             shutdown_grace: Duration::from_secs(10),
+            engine: EngineConfig::default(),
+            ws: WsLimits::default(),
+            agents: Vec::new(),
+            effects: EffectsConfig::Local {
+                allowed_roots: Vec::new(),
+            },
         }
     }
 }
@@ -151,11 +260,40 @@ impl ServeArgs {
     }
 
     /// The running server's settings.
-    pub fn serve_config(&self) -> ServeConfig {
-        ServeConfig {
+    pub fn serve_config(&self) -> Result<ServeConfig, ConfigError> {
+        let effects = match self.effects {
+            EffectsKind::Local => EffectsConfig::Local {
+                allowed_roots: self.allowed_roots.clone(),
+            },
+            EffectsKind::Webhook => EffectsConfig::Webhook {
+                url: self
+                    .webhook_url
+                    .clone()
+                    .ok_or(ConfigError::WebhookUrlMissing)?,
+            },
+            EffectsKind::Agent => EffectsConfig::Agent,
+        };
+        Ok(ServeConfig {
             max_body_bytes: self.max_body_bytes,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
-        }
+            engine: EngineConfig {
+                actor_idle: Duration::from_secs(self.actor_idle_secs.max(1)),
+                snapshot_every: self.snapshot_every.max(1),
+                effect_timeout: Duration::from_millis(self.effect_timeout_ms.max(1)),
+                ..EngineConfig::default()
+            },
+            ws: WsLimits {
+                max_frame_bytes: self.max_frame_bytes,
+                max_subscriptions: self.max_subscriptions,
+                max_connections: self.max_connections,
+                max_outbound_bytes: self.max_outbound_bytes,
+                ping_interval: Duration::from_secs(self.ping_interval_secs.max(1)),
+                ping_timeout: Duration::from_secs(self.ping_timeout_secs.max(1)),
+                max_replay: self.max_replay,
+            },
+            agents: Vec::new(),
+            effects,
+        })
     }
 }
 
@@ -187,7 +325,7 @@ mod tests {
         let mut argv = vec!["tether", "serve"];
         argv.extend_from_slice(list);
         match Cli::try_parse_from(argv).expect("valid arguments").command {
-            Command::Serve(args) => args,
+            Command::Serve(args) => *args,
             Command::Openapi => panic!("expected serve"),
         }
     }

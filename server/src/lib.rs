@@ -4,39 +4,82 @@
 //! lives here so tests can start the real server on a port-0 listener with
 //! [`serve`] and stop it with a future they control.
 
+pub mod agents;
+pub mod auth;
 pub mod config;
+pub mod effects;
+pub mod engine;
 pub mod http;
 pub mod store;
 pub mod telemetry;
+pub mod ws;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use crate::config::ServeConfig;
-use crate::store::Store;
+use crate::agents::Agents;
+use crate::config::{EffectsConfig, ServeConfig};
+use crate::effects::{AgentEffects, Effects, LocalEffects, WebhookEffects};
+use crate::engine::Engine;
+use crate::store::{Store, StoreError};
+use crate::ws::WsLimits;
 
 /// Everything a request handler may need; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AppState {
     /// The durable store.
     pub store: Arc<dyn Store>,
+    /// The session engine.
+    pub engine: Engine,
     /// The configuration the server was started with.
     pub config: Arc<ServeConfig>,
+    /// WebSocket limits.
+    pub ws: WsLimits,
+    /// One permit per open WebSocket connection.
+    pub connections: Arc<Semaphore>,
+    /// Cancelled when the server shuts down; upgraded sockets watch it
+    /// (axum's graceful shutdown does not wait for them).
+    pub shutdown: CancellationToken,
+    /// Tracks connection tasks so shutdown can wait for them.
+    pub tasks: TaskTracker,
     /// When the server started.
     pub started: Instant,
 }
 
 impl AppState {
-    /// Builds the state for a server on `store`.
-    pub fn new(store: Arc<dyn Store>, config: ServeConfig) -> Self {
-        Self {
+    /// Builds the state for a server on `store`: starts the engine.
+    pub async fn new(store: Arc<dyn Store>, config: ServeConfig) -> Result<Self, StoreError> {
+        let effects: Arc<dyn Effects> = match &config.effects {
+            EffectsConfig::Local { allowed_roots } => Arc::new(LocalEffects::new(allowed_roots)),
+            EffectsConfig::Webhook { url } => Arc::new(
+                WebhookEffects::new(url, config.engine.effect_timeout)
+                    .map_err(StoreError::Corrupt)?,
+            ),
+            EffectsConfig::Agent => Arc::new(AgentEffects),
+        };
+        let engine = Engine::start(
+            store.clone(),
+            Agents::new(config.agents.clone()),
+            effects,
+            config.engine.clone(),
+        )
+        .await?;
+        Ok(Self {
             store,
+            engine,
+            ws: config.ws.clone(),
+            connections: Arc::new(Semaphore::new(config.ws.max_connections.max(1))),
             config: Arc::new(config),
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
             started: Instant::now(),
-        }
+        })
     }
 }
 
@@ -49,11 +92,14 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let store = state.store.clone();
     let grace = state.config.shutdown_grace;
+    let sockets = state.shutdown.clone();
+    let tasks = state.tasks.clone();
     let app = http::router(state);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown.await;
-        tracing::info!("shutdown requested; draining in-flight requests");
+        tracing::info!("shutdown requested; draining in-flight requests and connections");
+        sockets.cancel();
         let _ = stop_tx.send(());
     });
     let server = tokio::spawn(async move { server.await });
@@ -72,6 +118,10 @@ pub async fn serve(
             }
         }
     };
+    tasks.close();
+    if tokio::time::timeout(grace, tasks.wait()).await.is_err() {
+        tracing::warn!("WebSocket connections still open after the grace period");
+    }
     store.close().await;
     tracing::info!("store closed; server stopped");
     match result {

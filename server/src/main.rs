@@ -14,7 +14,7 @@ fn main() -> ExitCode {
         Err(err) => return fail(format!("cannot start the async runtime: {err}")),
     };
     match cli.command {
-        Command::Serve(args) => runtime.block_on(run_serve(args)),
+        Command::Serve(args) => runtime.block_on(run_serve(*args)),
         Command::Openapi => {
             print!("{}", tether_server::http::openapi_json());
             ExitCode::SUCCESS
@@ -60,7 +60,17 @@ async fn run_serve(args: ServeArgs) -> ExitCode {
         database = %store::redact_url(&args.database_url),
         "tether is serving"
     );
-    let state = AppState::new(store, args.serve_config());
+    let config = match args.serve_config() {
+        Ok(config) => config,
+        Err(err) => return fail(err.to_string()),
+    };
+    let state = match AppState::new(store.clone(), config).await {
+        Ok(state) => state,
+        Err(err) => {
+            store.close().await;
+            return fail(format!("cannot start the session engine: {err}"));
+        }
+    };
     match serve(listener, state, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => fail(format!("server failed: {err}")),

@@ -164,7 +164,9 @@ impl TestServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
         let addr = listener.local_addr().expect("local address");
         let (stop, stopped) = oneshot::channel::<()>();
-        let state = AppState::new(store, config);
+        let state = AppState::new(store, config)
+            .await
+            .expect("start the engine");
         let task = tokio::spawn(serve(listener, state, async move {
             let _ = stopped.await;
         }));

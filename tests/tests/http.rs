@@ -25,13 +25,17 @@ async fn health_and_readiness_answer(db: TestDb) {
         tether_tests::Backend::Postgres => "postgres",
     };
     assert_eq!(ready.backend, expected);
-    assert_eq!(ready.server_seq, 0);
+    // The first start records one envelope: the agents it advertises.
+    assert_eq!(ready.server_seq, 1);
     let epoch = ready.host_epoch.clone();
     server.stop().await;
 
-    // A restart on the same database keeps the epoch.
+    // A restart on the same database keeps the epoch and, with the same
+    // agents, records nothing new.
     let server = TestServer::start(&db).await;
-    assert_eq!(server.client().readiness().await.unwrap().host_epoch, epoch);
+    let again = server.client().readiness().await.unwrap();
+    assert_eq!(again.host_epoch, epoch);
+    assert_eq!(again.server_seq, 1);
     server.stop().await;
 }
 

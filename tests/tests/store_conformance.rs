@@ -33,6 +33,7 @@ fn envelope(channel: &str, n: u64) -> NewEnvelope {
         action: format!(r#"{{"type":"x-test/n","n":{n}}}"#),
         origin: None,
         session: None,
+        chats: Vec::new(),
     }
 }
 
@@ -415,9 +416,19 @@ async fn the_read_model_is_written_with_the_log(db: TestDb) {
     let store = db.open().await;
     let mut create = envelope("ahp-session:/m", 1);
     create.session = Some(record("m", "p", "dormant"));
+    create.chats = vec!["ahp-chat:/m.main".to_owned()];
     let seq = committed(&store.append(vec![create]).await.unwrap())[0];
     let row = store.session("m").await.unwrap().unwrap();
     assert_eq!(row.last_seq, seq);
+    assert_eq!(
+        store
+            .chat_session("ahp-chat:/m.main")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("m")
+    );
+    assert_eq!(store.chat_session("ahp-chat:/other").await.unwrap(), None);
     assert_eq!(row.record, record("m", "p", "dormant"));
 
     let mut update = envelope("ahp-session:/m", 2);

@@ -73,6 +73,7 @@ pub fn router(state: AppState) -> Router {
                 async move { ([("content-type", "application/json")], spec.to_string()) }
             }),
         )
+        .merge(crate::ws::router())
         .fallback(not_found)
         .with_state(state)
         .layer(RequestBodyLimitLayer::new(max_body))

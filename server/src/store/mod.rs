@@ -114,6 +114,9 @@ pub struct NewEnvelope {
     /// The session's read-model row after this envelope, written in the same
     /// transaction. The store fills in `last_seq` and the update time.
     pub session: Option<SessionRecord>,
+    /// Chat URIs this envelope brings into being, recorded as owned by
+    /// `session_id` in the same transaction.
+    pub chats: Vec<String>,
 }
 
 /// An envelope as stored in the log.
@@ -298,6 +301,9 @@ pub trait Store: Send + Sync + fmt::Debug {
         after: u64,
         limit: u32,
     ) -> Result<Vec<StoredEnvelope>, StoreError>;
+
+    /// The session that owns a chat URI.
+    async fn chat_session(&self, chat: &str) -> Result<Option<String>, StoreError>;
 
     /// One session's read-model row.
     async fn session(&self, id: &str) -> Result<Option<SessionRow>, StoreError>;

@@ -204,6 +204,18 @@ impl Store for PostgresStore {
             if let Some(record) = &envelope.session {
                 Self::upsert_session(&mut tx, record, seq, at_ms).await?;
             }
+            if let Some(session_id) = &envelope.session_id {
+                for chat in &envelope.chats {
+                    sqlx::query(
+                        "INSERT INTO chats (chat, session_id) VALUES ($1, $2) \
+                         ON CONFLICT (chat) DO NOTHING",
+                    )
+                    .bind(chat)
+                    .bind(session_id)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+            }
             outcomes.push(Appended::Committed {
                 seq: rows::seq(seq)?,
                 at_ms,
@@ -314,6 +326,15 @@ impl Store for PostgresStore {
         .fetch_all(&self.pool)
         .await?;
         found.into_iter().map(TryInto::try_into).collect()
+    }
+
+    async fn chat_session(&self, chat: &str) -> Result<Option<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT session_id FROM chats WHERE chat = $1")
+                .bind(chat)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
     }
 
     async fn session(&self, id: &str) -> Result<Option<SessionRow>, StoreError> {

@@ -215,6 +215,18 @@ impl Store for SqliteStore {
             if let Some(record) = &envelope.session {
                 Self::upsert_session(&mut tx, record, seq, at_ms).await?;
             }
+            if let Some(session_id) = &envelope.session_id {
+                for chat in &envelope.chats {
+                    sqlx::query(
+                        "INSERT INTO chats (chat, session_id) VALUES (?, ?) \
+                         ON CONFLICT (chat) DO NOTHING",
+                    )
+                    .bind(chat)
+                    .bind(session_id)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+            }
             outcomes.push(Appended::Committed {
                 seq: rows::seq(seq)?,
                 at_ms,
@@ -317,6 +329,15 @@ impl Store for SqliteStore {
         .fetch_all(&self.readers)
         .await?;
         found.into_iter().map(TryInto::try_into).collect()
+    }
+
+    async fn chat_session(&self, chat: &str) -> Result<Option<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT session_id FROM chats WHERE chat = ?")
+                .bind(chat)
+                .fetch_optional(&self.readers)
+                .await?,
+        )
     }
 
     async fn session(&self, id: &str) -> Result<Option<SessionRow>, StoreError> {

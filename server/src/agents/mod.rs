@@ -1,0 +1,141 @@
+//! Agents: the backends that run a session's model work. Built in: `echo`,
+//! which answers every turn with the user's own text so a new user can run a
+//! turn with no model at all.
+
+use serde_json::{Value, json};
+
+/// How an agent treats working directories (AHP `multipleWorkingDirectories`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkdirCapability {
+    /// The agent works in several directories; without it a session has at
+    /// most one and the working-directory actions are refused.
+    pub multiple: bool,
+    /// Index 0 can never be removed, reordered or replaced.
+    pub immutable_primary: bool,
+    /// Index 0 may change, but only through `session/workingDirectoryReplaced`.
+    pub primary_replacement: bool,
+}
+
+/// One registered agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentSpec {
+    /// The provider name sessions are created with.
+    pub provider: String,
+    /// Shown to people.
+    pub display_name: String,
+    /// What it is.
+    pub description: String,
+    /// Working-directory capability.
+    pub workdirs: WorkdirCapability,
+    /// Whether it can load (resume) a session it opened before.
+    pub load_session: bool,
+}
+
+impl AgentSpec {
+    /// The built-in echo agent: several directories, replaceable primary,
+    /// sessions it can load again.
+    pub fn echo() -> Self {
+        Self {
+            provider: "echo".to_owned(),
+            display_name: "Echo".to_owned(),
+            description: "Answers every turn with your own words; needs no model.".to_owned(),
+            workdirs: WorkdirCapability {
+                multiple: true,
+                immutable_primary: false,
+                primary_replacement: true,
+            },
+            load_session: true,
+        }
+    }
+
+    /// An echo agent with other working-directory capabilities (tests and
+    /// demos of the primary-directory rules).
+    pub fn echo_variant(provider: &str, workdirs: WorkdirCapability) -> Self {
+        Self {
+            provider: provider.to_owned(),
+            workdirs,
+            ..Self::echo()
+        }
+    }
+
+    /// The AHP `AgentInfo` advertised in the root state.
+    pub fn agent_info(&self) -> Value {
+        let mut capabilities = json!({});
+        if self.workdirs.multiple {
+            let mut multiple = json!({});
+            if self.workdirs.immutable_primary {
+                multiple["immutablePrimary"] = json!(true);
+            }
+            if self.workdirs.primary_replacement {
+                multiple["primaryReplacement"] = json!(true);
+            }
+            capabilities["multipleWorkingDirectories"] = multiple;
+        }
+        json!({
+            "provider": self.provider,
+            "displayName": self.display_name,
+            "description": self.description,
+            "models": [],
+            "capabilities": capabilities,
+        })
+    }
+
+    /// The host-originated actions that answer an accepted
+    /// `chat/turnStarted` on `chat`: the user's text echoed back as a
+    /// markdown response part, then the turn's completion.
+    pub fn answer_turn(&self, turn_started: &Value) -> Vec<Value> {
+        let turn_id = turn_started
+            .get("turnId")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let text = turn_started
+            .pointer("/message/text")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        vec![
+            json!({
+                "type": "chat/responsePart",
+                "turnId": turn_id,
+                "part": {"kind": "markdown", "id": format!("{turn_id}.echo"), "content": text},
+            }),
+            json!({"type": "chat/turnComplete", "turnId": turn_id, "duration": 0}),
+        ]
+    }
+}
+
+/// The agents a host offers.
+#[derive(Debug, Clone)]
+pub struct Agents {
+    list: Vec<AgentSpec>,
+}
+
+impl Agents {
+    /// A registry of `list`; the echo agent is always added.
+    pub fn new(mut list: Vec<AgentSpec>) -> Self {
+        if !list.iter().any(|a| a.provider == "echo") {
+            list.insert(0, AgentSpec::echo());
+        }
+        Self { list }
+    }
+
+    /// The agent for a provider name.
+    pub fn get(&self, provider: &str) -> Option<&AgentSpec> {
+        self.list.iter().find(|a| a.provider == provider)
+    }
+
+    /// The root state's `agents` list.
+    pub fn infos(&self) -> Vec<Value> {
+        self.list.iter().map(AgentSpec::agent_info).collect()
+    }
+
+    /// Provider names, for error messages.
+    pub fn providers(&self) -> Vec<&str> {
+        self.list.iter().map(|a| a.provider.as_str()).collect()
+    }
+}
+
+impl Default for Agents {
+    fn default() -> Self {
+        Self::new(Vec::new())
+    }
+}

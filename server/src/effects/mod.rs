@@ -1,0 +1,213 @@
+//! Side-effect backends: the work an action needs before it may be
+//! committed and broadcast. A backend may refuse; a refusal is a rejection
+//! with the backend's reason. Every call is bounded in time by the engine.
+//!
+//! Side effects must be idempotent: a retried dispatch (same origin) may run
+//! its side effect again before the store recognises the retry.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tether_protocol::actions::action_type;
+use tether_protocol::workdir::file_uri_path;
+
+/// What a side effect is asked to apply.
+#[derive(Debug)]
+pub struct EffectRequest<'a> {
+    /// The channel the action is aimed at.
+    pub channel: &'a str,
+    /// The action (working-directory URIs already canonical).
+    pub action: &'a Value,
+    /// The session's state before the action, as JSON.
+    pub state: &'a Value,
+    /// `(clientId, clientSeq)` of the dispatch, if client-originated.
+    pub origin: Option<(&'a str, u64)>,
+}
+
+/// A side-effect backend.
+#[async_trait]
+pub trait Effects: Send + Sync + std::fmt::Debug {
+    /// Applies the action's side effect, or says why it cannot.
+    async fn apply(&self, request: &EffectRequest<'_>) -> Result<(), String>;
+
+    /// Checks the working directories of a session about to be created.
+    async fn check_directories(&self, directories: &[String]) -> Result<(), String>;
+}
+
+/// The directories an action would add.
+pub fn added_directories(action: &Value) -> Vec<&str> {
+    let field = match action_type(action) {
+        Some("session/workingDirectorySet" | "chat/workingDirectorySet") => "directory",
+        Some("session/workingDirectoryReplaced") => "replacement",
+        _ => return Vec::new(),
+    };
+    action
+        .get(field)
+        .and_then(Value::as_str)
+        .into_iter()
+        .collect()
+}
+
+/// `local`: a working directory must exist on this host, be a directory, and
+/// lie inside the allowed roots after symlinks are resolved.
+#[derive(Debug, Clone)]
+pub struct LocalEffects {
+    /// Canonical allowed roots; empty means no restriction.
+    allowed_roots: Vec<PathBuf>,
+}
+
+impl LocalEffects {
+    /// A backend restricted to `allowed_roots` (resolved now; a root that
+    /// does not exist is kept as given and matches nothing real).
+    pub fn new(allowed_roots: &[PathBuf]) -> Self {
+        let allowed_roots = allowed_roots
+            .iter()
+            .map(|root| std::fs::canonicalize(root).unwrap_or_else(|_| root.clone()))
+            .collect();
+        Self { allowed_roots }
+    }
+
+    async fn check(&self, uri: &str) -> Result<(), String> {
+        let path = file_uri_path(uri).map_err(|e| e.to_string())?;
+        let resolved = tokio::fs::canonicalize(&path)
+            .await
+            .map_err(|_| format!("Working directory {path} does not exist on this host."))?;
+        let metadata = tokio::fs::metadata(&resolved)
+            .await
+            .map_err(|e| format!("Working directory {path} cannot be read: {e}."))?;
+        if !metadata.is_dir() {
+            return Err(format!("Working directory {path} is not a directory."));
+        }
+        if !self.allowed_roots.is_empty()
+            && !self
+                .allowed_roots
+                .iter()
+                .any(|root| resolved.starts_with(root))
+        {
+            return Err(format!(
+                "Working directory {path} is outside the allowed roots ({}); ask the operator to \
+                 add it to TETHER_ALLOWED_ROOTS.",
+                display_roots(&self.allowed_roots)
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn display_roots(roots: &[PathBuf]) -> String {
+    roots
+        .iter()
+        .map(|r| r.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[async_trait]
+impl Effects for LocalEffects {
+    async fn apply(&self, request: &EffectRequest<'_>) -> Result<(), String> {
+        for directory in added_directories(request.action) {
+            self.check(directory).await?;
+        }
+        Ok(())
+    }
+
+    async fn check_directories(&self, directories: &[String]) -> Result<(), String> {
+        for directory in directories {
+            self.check(directory).await?;
+        }
+        Ok(())
+    }
+}
+
+/// `webhook`: POST the proposed envelope and the session state to a URL;
+/// `2xx {"accept": true}` accepts, `{"accept": false, "reason": ...}` refuses,
+/// anything else (timeout, 5xx, garbage) refuses as "backend unavailable".
+/// No retries inside one dispatch.
+#[derive(Debug, Clone)]
+pub struct WebhookEffects {
+    url: String,
+    http: reqwest::Client,
+}
+
+impl WebhookEffects {
+    /// A backend posting to `url`, each call bounded by `timeout`.
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, String> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| format!("cannot build the webhook client: {e}"))?;
+        Ok(Self {
+            url: url.to_owned(),
+            http,
+        })
+    }
+
+    async fn ask(&self, body: Value) -> Result<(), String> {
+        let unavailable = |why: String| {
+            tracing::warn!(url = %self.url, %why, "side-effect webhook unavailable");
+            "The side-effect backend is unavailable; try again later.".to_owned()
+        };
+        let response = self
+            .http
+            .post(&self.url)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(unavailable(format!("status {status}")));
+        }
+        let answer: Value = response
+            .json()
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        match answer.get("accept").and_then(Value::as_bool) {
+            Some(true) => Ok(()),
+            Some(false) => Err(answer
+                .get("reason")
+                .and_then(Value::as_str)
+                .filter(|r| !r.trim().is_empty())
+                .unwrap_or("The side-effect backend refused the action.")
+                .to_owned()),
+            None => Err(unavailable("answer has no boolean \"accept\"".to_owned())),
+        }
+    }
+}
+
+#[async_trait]
+impl Effects for WebhookEffects {
+    async fn apply(&self, request: &EffectRequest<'_>) -> Result<(), String> {
+        let origin = request
+            .origin
+            .map(|(client_id, client_seq)| json!({"clientId": client_id, "clientSeq": client_seq}));
+        self.ask(json!({
+            "envelope": {"channel": request.channel, "action": request.action, "origin": origin},
+            "state": request.state,
+        }))
+        .await
+    }
+
+    async fn check_directories(&self, directories: &[String]) -> Result<(), String> {
+        self.ask(json!({"createSession": {"workingDirectories": directories}}))
+            .await
+    }
+}
+
+/// `agent`: the session's agent applies the side effect. The built-in echo
+/// agent has nothing to apply and accepts.
+#[derive(Debug, Clone, Default)]
+pub struct AgentEffects;
+
+#[async_trait]
+impl Effects for AgentEffects {
+    async fn apply(&self, _request: &EffectRequest<'_>) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn check_directories(&self, _directories: &[String]) -> Result<(), String> {
+        Ok(())
+    }
+}

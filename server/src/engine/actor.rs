@@ -1,0 +1,682 @@
+//! The session actor: one task per active session, the single writer of its
+//! state on this host. It validates dispatches, runs their side effects,
+//! appends them through the group committer and applies them, in order.
+//!
+//! Dispatches that are ready together are handled as one batch: each is
+//! validated against the state left by the ones before it, then the batch is
+//! appended in one request. If the append fails, or the store reports that
+//! an origin already had an outcome (a retry), the actor rebuilds its state
+//! from the store, so its state is always the fold of what was committed.
+
+use std::sync::Arc;
+
+use ahp::reducers::ReduceOutcome;
+use serde_json::Value;
+use tether_protocol::actions::{AGENT_OPENED, SESSION_SETTLED, action_type};
+use tether_protocol::channel::Channel;
+use tether_protocol::model::{SessionCreated, SessionModel, typed_action};
+use tether_protocol::view::SessionView;
+use tokio::sync::{mpsc, oneshot};
+
+use super::commit::CommitOutcome;
+use super::fanout::{Published, published_from_store};
+use super::rules::{check_dispatchable, check_workdirs};
+use super::{Ctx, EngineError};
+use crate::auth::Principal;
+use crate::effects::EffectRequest;
+use crate::store::{
+    NewEnvelope, Origin, OriginOutcome, Rejection, SessionRecord, Snapshot, now_ms,
+};
+
+/// How many transcript rows one rebuild read takes.
+const REBUILD_PAGE: u32 = 2_000;
+
+/// The answer to a dispatch.
+#[derive(Debug, Clone)]
+pub enum DispatchOutcome {
+    /// Accepted (now or, for a retry, originally) as this envelope.
+    Accepted(Arc<Published>),
+    /// Refused, with a reason a person can act on.
+    Rejected(String),
+}
+
+/// One action to validate, apply and commit.
+#[derive(Debug)]
+pub struct Dispatch {
+    /// The dispatching client; `None` for host-originated actions.
+    pub origin: Option<Origin>,
+    /// Target channel (the session or one of its chats).
+    pub channel: String,
+    /// The action object.
+    pub action: Value,
+    /// The caller, checked against the session's project (`None` for the host).
+    pub principal: Option<Principal>,
+    /// Where the outcome goes.
+    pub reply: Option<oneshot::Sender<DispatchOutcome>>,
+}
+
+/// A message to a session actor.
+#[derive(Debug)]
+pub enum Command {
+    /// Validate, apply and commit an action.
+    Dispatch(Dispatch),
+    /// Create the session.
+    Create {
+        /// Its first record.
+        created: SessionCreated,
+        /// The outcome.
+        reply: oneshot::Sender<Result<SessionView, EngineError>>,
+    },
+    /// Settle the session for good (closed when resumable, else ended).
+    Dispose {
+        /// The outcome.
+        reply: oneshot::Sender<Result<SessionView, EngineError>>,
+    },
+    /// A channel's state and the seq it includes, taken together.
+    Snapshot {
+        /// The session or one of its chats.
+        channel: String,
+        /// `(state, fromSeq)`, or `None` when the channel is not this session's.
+        reply: oneshot::Sender<Result<Option<(Value, u64)>, EngineError>>,
+    },
+    /// Adds a chat to the session (`session/chatAdded`, host-originated).
+    CreateChat {
+        /// The new chat's URI.
+        chat: String,
+        /// The outcome.
+        reply: oneshot::Sender<Result<(), EngineError>>,
+    },
+    /// The session's view.
+    View {
+        /// `None` when the session does not exist.
+        reply: oneshot::Sender<Result<Option<SessionView>, EngineError>>,
+    },
+}
+
+pub(super) struct SessionActor {
+    id: String,
+    uri: String,
+    ctx: Arc<Ctx>,
+    model: Option<SessionModel>,
+    /// Whether this process opened the session's agent (it is attached).
+    agent_live: bool,
+    /// Envelopes committed since the last snapshot was written.
+    since_snapshot: u64,
+    /// Host-originated actions waiting to be committed (agent answers).
+    follow_ups: Vec<(String, Value)>,
+}
+
+impl SessionActor {
+    /// Loads the session from the store and runs until evicted.
+    pub(super) async fn run(id: String, ctx: Arc<Ctx>, mut mailbox: mpsc::Receiver<Command>) {
+        let mut actor = SessionActor {
+            uri: Channel::session_uri(&id),
+            id,
+            ctx,
+            model: None,
+            agent_live: false,
+            since_snapshot: 0,
+            follow_ups: Vec::new(),
+        };
+        if let Err(err) = actor.reload().await {
+            tracing::error!(session = %actor.id, error = %err, "cannot load session");
+            actor.ctx.forget_actor(&actor.id);
+            // Answer what is queued so nobody waits for a dead actor.
+            mailbox.close();
+            while let Some(command) = mailbox.recv().await {
+                actor.fail(command, EngineError::Unavailable(err.clone()));
+            }
+            return;
+        }
+        loop {
+            let idle = actor.ctx.config.actor_idle;
+            let command = match tokio::time::timeout(idle, mailbox.recv()).await {
+                Ok(Some(command)) => command,
+                Ok(None) => break,
+                Err(_) => {
+                    if actor.ctx.evict_if_idle(&actor.id, &mailbox) {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            match command {
+                Command::Dispatch(first) => {
+                    let mut batch = vec![first];
+                    let mut other = None;
+                    while batch.len() < actor.ctx.config.actor_batch {
+                        match mailbox.try_recv() {
+                            Ok(Command::Dispatch(next)) => batch.push(next),
+                            Ok(command) => {
+                                other = Some(command);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    actor.dispatch_batch(batch).await;
+                    actor.run_follow_ups().await;
+                    if let Some(command) = other {
+                        actor.handle(command).await;
+                    }
+                }
+                command => actor.handle(command).await,
+            }
+        }
+        actor.write_snapshot().await;
+    }
+
+    fn fail(&self, command: Command, err: EngineError) {
+        match command {
+            Command::Dispatch(d) => {
+                if let Some(reply) = d.reply {
+                    let _ = reply.send(DispatchOutcome::Rejected(err.to_string()));
+                }
+            }
+            Command::Create { reply, .. } | Command::Dispose { reply } => {
+                let _ = reply.send(Err(err));
+            }
+            Command::Snapshot { reply, .. } => {
+                let _ = reply.send(Err(err));
+            }
+            Command::View { reply } => {
+                let _ = reply.send(Err(err));
+            }
+            Command::CreateChat { reply, .. } => {
+                let _ = reply.send(Err(err));
+            }
+        }
+    }
+
+    async fn handle(&mut self, command: Command) {
+        match command {
+            Command::Dispatch(d) => {
+                self.dispatch_batch(vec![d]).await;
+                self.run_follow_ups().await;
+            }
+            Command::Create { created, reply } => {
+                let _ = reply.send(self.create(created).await);
+            }
+            Command::Dispose { reply } => {
+                let _ = reply.send(self.dispose().await);
+            }
+            Command::Snapshot { channel, reply } => {
+                let _ = reply.send(Ok(self.snapshot(&channel)));
+            }
+            Command::View { reply } => {
+                let _ = reply.send(Ok(self.model.as_ref().map(|m| self.view(m))));
+            }
+            Command::CreateChat { chat, reply } => {
+                let _ = reply.send(self.create_chat(chat).await);
+            }
+        }
+    }
+
+    fn snapshot(&self, channel: &str) -> Option<(Value, u64)> {
+        let model = self.model.as_ref()?;
+        let state = if channel == self.uri {
+            serde_json::to_value(&model.session).ok()?
+        } else {
+            serde_json::to_value(model.chats.get(channel)?).ok()?
+        };
+        Some((state, model.last_seq))
+    }
+
+    fn view(&self, model: &SessionModel) -> SessionView {
+        SessionView::of(model, self.agent_live, &super::rfc3339(now_ms()))
+    }
+
+    fn record(&self, model: &SessionModel) -> SessionRecord {
+        let view = self.view(model);
+        SessionRecord {
+            id: model.id.clone(),
+            project: view.project.clone(),
+            provider: view.provider.clone(),
+            title: view.title.clone(),
+            state: view.state.as_str().to_owned(),
+            turns: view.turns,
+            resumable: view.resumable,
+            created_ms: super::parse_ms(&model.created.created_at),
+            projection: serde_json::to_string(&view).unwrap_or_default(),
+        }
+    }
+
+    /// Rebuilds the model from the latest snapshot plus the transcript tail.
+    async fn reload(&mut self) -> Result<(), String> {
+        let store = &self.ctx.store;
+        let mut model: Option<SessionModel> = match store
+            .latest_snapshot(&self.uri)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            Some(snapshot) => Some(
+                serde_json::from_str(&snapshot.state)
+                    .map_err(|e| format!("snapshot of {} is unreadable: {e}", self.uri))?,
+            ),
+            None => None,
+        };
+        let mut after = model.as_ref().map_or(0, |m| m.last_seq);
+        loop {
+            let page = store
+                .transcript(&self.id, after, REBUILD_PAGE)
+                .await
+                .map_err(|e| e.to_string())?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            for envelope in page {
+                let action: Value = serde_json::from_str(&envelope.action)
+                    .map_err(|e| format!("envelope {} is unreadable: {e}", envelope.seq))?;
+                match &mut model {
+                    None => {
+                        model = Some(
+                            SessionModel::from_first_record(&self.id, &action, envelope.seq)
+                                .map_err(|e| e.to_string())?,
+                        );
+                    }
+                    Some(m) => {
+                        m.apply(&envelope.channel, &action, &typed_action(&action));
+                        m.last_seq = envelope.seq;
+                    }
+                }
+            }
+        }
+        if let Some(m) = &model {
+            for chat in m.chats.keys() {
+                self.ctx.remember_chat(chat, &self.id);
+            }
+        }
+        self.model = model;
+        Ok(())
+    }
+
+    async fn create(&mut self, created: SessionCreated) -> Result<SessionView, EngineError> {
+        if self.model.is_some() {
+            return Err(EngineError::AlreadyExists(format!(
+                "Session {} already exists.",
+                self.id
+            )));
+        }
+        let model = SessionModel::created(&self.id, created, 0)
+            .map_err(|e| EngineError::InvalidParams(e.to_string()))?;
+        let envelope = NewEnvelope {
+            channel: self.uri.clone(),
+            session_id: Some(self.id.clone()),
+            action: model.created.to_action().to_string(),
+            origin: None,
+            session: Some(self.record(&model)),
+            chats: model.chats.keys().cloned().collect(),
+        };
+        let outcome = self
+            .ctx
+            .committer
+            .append(vec![envelope])
+            .await
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        let mut model = model;
+        if let Some(CommitOutcome::Committed(published)) = outcome.first() {
+            model.last_seq = published.seq;
+        }
+        for chat in model.chats.keys() {
+            self.ctx.remember_chat(chat, &self.id);
+        }
+        let view = self.view(&model);
+        self.model = Some(model);
+        self.since_snapshot += 1;
+        Ok(view)
+    }
+
+    async fn create_chat(&mut self, chat: String) -> Result<(), EngineError> {
+        let Some(model) = &self.model else {
+            return Err(EngineError::NotFound(format!(
+                "Session {} does not exist.",
+                self.id
+            )));
+        };
+        if model.chats.contains_key(&chat) {
+            return Err(EngineError::AlreadyExists(format!(
+                "Chat {chat} already exists."
+            )));
+        }
+        let action = serde_json::json!({
+            "type": "session/chatAdded",
+            "summary": {"resource": chat, "title": "", "status": 1, "modifiedAt": super::rfc3339(now_ms())},
+        });
+        self.follow_ups.push((self.uri.clone(), action));
+        match self.run_follow_ups().await.into_iter().next() {
+            Some(DispatchOutcome::Accepted(_)) => Ok(()),
+            Some(DispatchOutcome::Rejected(reason)) => Err(EngineError::Unavailable(reason)),
+            None => Err(EngineError::Unavailable(
+                "the chat was not recorded".to_owned(),
+            )),
+        }
+    }
+
+    async fn dispose(&mut self) -> Result<SessionView, EngineError> {
+        let Some(model) = &self.model else {
+            return Err(EngineError::NotFound(format!(
+                "Session {} does not exist.",
+                self.id
+            )));
+        };
+        let (state, _) = model.projection.state(false);
+        if state == tether_protocol::projection::SessionLifeState::Ended
+            && model.projection.settled.is_some()
+        {
+            return Err(EngineError::Conflict(format!(
+                "Session {} has already ended.",
+                self.id
+            )));
+        }
+        let settle = if model.projection.resumable() {
+            "closed"
+        } else {
+            "ended"
+        };
+        let action =
+            serde_json::json!({"type": SESSION_SETTLED, "state": settle, "cause": "disposed"});
+        self.agent_live = false;
+        self.follow_ups.push((self.uri.clone(), action));
+        let outcomes = self.run_follow_ups().await;
+        if let Some(DispatchOutcome::Rejected(reason)) = outcomes.first() {
+            return Err(EngineError::Unavailable(reason.clone()));
+        }
+        let model = self.model.as_ref().ok_or_else(|| {
+            EngineError::Unavailable("the session could not be reloaded".to_owned())
+        })?;
+        Ok(self.view(model))
+    }
+
+    /// Commits the queued host-originated actions (and any they cause).
+    async fn run_follow_ups(&mut self) -> Vec<DispatchOutcome> {
+        let mut outcomes = Vec::new();
+        // Bounded: an agent answer never causes more than one more round.
+        for _ in 0..4 {
+            if self.follow_ups.is_empty() {
+                break;
+            }
+            let mut waiting = Vec::new();
+            let batch = std::mem::take(&mut self.follow_ups)
+                .into_iter()
+                .map(|(channel, action)| {
+                    let (reply, answer) = oneshot::channel();
+                    waiting.push(answer);
+                    Dispatch {
+                        origin: None,
+                        channel,
+                        action,
+                        principal: None,
+                        reply: Some(reply),
+                    }
+                })
+                .collect();
+            self.dispatch_batch(batch).await;
+            for answer in waiting {
+                if let Ok(outcome) = answer.await {
+                    outcomes.push(outcome);
+                }
+            }
+        }
+        outcomes
+    }
+
+    /// Validates, applies and commits a batch; answers every dispatch.
+    async fn dispatch_batch(&mut self, batch: Vec<Dispatch>) {
+        let Some(model) = self.model.as_mut() else {
+            for d in batch {
+                let reason = format!("Session {} does not exist.", self.id);
+                reply(d.reply, DispatchOutcome::Rejected(reason));
+            }
+            return;
+        };
+        let agent = self.ctx.agents.get(&model.session.provider).cloned();
+        let mut pending = Vec::new();
+        let mut records = Vec::new();
+        for mut d in batch {
+            let checked = check_dispatch(&self.ctx, model, agent.as_ref(), &mut d).await;
+            match checked {
+                Ok(()) => {
+                    let kind = action_type(&d.action).unwrap_or_default().to_owned();
+                    if kind == AGENT_OPENED {
+                        self.agent_live = true;
+                    }
+                    let mut chats = Vec::new();
+                    if kind == "session/chatAdded"
+                        && let Some(chat) = d
+                            .action
+                            .pointer("/summary/resource")
+                            .and_then(Value::as_str)
+                    {
+                        self.ctx.remember_chat(chat, &self.id);
+                        chats.push(chat.to_owned());
+                    }
+                    records.push(NewEnvelope {
+                        channel: d.channel.clone(),
+                        session_id: Some(self.id.clone()),
+                        action: d.action.to_string(),
+                        origin: d.origin.clone(),
+                        session: None,
+                        chats,
+                    });
+                    pending.push((d, kind));
+                }
+                Err(reason) => {
+                    let outcome = self
+                        .ctx
+                        .reject(d.origin.as_ref(), &d.channel, &d.action, reason)
+                        .await;
+                    reply(d.reply, outcome);
+                }
+            }
+        }
+        if pending.is_empty() {
+            return;
+        }
+        // Each envelope carries the read model as it stands after it; the
+        // last one's row is what remains, written in the same transaction.
+        if let Some(last) = records.last_mut() {
+            last.session = Some(self.record(self.model.as_ref().expect("model checked above")));
+        }
+        let result = self.ctx.committer.append(records).await;
+        let mut reload = false;
+        match result {
+            Err(err) => {
+                tracing::warn!(session = %self.id, error = %err, "append failed; rebuilding state");
+                for (d, _) in pending {
+                    reply(
+                        d.reply,
+                        DispatchOutcome::Rejected(
+                            "Storage unavailable: the action was not recorded; retry it."
+                                .to_owned(),
+                        ),
+                    );
+                }
+                reload = true;
+            }
+            Ok(outcomes) => {
+                for ((d, kind), outcome) in pending.into_iter().zip(outcomes) {
+                    match outcome {
+                        CommitOutcome::Committed(published) => {
+                            if let Some(m) = self.model.as_mut() {
+                                m.last_seq = published.seq;
+                            }
+                            self.since_snapshot += 1;
+                            if kind == "chat/turnStarted" {
+                                self.answer_turn(&d.channel, &d.action, agent.as_ref());
+                            }
+                            reply(d.reply, DispatchOutcome::Accepted(published));
+                        }
+                        CommitOutcome::Duplicate(OriginOutcome::Accepted(original)) => {
+                            reload = true;
+                            let published = Arc::new(published_from_store(&original));
+                            reply(d.reply, DispatchOutcome::Accepted(published));
+                        }
+                        CommitOutcome::Duplicate(OriginOutcome::Rejected(rejection)) => {
+                            reload = true;
+                            reply(d.reply, DispatchOutcome::Rejected(rejection.reason));
+                        }
+                    }
+                }
+            }
+        }
+        if reload && let Err(err) = self.reload().await {
+            tracing::error!(session = %self.id, error = %err, "cannot rebuild session state");
+        }
+        if self.since_snapshot >= self.ctx.config.snapshot_every {
+            self.write_snapshot().await;
+        }
+    }
+
+    /// Queues the agent's answer to an accepted turn.
+    fn answer_turn(&mut self, chat: &str, turn: &Value, agent: Option<&crate::agents::AgentSpec>) {
+        let Some(agent) = agent else { return };
+        let Some(model) = &self.model else { return };
+        if !self.agent_live {
+            self.follow_ups.push((
+                self.uri.clone(),
+                serde_json::json!({
+                    "type": AGENT_OPENED,
+                    "acpSessionRef": format!("{}:{}", agent.provider, self.id),
+                    "loadSession": agent.load_session,
+                    "resumed": model.projection.acp_session_ref.is_some(),
+                }),
+            ));
+            self.agent_live = true;
+        }
+        for action in agent.answer_turn(turn) {
+            self.follow_ups.push((chat.to_owned(), action));
+        }
+    }
+
+    async fn write_snapshot(&mut self) {
+        let Some(model) = &self.model else { return };
+        if self.since_snapshot == 0 {
+            return;
+        }
+        let Ok(state) = serde_json::to_string(model) else {
+            return;
+        };
+        let snapshot = Snapshot {
+            channel: self.uri.clone(),
+            seq: model.last_seq,
+            state,
+            at_ms: now_ms(),
+        };
+        match self.ctx.store.put_snapshot(snapshot).await {
+            Ok(()) => self.since_snapshot = 0,
+            Err(err) => tracing::warn!(session = %self.id, error = %err, "snapshot not written"),
+        }
+    }
+}
+
+fn reply(to: Option<oneshot::Sender<DispatchOutcome>>, outcome: DispatchOutcome) {
+    if let Some(to) = to {
+        let _ = to.send(outcome);
+    }
+}
+
+/// Runs the whole validation pipeline for one dispatch and, when it passes,
+/// applies it to `model`. Client dispatches get every rule and the side
+/// effect; host-originated ones only the reducer.
+async fn check_dispatch(
+    ctx: &Ctx,
+    model: &mut SessionModel,
+    agent: Option<&crate::agents::AgentSpec>,
+    d: &mut Dispatch,
+) -> Result<(), String> {
+    if let Some(principal) = &d.principal
+        && !principal.can_see(&model.created.project)
+    {
+        return Err(format!("Channel {} does not exist.", d.channel));
+    }
+    let channel = Channel::parse(&d.channel).map_err(|e| e.to_string())?;
+    let kind = if d.origin.is_some() {
+        let kind = check_dispatchable(&channel, &d.action)?.to_owned();
+        if matches!(model.projection.settled.as_ref(), Some(s) if s.state == tether_protocol::projection::SessionLifeState::Ended)
+        {
+            return Err(format!(
+                "Session {} has ended; it accepts no more actions. Start a new session.",
+                model.id
+            ));
+        }
+        let caps = agent.map(|a| a.workdirs).unwrap_or_default();
+        check_workdirs(model, caps, &kind, &mut d.action)?;
+        kind
+    } else {
+        action_type(&d.action).unwrap_or_default().to_owned()
+    };
+    let typed = typed_action(&d.action);
+    if matches!(typed, ahp_types::actions::StateAction::Unknown(_)) && !kind.starts_with("x-") {
+        return Err(format!(
+            "Action {kind} is malformed: a field is missing or has the wrong type (see the AHP \
+             1.0 action reference)."
+        ));
+    }
+    let (outcome, trial) = model.try_apply(&d.channel, &d.action, &typed);
+    let trial = match (outcome, trial) {
+        (ReduceOutcome::Applied | ReduceOutcome::NoOp, Some(trial)) => trial,
+        (ReduceOutcome::Invalid(err), _) => {
+            return Err(format!(
+                "Action {kind} is not valid in the session's current state: {err:?}."
+            ));
+        }
+        _ => {
+            return Err(format!("Action {kind} does not apply to {}.", d.channel));
+        }
+    };
+    if let Some(origin) = &d.origin {
+        let state = serde_json::to_value(&model.session).unwrap_or(Value::Null);
+        let request = EffectRequest {
+            channel: &d.channel,
+            action: &d.action,
+            state: &state,
+            origin: Some((&origin.client_id, origin.client_seq)),
+        };
+        let timeout = ctx.config.effect_timeout;
+        match tokio::time::timeout(timeout, ctx.effects.apply(&request)).await {
+            Ok(result) => result?,
+            Err(_) => {
+                return Err(format!(
+                    "The side-effect backend is unavailable: it did not answer within {} ms; \
+                     try again later.",
+                    timeout.as_millis()
+                ));
+            }
+        }
+    }
+    model.accept(trial, &d.action, &typed);
+    Ok(())
+}
+
+impl Ctx {
+    /// Records a rejection (for client dispatches) and returns the outcome
+    /// that holds: an earlier acceptance of the same origin wins.
+    pub(super) async fn reject(
+        &self,
+        origin: Option<&Origin>,
+        channel: &str,
+        action: &Value,
+        reason: String,
+    ) -> DispatchOutcome {
+        let Some(origin) = origin else {
+            tracing::warn!(%channel, %reason, "host-originated action refused");
+            return DispatchOutcome::Rejected(reason);
+        };
+        let rejection = Rejection {
+            origin: origin.clone(),
+            channel: channel.to_owned(),
+            action: action.to_string(),
+            reason: reason.clone(),
+            at_ms: now_ms(),
+        };
+        match self.store.record_rejection(rejection).await {
+            Ok(OriginOutcome::Accepted(original)) => {
+                DispatchOutcome::Accepted(Arc::new(published_from_store(&original)))
+            }
+            Ok(OriginOutcome::Rejected(first)) => DispatchOutcome::Rejected(first.reason),
+            Err(err) => {
+                tracing::warn!(error = %err, "rejection not recorded");
+                DispatchOutcome::Rejected(reason)
+            }
+        }
+    }
+}

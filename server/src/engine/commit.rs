@@ -1,0 +1,138 @@
+//! Group commit: one writer task takes every append request that is ready,
+//! from every session, and commits them in one transaction; then it publishes
+//! the committed envelopes to the hub in seq order and answers each request.
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::fanout::{Hub, Published, action_frame};
+use crate::store::{Appended, NewEnvelope, OriginOutcome, Store};
+
+/// The outcome of one appended envelope.
+#[derive(Debug, Clone)]
+pub enum CommitOutcome {
+    /// Committed and published.
+    Committed(Arc<Published>),
+    /// Its origin already had an outcome; nothing was written.
+    Duplicate(OriginOutcome),
+}
+
+/// Why a commit failed: the whole batch was not written.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("storage unavailable: {0}")]
+pub struct CommitError(pub String);
+
+struct Request {
+    envelopes: Vec<NewEnvelope>,
+    reply: oneshot::Sender<Result<Vec<CommitOutcome>, CommitError>>,
+}
+
+/// The handle sessions append through.
+#[derive(Debug, Clone)]
+pub struct Committer {
+    sender: mpsc::Sender<Request>,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("envelopes", &self.envelopes.len())
+            .finish()
+    }
+}
+
+impl Committer {
+    /// Starts the writer task. `max_batch` bounds the envelopes in one
+    /// transaction; `queue` bounds the requests waiting for it.
+    pub fn start(store: Arc<dyn Store>, hub: Arc<Hub>, max_batch: usize, queue: usize) -> Self {
+        let (sender, receiver) = mpsc::channel(queue.max(1));
+        tokio::spawn(run(store, hub, receiver, max_batch.max(1)));
+        Self { sender }
+    }
+
+    /// Appends envelopes durably and returns one outcome each, in order.
+    pub async fn append(
+        &self,
+        envelopes: Vec<NewEnvelope>,
+    ) -> Result<Vec<CommitOutcome>, CommitError> {
+        if envelopes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (reply, answer) = oneshot::channel();
+        self.sender
+            .send(Request { envelopes, reply })
+            .await
+            .map_err(|_| CommitError("the writer has stopped".to_owned()))?;
+        answer
+            .await
+            .map_err(|_| CommitError("the writer has stopped".to_owned()))?
+    }
+}
+
+async fn run(
+    store: Arc<dyn Store>,
+    hub: Arc<Hub>,
+    mut receiver: mpsc::Receiver<Request>,
+    max_batch: usize,
+) {
+    while let Some(first) = receiver.recv().await {
+        let mut size = first.envelopes.len();
+        let mut requests = vec![first];
+        // Everything already waiting joins this transaction.
+        while size < max_batch {
+            match receiver.try_recv() {
+                Ok(request) => {
+                    size += request.envelopes.len();
+                    requests.push(request);
+                }
+                Err(_) => break,
+            }
+        }
+        let mut all = Vec::with_capacity(size);
+        let mut counts = Vec::with_capacity(requests.len());
+        let mut replies = Vec::with_capacity(requests.len());
+        for request in requests {
+            counts.push(request.envelopes.len());
+            all.extend(request.envelopes);
+            replies.push(request.reply);
+        }
+        let frames: Vec<_> = all
+            .iter()
+            .map(|e| (e.channel.clone(), e.action.clone(), e.origin.clone()))
+            .collect();
+        match store.append(all).await {
+            Ok(appended) => {
+                let mut outcomes =
+                    appended
+                        .into_iter()
+                        .zip(frames)
+                        .map(|(result, (channel, action, origin))| match result {
+                            Appended::Committed { seq, .. } => {
+                                let frame =
+                                    action_frame(seq, &channel, &action, origin.as_ref(), None);
+                                let published = Arc::new(Published {
+                                    seq,
+                                    channel,
+                                    frame: frame.into(),
+                                });
+                                hub.publish(published.clone());
+                                CommitOutcome::Committed(published)
+                            }
+                            Appended::Duplicate(outcome) => CommitOutcome::Duplicate(outcome),
+                        });
+                for (count, reply) in counts.into_iter().zip(replies) {
+                    let mine: Vec<_> = outcomes.by_ref().take(count).collect();
+                    let _ = reply.send(Ok(mine));
+                }
+            }
+            Err(err) => {
+                tracing::error!(error = %err, envelopes = size, "group commit failed");
+                let err = CommitError(err.to_string());
+                for reply in replies {
+                    let _ = reply.send(Err(err.clone()));
+                }
+            }
+        }
+    }
+}

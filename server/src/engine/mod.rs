@@ -1,0 +1,708 @@
+//! The session engine: session actors, the root state, the dispatch
+//! pipeline, group commit and fan-out.
+//!
+//! ```text
+//! dispatch ─► principal check ─► channel/action match ─► client-dispatchable?
+//!   ─► Tether rules + reducer on a copy ─► side effect (bounded) ─► group commit
+//!   ─► apply to live state ─► publish to the hub (seq order) ─► subscribers
+//! ```
+
+mod actor;
+mod commit;
+pub mod fanout;
+mod rules;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ahp::reducers::{ReduceOutcome, apply_action_to_root};
+use ahp_types::state::RootState;
+use serde_json::{Value, json};
+use tether_protocol::channel::{Channel, ROOT};
+use tether_protocol::model::{SessionCreated, typed_action};
+use tether_protocol::view::SessionView;
+use tether_protocol::workdir::canonical_file_uri;
+use tokio::sync::{mpsc, oneshot};
+
+pub use actor::DispatchOutcome;
+use actor::{Command, Dispatch, SessionActor};
+use commit::{CommitOutcome, Committer};
+use fanout::Hub;
+
+use crate::agents::Agents;
+use crate::auth::Principal;
+use crate::effects::Effects;
+use crate::store::{NewEnvelope, Origin, Snapshot, Store, StoreError, now_ms};
+
+/// Errors of engine operations other than dispatch (which answers with a
+/// [`DispatchOutcome`]).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    /// The session or channel does not exist (or the caller may not see it).
+    #[error("{0}")]
+    NotFound(String),
+    /// The session already exists.
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// The state does not allow it.
+    #[error("{0}")]
+    Conflict(String),
+    /// The request is malformed or breaks a rule.
+    #[error("{0}")]
+    InvalidParams(String),
+    /// No agent serves the provider.
+    #[error("{0}")]
+    ProviderNotFound(String),
+    /// The caller may not do this.
+    #[error("{0}")]
+    Forbidden(String),
+    /// Storage or a backend is unavailable.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Most envelopes in one transaction.
+    pub commit_batch: usize,
+    /// Most dispatches one actor validates before appending them together.
+    pub actor_batch: usize,
+    /// Items the hub buffers for a slow connection before it lags.
+    pub hub_buffer: usize,
+    /// How long an actor with nothing to do stays in memory.
+    pub actor_idle: Duration,
+    /// Envelopes between two snapshots of a session.
+    pub snapshot_every: u64,
+    /// Longest a side effect may take.
+    pub effect_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            commit_batch: 1024,
+            actor_batch: 256,
+            hub_buffer: 16_384,
+            actor_idle: Duration::from_secs(300),
+            snapshot_every: 256,
+            effect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A channel's state with the seq it includes.
+#[derive(Debug, Clone)]
+pub struct ChannelSnapshot {
+    /// The channel URI.
+    pub resource: String,
+    /// Its AHP state.
+    pub state: Value,
+    /// Envelopes above this seq are not in `state`.
+    pub from_seq: u64,
+}
+
+/// What `createSession` asks for.
+#[derive(Debug, Clone)]
+pub struct CreateSession {
+    /// Session id.
+    pub id: String,
+    /// Project name.
+    pub project: String,
+    /// Agent provider (`echo` when absent).
+    pub provider: Option<String>,
+    /// Working-directory URIs.
+    pub working_directories: Vec<String>,
+    /// Initial title.
+    pub title: Option<String>,
+    /// AHP `SessionActiveClient`.
+    pub active_client: Option<Value>,
+}
+
+struct RootModel {
+    state: RootState,
+    last_seq: u64,
+}
+
+pub(crate) struct Ctx {
+    store: Arc<dyn Store>,
+    committer: Committer,
+    hub: Arc<Hub>,
+    agents: Agents,
+    effects: Arc<dyn Effects>,
+    config: EngineConfig,
+    actors: Mutex<HashMap<String, mpsc::Sender<Command>>>,
+    chats: Mutex<HashMap<String, String>>,
+    root: tokio::sync::Mutex<RootModel>,
+}
+
+impl std::fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx").field("config", &self.config).finish()
+    }
+}
+
+/// Mailbox size of a session actor: a burst larger than this waits.
+const MAILBOX: usize = 1024;
+
+impl Ctx {
+    fn remember_chat(&self, chat: &str, session: &str) {
+        if let Ok(mut chats) = self.chats.lock() {
+            chats.insert(chat.to_owned(), session.to_owned());
+        }
+    }
+
+    fn forget_actor(&self, id: &str) {
+        if let Ok(mut actors) = self.actors.lock() {
+            actors.remove(id);
+        }
+    }
+
+    /// Removes an idle actor from the registry if nothing is queued for it.
+    /// Under the registry lock no new sender can be handed out, so a
+    /// command sent after this returns fails and is re-routed to a new actor.
+    fn evict_if_idle(&self, id: &str, mailbox: &mpsc::Receiver<Command>) -> bool {
+        let Ok(mut actors) = self.actors.lock() else {
+            return false;
+        };
+        if mailbox.is_empty() {
+            actors.remove(id);
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The engine handle; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    ctx: Arc<Ctx>,
+}
+
+/// Formats milliseconds since the epoch as RFC 3339 with milliseconds.
+pub(crate) fn rfc3339(ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| format!("{t:.3}"))
+        .unwrap_or_default()
+}
+
+/// Parses an RFC 3339 time to milliseconds since the epoch (0 if unreadable).
+pub(crate) fn parse_ms(text: &str) -> i64 {
+    text.parse::<jiff::Timestamp>()
+        .map(|t| t.as_millisecond())
+        .unwrap_or(0)
+}
+
+impl Engine {
+    /// Starts the engine on `store`: loads the root state, advertises the
+    /// agents and starts the group committer.
+    pub async fn start(
+        store: Arc<dyn Store>,
+        agents: Agents,
+        effects: Arc<dyn Effects>,
+        config: EngineConfig,
+    ) -> Result<Self, StoreError> {
+        let host = store.host().await?;
+        let hub = Arc::new(Hub::new(config.hub_buffer, host.last_seq));
+        let committer = Committer::start(store.clone(), hub.clone(), config.commit_batch, 4096);
+        let root = load_root(store.as_ref()).await?;
+        let ctx = Arc::new(Ctx {
+            store,
+            committer,
+            hub,
+            agents,
+            effects,
+            config,
+            actors: Mutex::new(HashMap::new()),
+            chats: Mutex::new(HashMap::new()),
+            root: tokio::sync::Mutex::new(root),
+        });
+        let engine = Self { ctx };
+        let infos = engine.ctx.agents.infos();
+        let current =
+            serde_json::to_value(&engine.ctx.root.lock().await.state.agents).unwrap_or(Value::Null);
+        if current != Value::Array(infos.clone()) {
+            engine
+                .commit_root(json!({"type": "root/agentsChanged", "agents": infos}), None)
+                .await
+                .map_err(|e| StoreError::Corrupt(format!("cannot advertise agents: {e}")))?;
+        }
+        Ok(engine)
+    }
+
+    /// The fan-out hub.
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.ctx.hub
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.ctx.store
+    }
+
+    /// The session that owns a chat, if known.
+    async fn chat_session(&self, chat: &str) -> Result<Option<String>, EngineError> {
+        if let Some(found) = self
+            .ctx
+            .chats
+            .lock()
+            .ok()
+            .and_then(|c| c.get(chat).cloned())
+        {
+            return Ok(Some(found));
+        }
+        let found = self
+            .ctx
+            .store
+            .chat_session(chat)
+            .await
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        if let Some(session) = &found {
+            self.ctx.remember_chat(chat, session);
+        }
+        Ok(found)
+    }
+
+    /// The session a session or chat channel belongs to.
+    pub async fn session_of(&self, channel: &Channel) -> Result<Option<String>, EngineError> {
+        match channel {
+            Channel::Root => Ok(None),
+            Channel::Session(id) => Ok(Some(id.clone())),
+            Channel::Chat(_) => self.chat_session(&channel.uri()).await,
+        }
+    }
+
+    /// Sends a command to a session's actor, starting it if needed.
+    async fn send(&self, id: &str, mut command: Command) {
+        for _ in 0..3 {
+            let sender = {
+                let Ok(mut actors) = self.ctx.actors.lock() else {
+                    return;
+                };
+                actors
+                    .entry(id.to_owned())
+                    .or_insert_with(|| {
+                        let (sender, mailbox) = mpsc::channel(MAILBOX);
+                        tokio::spawn(SessionActor::run(id.to_owned(), self.ctx.clone(), mailbox));
+                        sender
+                    })
+                    .clone()
+            };
+            match sender.send(command).await {
+                Ok(()) => return,
+                // The actor was evicted between lookup and send: start anew.
+                Err(mpsc::error::SendError(returned)) => {
+                    self.ctx.forget_actor(id);
+                    command = returned;
+                }
+            }
+        }
+    }
+
+    async fn ask<T>(
+        &self,
+        id: &str,
+        make: impl FnOnce(oneshot::Sender<Result<T, EngineError>>) -> Command,
+    ) -> Result<T, EngineError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(id, make(reply)).await;
+        answer
+            .await
+            .map_err(|_| EngineError::Unavailable("the session stopped unexpectedly".to_owned()))?
+    }
+
+    /// The view of a session the principal may see.
+    pub async fn session_view(
+        &self,
+        principal: &Principal,
+        id: &str,
+    ) -> Result<SessionView, EngineError> {
+        let view = self
+            .ask(id, |reply| Command::View { reply })
+            .await?
+            .filter(|v| principal.can_see(&v.project));
+        view.ok_or_else(|| EngineError::NotFound(format!("Session {id} does not exist.")))
+    }
+
+    /// Dispatches an action through the whole pipeline.
+    pub async fn dispatch(
+        &self,
+        principal: &Principal,
+        origin: Option<Origin>,
+        channel: &str,
+        action: Value,
+    ) -> DispatchOutcome {
+        let reject = |reason: String| DispatchOutcome::Rejected(reason);
+        if !principal.can_write() {
+            return self
+                .ctx
+                .reject(
+                    origin.as_ref(),
+                    channel,
+                    &action,
+                    "Viewers cannot dispatch actions.".into(),
+                )
+                .await;
+        }
+        let parsed = match Channel::parse(channel) {
+            Ok(parsed) => parsed,
+            Err(err) => return reject(format!("{}.", capitalise_first(&err.to_string()))),
+        };
+        if parsed == Channel::Root {
+            return self.dispatch_root(origin, action).await;
+        }
+        let session = match self.session_of(&parsed).await {
+            Ok(Some(session)) => session,
+            Ok(None) => return reject(format!("Channel {channel} does not exist.")),
+            Err(err) => return reject(err.to_string()),
+        };
+        let (reply, answer) = oneshot::channel();
+        self.send(
+            &session,
+            Command::Dispatch(Dispatch {
+                origin,
+                channel: channel.to_owned(),
+                action,
+                principal: Some(principal.clone()),
+                reply: Some(reply),
+            }),
+        )
+        .await;
+        answer
+            .await
+            .unwrap_or_else(|_| reject("The session stopped unexpectedly; retry.".to_owned()))
+    }
+
+    async fn dispatch_root(&self, origin: Option<Origin>, action: Value) -> DispatchOutcome {
+        match rules::check_dispatchable(&Channel::Root, &action) {
+            Ok(_) => {}
+            Err(reason) => {
+                return self
+                    .ctx
+                    .reject(origin.as_ref(), ROOT, &action, reason)
+                    .await;
+            }
+        }
+        match self.commit_root(action.clone(), origin.clone()).await {
+            Ok(outcome) => outcome,
+            Err(reason) => {
+                self.ctx
+                    .reject(origin.as_ref(), ROOT, &action, reason)
+                    .await
+            }
+        }
+    }
+
+    /// Validates, commits and applies a root action under the root lock.
+    async fn commit_root(
+        &self,
+        action: Value,
+        origin: Option<Origin>,
+    ) -> Result<DispatchOutcome, String> {
+        let mut root = self.ctx.root.lock().await;
+        let typed = typed_action(&action);
+        let mut trial = root.state.clone();
+        match apply_action_to_root(&mut trial, &typed) {
+            ReduceOutcome::Applied | ReduceOutcome::NoOp => {}
+            other => {
+                return Err(format!(
+                    "Action {} does not apply to the root channel ({other:?}).",
+                    tether_protocol::actions::action_type(&action).unwrap_or("?")
+                ));
+            }
+        }
+        let outcome = self
+            .ctx
+            .committer
+            .append(vec![NewEnvelope {
+                channel: ROOT.to_owned(),
+                session_id: None,
+                action: action.to_string(),
+                origin,
+                session: None,
+                chats: Vec::new(),
+            }])
+            .await
+            .map_err(|_| {
+                "Storage unavailable: the action was not recorded; retry it.".to_owned()
+            })?;
+        match outcome.into_iter().next() {
+            Some(CommitOutcome::Committed(published)) => {
+                root.state = trial;
+                root.last_seq = published.seq;
+                if published.seq % 64 == 0 {
+                    self.snapshot_root(&root).await;
+                }
+                Ok(DispatchOutcome::Accepted(published))
+            }
+            Some(CommitOutcome::Duplicate(crate::store::OriginOutcome::Accepted(original))) => Ok(
+                DispatchOutcome::Accepted(Arc::new(fanout::published_from_store(&original))),
+            ),
+            Some(CommitOutcome::Duplicate(crate::store::OriginOutcome::Rejected(first))) => {
+                Ok(DispatchOutcome::Rejected(first.reason))
+            }
+            None => Err("Storage unavailable: the action was not recorded; retry it.".to_owned()),
+        }
+    }
+
+    async fn snapshot_root(&self, root: &RootModel) {
+        let Ok(state) = serde_json::to_string(&root.state) else {
+            return;
+        };
+        let snapshot = Snapshot {
+            channel: ROOT.to_owned(),
+            seq: root.last_seq,
+            state,
+            at_ms: now_ms(),
+        };
+        if let Err(err) = self.ctx.store.put_snapshot(snapshot).await {
+            tracing::warn!(error = %err, "root snapshot not written");
+        }
+    }
+
+    /// A channel's state and the seq it includes, taken atomically.
+    pub async fn snapshot(
+        &self,
+        principal: &Principal,
+        channel: &str,
+    ) -> Result<ChannelSnapshot, EngineError> {
+        let parsed =
+            Channel::parse(channel).map_err(|e| EngineError::InvalidParams(e.to_string()))?;
+        if parsed == Channel::Root {
+            let root = self.ctx.root.lock().await;
+            return Ok(ChannelSnapshot {
+                resource: ROOT.to_owned(),
+                state: serde_json::to_value(&root.state).unwrap_or(Value::Null),
+                from_seq: root.last_seq,
+            });
+        }
+        let not_found = || EngineError::NotFound(format!("Channel {channel} does not exist."));
+        let session = self.session_of(&parsed).await?.ok_or_else(not_found)?;
+        self.session_view(principal, &session).await?;
+        let found = self
+            .ask(&session, |reply| Command::Snapshot {
+                channel: channel.to_owned(),
+                reply,
+            })
+            .await?;
+        let (state, from_seq) = found.ok_or_else(not_found)?;
+        Ok(ChannelSnapshot {
+            resource: channel.to_owned(),
+            state,
+            from_seq,
+        })
+    }
+
+    /// Creates a session: records it, counts it in the root state and tells
+    /// root subscribers.
+    pub async fn create_session(
+        &self,
+        principal: &Principal,
+        request: CreateSession,
+    ) -> Result<SessionView, EngineError> {
+        if !principal.can_write() {
+            return Err(EngineError::Forbidden(
+                "Viewers cannot create sessions.".into(),
+            ));
+        }
+        if !principal.can_see(&request.project) {
+            return Err(EngineError::Forbidden(format!(
+                "You may not create sessions in project {}.",
+                request.project
+            )));
+        }
+        tether_protocol::validate_name("session id", &request.id)
+            .map_err(|e| EngineError::InvalidParams(e.to_string()))?;
+        tether_protocol::validate_name("project", &request.project)
+            .map_err(|e| EngineError::InvalidParams(e.to_string()))?;
+        let provider = request.provider.unwrap_or_else(|| "echo".to_owned());
+        let agent = self.ctx.agents.get(&provider).ok_or_else(|| {
+            EngineError::ProviderNotFound(format!(
+                "No agent serves provider {provider:?}; available: {}.",
+                self.ctx.agents.providers().join(", ")
+            ))
+        })?;
+        let mut directories = Vec::new();
+        for uri in &request.working_directories {
+            let canonical = canonical_file_uri(uri)
+                .map_err(|e| EngineError::InvalidParams(capitalise_first(&e.to_string())))?;
+            if !directories.contains(&canonical) {
+                directories.push(canonical);
+            }
+        }
+        if directories.len() > 1 && !agent.workdirs.multiple {
+            return Err(EngineError::InvalidParams(format!(
+                "Agent {provider} works in a single directory; give at most one working directory."
+            )));
+        }
+        let timeout = self.ctx.config.effect_timeout;
+        match tokio::time::timeout(timeout, self.ctx.effects.check_directories(&directories)).await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(reason)) => return Err(EngineError::InvalidParams(reason)),
+            Err(_) => {
+                return Err(EngineError::Unavailable(
+                    "The side-effect backend did not answer in time; try again later.".into(),
+                ));
+            }
+        }
+        let created = SessionCreated {
+            project: request.project,
+            provider,
+            title: request.title.unwrap_or_default(),
+            working_directories: directories,
+            active_client: request.active_client,
+            default_chat: Channel::chat_uri(&format!("{}.main", request.id)),
+            created_at: rfc3339(now_ms()),
+        };
+        let id = request.id;
+        let view = self
+            .ask(&id, |reply| Command::Create { created, reply })
+            .await?;
+        self.change_active_sessions(1).await;
+        self.ctx.hub.notify(
+            ROOT,
+            notification(
+                "root/sessionAdded",
+                json!({"channel": ROOT, "summary": summary(&view)}),
+            ),
+        );
+        Ok(view)
+    }
+
+    /// Disposes a session: settles it `closed` (resumable) or `ended`; the
+    /// transcript is kept.
+    pub async fn dispose_session(
+        &self,
+        principal: &Principal,
+        id: &str,
+    ) -> Result<SessionView, EngineError> {
+        if !principal.can_write() {
+            return Err(EngineError::Forbidden(
+                "Viewers cannot dispose sessions.".into(),
+            ));
+        }
+        self.session_view(principal, id).await?;
+        let view = self.ask(id, |reply| Command::Dispose { reply }).await?;
+        self.change_active_sessions(-1).await;
+        self.ctx.hub.notify(
+            ROOT,
+            notification(
+                "root/sessionRemoved",
+                json!({"channel": ROOT, "session": view.resource}),
+            ),
+        );
+        Ok(view)
+    }
+
+    async fn change_active_sessions(&self, delta: i64) {
+        let current = self
+            .ctx
+            .root
+            .lock()
+            .await
+            .state
+            .active_sessions
+            .unwrap_or(0);
+        let action = json!({"type": "root/activeSessionsChanged", "activeSessions": (current + delta).max(0)});
+        if let Err(err) = self.commit_root(action, None).await {
+            tracing::warn!(error = %err, "active session count not recorded");
+        }
+    }
+
+    /// Adds a chat to a session.
+    pub async fn create_chat(
+        &self,
+        principal: &Principal,
+        session: &str,
+        chat: &str,
+    ) -> Result<(), EngineError> {
+        if !principal.can_write() {
+            return Err(EngineError::Forbidden(
+                "Viewers cannot create chats.".into(),
+            ));
+        }
+        match Channel::parse(chat) {
+            Ok(Channel::Chat(_)) => {}
+            _ => {
+                return Err(EngineError::InvalidParams(format!(
+                    "Chat URI {chat:?} is not of the form ahp-chat:/<id>."
+                )));
+            }
+        }
+        if self.chat_session(chat).await?.is_some() {
+            return Err(EngineError::AlreadyExists(format!(
+                "Chat {chat} already exists."
+            )));
+        }
+        self.session_view(principal, session).await?;
+        let chat = chat.to_owned();
+        self.ask(session, |reply| Command::CreateChat { chat, reply })
+            .await
+    }
+
+    /// Whether a channel exists and the principal may see it.
+    pub async fn visible(&self, principal: &Principal, channel: &str) -> bool {
+        self.snapshot(principal, channel).await.is_ok()
+    }
+}
+
+fn capitalise_first(text: &str) -> String {
+    let mut chars = text.chars();
+    chars
+        .next()
+        .map(|c| c.to_uppercase().collect::<String>() + chars.as_str())
+        .unwrap_or_default()
+}
+
+/// A JSON-RPC notification's text.
+pub fn notification(method: &str, params: Value) -> String {
+    json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string()
+}
+
+/// The AHP `SessionSummary` of a view.
+pub fn summary(view: &SessionView) -> Value {
+    json!({
+        "resource": view.resource,
+        "provider": view.provider,
+        "title": view.title.clone().unwrap_or_default(),
+        "status": view.status,
+        "project": {"uri": format!("tether-project:/{}", view.project), "displayName": view.project},
+        "workingDirectories": view.working_directories,
+        "createdAt": view.created_at,
+        "modifiedAt": view.updated_at,
+        "defaultChat": view.default_chat,
+    })
+}
+
+async fn load_root(store: &dyn Store) -> Result<RootModel, StoreError> {
+    let mut root = match store.latest_snapshot(ROOT).await? {
+        Some(snapshot) => RootModel {
+            state: serde_json::from_str(&snapshot.state)
+                .map_err(|e| StoreError::Corrupt(format!("root snapshot: {e}")))?,
+            last_seq: snapshot.seq,
+        },
+        None => RootModel {
+            state: serde_json::from_value(json!({"agents": [], "activeSessions": 0}))
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            last_seq: 0,
+        },
+    };
+    let channels = [ROOT.to_owned()];
+    loop {
+        let page = store
+            .read_after(root.last_seq, Some(&channels), 2_000)
+            .await?;
+        let Some(last) = page.last() else { break };
+        let last = last.seq;
+        for envelope in page {
+            let action: Value = serde_json::from_str(&envelope.action)
+                .map_err(|e| StoreError::Corrupt(format!("root envelope {}: {e}", envelope.seq)))?;
+            apply_action_to_root(&mut root.state, &typed_action(&action));
+        }
+        root.last_seq = last;
+    }
+    Ok(root)
+}

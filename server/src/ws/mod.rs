@@ -1,0 +1,865 @@
+//! AHP 1.0 over WebSocket at `GET /ahp`: JSON-RPC 2.0, one message per text
+//! frame.
+//!
+//! Each connection is one task reading requests and hub items in turn, plus
+//! a writer task draining its outbound queue to the socket. The queue is
+//! bounded in bytes: a client that cannot keep up is closed with code 4000
+//! and a reason telling it to reconnect and replay, never silently dropped.
+//! A connection whose hub receiver lags catches up from the store.
+//!
+//! Delivery bookkeeping: `cursor` is the highest hub seq this connection has
+//! looked at; each subscription remembers the seq its snapshot or replay
+//! already covers, and gets exactly the envelopes above it, in seq order.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use ahp_types::errors::{ahp_error_codes, json_rpc_error_codes};
+use axum::Router;
+use axum::extract::State;
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tether_protocol::channel::Channel;
+use tether_protocol::view::SessionView;
+use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc};
+
+use crate::AppState;
+use crate::auth::Principal;
+use crate::engine::fanout::{HubItem, action_frame, envelope_json, published_from_store};
+use crate::engine::{CreateSession, DispatchOutcome, Engine, EngineError, summary};
+use crate::http::error::problem;
+use crate::store::{Origin, SessionFilter};
+
+/// WebSocket limits.
+#[derive(Debug, Clone)]
+pub struct WsLimits {
+    /// Largest accepted message, in bytes; larger ones close the connection
+    /// with 1009.
+    pub max_frame_bytes: usize,
+    /// Most channels one connection may subscribe to.
+    pub max_subscriptions: usize,
+    /// Most simultaneous connections.
+    pub max_connections: usize,
+    /// Bytes queued for a connection before it is closed as too slow.
+    pub max_outbound_bytes: usize,
+    /// How often the server pings.
+    pub ping_interval: Duration,
+    /// Silence (no frame, no pong) after which the connection is closed.
+    pub ping_timeout: Duration,
+    /// Largest gap `reconnect` replays; beyond it, it answers with snapshots.
+    pub max_replay: u32,
+}
+
+impl Default for WsLimits {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: 1024 * 1024,
+            max_subscriptions: 1024,
+            max_connections: 20_000,
+            max_outbound_bytes: 8 * 1024 * 1024,
+            ping_interval: Duration::from_secs(30),
+            ping_timeout: Duration::from_secs(90),
+            max_replay: 10_000,
+        }
+    }
+}
+
+/// Close code for a client that cannot drain its queue.
+pub const CLOSE_SLOW_CONSUMER: u16 = 4000;
+/// Close code for a client that stopped answering pings.
+pub const CLOSE_PING_TIMEOUT: u16 = 4001;
+/// Close code after an unsupported protocol version.
+pub const CLOSE_UNSUPPORTED_VERSION: u16 = 4002;
+/// Standard close code for an oversize message.
+pub const CLOSE_TOO_BIG: u16 = 1009;
+
+/// How many envelopes one catch-up read takes.
+const CATCH_UP_PAGE: u32 = 1_000;
+
+/// The route of this module.
+pub fn router() -> Router<AppState> {
+    Router::new().route("/ahp", get(upgrade))
+}
+
+async fn upgrade(State(state): State<AppState>, ws: WebSocketUpgrade) -> Response {
+    let Ok(permit) = state.connections.clone().try_acquire_owned() else {
+        return problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_connections",
+            Some(format!(
+                "This host already serves {} WebSocket connections; try again later.",
+                state.ws.max_connections
+            )),
+        );
+    };
+    let limit = state.ws.max_frame_bytes;
+    ws.max_message_size(limit)
+        .max_frame_size(limit)
+        .on_upgrade(move |socket| {
+            let tracker = state.tasks.clone();
+            tracker.track_future(Connection::run(socket, state, permit))
+        })
+        .into_response()
+}
+
+enum Outbound {
+    Frame(Utf8Bytes),
+    Ping,
+    Close(u16, String),
+}
+
+/// The sending half: a queue bounded in bytes, drained by the writer task.
+struct Queue {
+    sender: mpsc::UnboundedSender<Outbound>,
+    bytes: Arc<AtomicUsize>,
+    limit: usize,
+}
+
+impl Queue {
+    /// Queues a frame; `false` when the queue is over its byte limit.
+    fn push(&self, frame: Utf8Bytes) -> bool {
+        let size = frame.len();
+        let queued = self.bytes.fetch_add(size, Ordering::AcqRel) + size;
+        let _ = self.sender.send(Outbound::Frame(frame));
+        queued <= self.limit
+    }
+
+    fn control(&self, message: Outbound) {
+        let _ = self.sender.send(message);
+    }
+}
+
+async fn write_loop(
+    mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
+    mut receiver: mpsc::UnboundedReceiver<Outbound>,
+    bytes: Arc<AtomicUsize>,
+) {
+    while let Some(first) = receiver.recv().await {
+        let mut next = Some(first);
+        // Feed everything queued, then flush once.
+        while let Some(item) = next {
+            let sent = match item {
+                Outbound::Frame(frame) => {
+                    let size = frame.len();
+                    let result = sink.feed(Message::Text(frame)).await;
+                    bytes.fetch_sub(size, Ordering::AcqRel);
+                    result
+                }
+                Outbound::Ping => sink.feed(Message::Ping(Default::default())).await,
+                Outbound::Close(code, reason) => {
+                    let frame = CloseFrame {
+                        code,
+                        reason: reason.into(),
+                    };
+                    let _ = sink.send(Message::Close(Some(frame))).await;
+                    let _ = sink.close().await;
+                    return;
+                }
+            };
+            if sent.is_err() {
+                return;
+            }
+            next = receiver.try_recv().ok();
+        }
+        if sink.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+struct Connection {
+    engine: Engine,
+    limits: crate::ws::WsLimits,
+    principal: Principal,
+    queue: Queue,
+    client_id: Option<String>,
+    /// Channel → the seq its subscriber already has everything up to.
+    subscriptions: HashMap<String, u64>,
+    cursor: u64,
+    closing: bool,
+    /// Subscriptions opened by the current request whose gap between
+    /// snapshot and cursor is sent from the store after the reply.
+    after_reply: Vec<String>,
+}
+
+/// What handling one message decided.
+enum Next {
+    Continue,
+    Close(u16, String),
+}
+
+impl Connection {
+    async fn run(socket: WebSocket, state: AppState, _permit: OwnedSemaphorePermit) {
+        let (sink, mut stream) = socket.split();
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let bytes = Arc::new(AtomicUsize::new(0));
+        let writer = tokio::spawn(write_loop(sink, receiver, bytes.clone()));
+        let (mut hub, cursor) = state.engine.hub().subscribe();
+        let mut connection = Connection {
+            engine: state.engine.clone(),
+            limits: state.ws.clone(),
+            principal: Principal::loopback_admin(),
+            queue: Queue {
+                sender,
+                bytes,
+                limit: state.ws.max_outbound_bytes,
+            },
+            client_id: None,
+            subscriptions: HashMap::new(),
+            cursor,
+            closing: false,
+            after_reply: Vec::new(),
+        };
+        let mut ping = tokio::time::interval(state.ws.ping_interval);
+        ping.tick().await;
+        let mut last_heard = Instant::now();
+        let shutdown = state.shutdown.clone();
+        let verdict = loop {
+            let next = tokio::select! {
+                incoming = stream.next() => match incoming {
+                    Some(Ok(Message::Text(text))) => {
+                        last_heard = Instant::now();
+                        connection.on_text(text.as_str()).await
+                    }
+                    Some(Ok(Message::Binary(_))) => {
+                        last_heard = Instant::now();
+                        connection.send_error(Value::Null, json_rpc_error_codes::INVALID_REQUEST,
+                            "AHP messages are JSON text frames, not binary frames.", None);
+                        Next::Continue
+                    }
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => {
+                        last_heard = Instant::now();
+                        Next::Continue
+                    }
+                    Some(Ok(Message::Close(_))) | None => break None,
+                    Some(Err(err)) => {
+                        let text = err.to_string();
+                        if text.contains("too long") || text.contains("too big") || text.contains("Space limit") {
+                            Next::Close(CLOSE_TOO_BIG, format!(
+                                "message too big: the limit is {} bytes", connection.limits.max_frame_bytes))
+                        } else {
+                            tracing::debug!(error = %text, "websocket read failed");
+                            break None;
+                        }
+                    }
+                },
+                item = hub.recv() => connection.on_hub(item, &mut hub).await,
+                _ = ping.tick() => {
+                    if last_heard.elapsed() > connection.limits.ping_timeout {
+                        Next::Close(CLOSE_PING_TIMEOUT, "ping timeout: no frame or pong received in time".into())
+                    } else {
+                        connection.queue.control(Outbound::Ping);
+                        Next::Continue
+                    }
+                }
+                () = shutdown.cancelled() => Next::Close(1001, "server shutting down".into()),
+            };
+            match next {
+                Next::Continue if connection.closing => {
+                    break Some((
+                        CLOSE_UNSUPPORTED_VERSION,
+                        "unsupported protocol version".to_owned(),
+                    ));
+                }
+                Next::Continue => {}
+                Next::Close(code, reason) => break Some((code, reason)),
+            }
+        };
+        if let Some((code, reason)) = verdict {
+            tracing::info!(code, %reason, client = ?connection.client_id, "closing connection");
+            connection.queue.control(Outbound::Close(code, reason));
+        }
+        drop(connection);
+        let _ = writer.await;
+    }
+
+    fn send(&self, frame: String) -> Next {
+        if self.queue.push(frame.into()) {
+            Next::Continue
+        } else {
+            Next::Close(
+                CLOSE_SLOW_CONSUMER,
+                format!(
+                    "slow consumer: more than {} bytes queued; reconnect and replay from your \
+                     lastSeenServerSeq",
+                    self.limits.max_outbound_bytes
+                ),
+            )
+        }
+    }
+
+    fn send_result(&self, id: Value, result: Value) -> Next {
+        self.send(json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string())
+    }
+
+    fn send_error(&self, id: Value, code: i32, message: &str, data: Option<Value>) -> Next {
+        let mut error = json!({"code": code, "message": message});
+        if let Some(data) = data {
+            error["data"] = data;
+        }
+        self.send(json!({"jsonrpc": "2.0", "id": id, "error": error}).to_string())
+    }
+
+    async fn on_hub(
+        &mut self,
+        item: Result<HubItem, broadcast::error::RecvError>,
+        hub: &mut broadcast::Receiver<HubItem>,
+    ) -> Next {
+        match item {
+            Ok(HubItem::Envelope(published)) => {
+                if published.seq <= self.cursor {
+                    return Next::Continue;
+                }
+                self.cursor = published.seq;
+                match self.subscriptions.get(&published.channel) {
+                    Some(after) if published.seq > *after => {
+                        if !self.queue.push(published.frame.clone()) {
+                            return self.send(String::new());
+                        }
+                        Next::Continue
+                    }
+                    _ => Next::Continue,
+                }
+            }
+            Ok(HubItem::Notice { channel, frame }) => {
+                if self.subscriptions.contains_key(&*channel) && !self.queue.push(frame) {
+                    return self.send(String::new());
+                }
+                Next::Continue
+            }
+            Err(broadcast::error::RecvError::Lagged(skipped)) => {
+                tracing::debug!(
+                    skipped,
+                    "connection lagged behind the hub; catching up from the store"
+                );
+                self.catch_up_all().await
+            }
+            Err(broadcast::error::RecvError::Closed) => {
+                let _ = hub;
+                Next::Close(1001, "server shutting down".into())
+            }
+        }
+    }
+
+    /// Delivers, from the store, every envelope of the subscribed channels
+    /// above the cursor, up to what the store holds now.
+    async fn catch_up_all(&mut self) -> Next {
+        let Ok(host) = self.engine.store().host().await else {
+            return Next::Close(1011, "storage unavailable; reconnect".into());
+        };
+        let channels: Vec<String> = self.subscriptions.keys().cloned().collect();
+        let next = self
+            .deliver_from_store(&channels, self.cursor, host.last_seq)
+            .await;
+        self.cursor = self.cursor.max(host.last_seq);
+        next
+    }
+
+    /// Sends stored envelopes of `channels` in `(after, upto]` that their
+    /// subscriptions do not have yet.
+    async fn deliver_from_store(&mut self, channels: &[String], after: u64, upto: u64) -> Next {
+        let mut after = after;
+        while after < upto && !channels.is_empty() {
+            let page = match self
+                .engine
+                .store()
+                .read_after(after, Some(channels), CATCH_UP_PAGE)
+                .await
+            {
+                Ok(page) => page,
+                Err(_) => return Next::Close(1011, "storage unavailable; reconnect".into()),
+            };
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            for envelope in page.iter().filter(|e| e.seq <= upto) {
+                let wanted = self
+                    .subscriptions
+                    .get(&envelope.channel)
+                    .is_some_and(|have| envelope.seq > *have);
+                if wanted {
+                    let frame = published_from_store(envelope).frame;
+                    if !self.queue.push(frame) {
+                        return self.send(String::new());
+                    }
+                }
+            }
+        }
+        for channel in channels {
+            if let Some(have) = self.subscriptions.get_mut(channel) {
+                *have = (*have).max(upto);
+            }
+        }
+        Next::Continue
+    }
+
+    async fn on_text(&mut self, text: &str) -> Next {
+        let message: Value = match serde_json::from_str(text) {
+            Ok(message) => message,
+            Err(err) => {
+                return self.send_error(
+                    Value::Null,
+                    json_rpc_error_codes::PARSE_ERROR,
+                    &format!("Malformed JSON: {err}."),
+                    None,
+                );
+            }
+        };
+        let id = message.get("id").cloned();
+        let Some(method) = message.get("method").and_then(Value::as_str) else {
+            return self.send_error(
+                id.unwrap_or(Value::Null),
+                json_rpc_error_codes::INVALID_REQUEST,
+                "A JSON-RPC 2.0 request or notification needs a \"method\".",
+                None,
+            );
+        };
+        let params = message.get("params").cloned().unwrap_or(Value::Null);
+        let method = method.to_owned();
+        if self.client_id.is_none()
+            && !matches!(method.as_str(), "initialize" | "reconnect" | "ping")
+        {
+            return match id {
+                Some(id) => self.send_error(
+                    id,
+                    json_rpc_error_codes::INVALID_REQUEST,
+                    "Send initialize (or reconnect) first.",
+                    None,
+                ),
+                None => Next::Continue,
+            };
+        }
+        let result = match method.as_str() {
+            "initialize" => self.initialize(params).await,
+            "reconnect" => self.reconnect(params).await,
+            "subscribe" => self.subscribe(params).await,
+            "unsubscribe" => {
+                if let Some(channel) = params.get("channel").and_then(Value::as_str) {
+                    self.subscriptions.remove(channel);
+                }
+                Ok(Value::Null)
+            }
+            "dispatchAction" => self.dispatch(params).await,
+            "createSession" => self.create_session(params).await,
+            "disposeSession" => self.dispose_session(params).await,
+            "listSessions" => self.list_sessions(params).await,
+            "createChat" => self.create_chat(params).await,
+            "ping" => Ok(Value::Null),
+            other => Err(RpcError::new(
+                json_rpc_error_codes::METHOD_NOT_FOUND,
+                format!("Unknown method {other:?}."),
+            )),
+        };
+        // Notifications (no id) get no answer, errors included.
+        let Some(id) = id else {
+            return self.bridge().await;
+        };
+        let next = match result {
+            Ok(value) => self.send_result(id, value),
+            Err(err) => {
+                let closing = err.code == ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION;
+                let next = self.send_error(id, err.code, &err.message, err.data);
+                if closing {
+                    self.closing = true;
+                }
+                next
+            }
+        };
+        match next {
+            Next::Continue => self.bridge().await,
+            close => close,
+        }
+    }
+
+    /// Sends, from the store, what subscriptions opened by the last request
+    /// need between their snapshot and the connection's cursor: envelopes
+    /// the hub already carried past this connection before it subscribed.
+    async fn bridge(&mut self) -> Next {
+        for channel in std::mem::take(&mut self.after_reply) {
+            let Some(from) = self.subscriptions.get(&channel).copied() else {
+                continue;
+            };
+            if from < self.cursor {
+                let cursor = self.cursor;
+                if let Next::Close(code, reason) =
+                    self.deliver_from_store(&[channel], from, cursor).await
+                {
+                    return Next::Close(code, reason);
+                }
+            }
+        }
+        Next::Continue
+    }
+
+    fn channel_param(params: &Value) -> Result<String, RpcError> {
+        params
+            .get("channel")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| RpcError::invalid("params.channel (a channel URI) is required."))
+    }
+
+    async fn initialize(&mut self, params: Value) -> Result<Value, RpcError> {
+        let offered: Vec<String> = params
+            .get("protocolVersions")
+            .cloned()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .ok_or_else(|| {
+                RpcError::invalid("params.protocolVersions (an array of strings) is required.")
+            })?;
+        let client_id = params
+            .get("clientId")
+            .and_then(Value::as_str)
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| RpcError::invalid("params.clientId is required."))?
+            .to_owned();
+        let version = match ahp_types::negotiate_protocol_version(&offered) {
+            Ok(Some(version)) => version.to_owned(),
+            Ok(None) => {
+                return Err(RpcError {
+                    code: ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION,
+                    message: format!(
+                        "None of the offered protocol versions {offered:?} is supported."
+                    ),
+                    data: Some(
+                        json!({"supportedVersions": ahp_types::SUPPORTED_PROTOCOL_VERSIONS}),
+                    ),
+                });
+            }
+            Err(err) => return Err(RpcError::invalid(&format!("Bad protocol version: {err}."))),
+        };
+        self.client_id = Some(client_id);
+        let server_seq = self.cursor;
+        let mut snapshots = Vec::new();
+        let initial: Vec<String> = params
+            .get("initialSubscriptions")
+            .cloned()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default();
+        for channel in initial {
+            snapshots.push(self.open_subscription(&channel).await?);
+        }
+        let host = self
+            .engine
+            .store()
+            .host()
+            .await
+            .map_err(RpcError::unavailable)?;
+        Ok(json!({
+            "protocolVersion": version,
+            "serverSeq": server_seq,
+            "serverInfo": {"name": "tether", "version": env!("CARGO_PKG_VERSION")},
+            "snapshots": snapshots,
+            "_meta": {"tether/hostEpoch": host.epoch.to_string()},
+        }))
+    }
+
+    /// Takes a channel's snapshot and registers the subscription; the gap
+    /// up to the cursor is bridged after the reply.
+    async fn open_subscription(&mut self, channel: &str) -> Result<Value, RpcError> {
+        if !self.subscriptions.contains_key(channel)
+            && self.subscriptions.len() >= self.limits.max_subscriptions
+        {
+            return Err(RpcError::invalid(&format!(
+                "This connection already has {} subscriptions, the limit; unsubscribe from one first.",
+                self.limits.max_subscriptions
+            )));
+        }
+        let snapshot = self
+            .engine
+            .snapshot(&self.principal, channel)
+            .await
+            .map_err(RpcError::from)?;
+        self.subscriptions
+            .insert(channel.to_owned(), snapshot.from_seq);
+        self.after_reply.push(channel.to_owned());
+        Ok(
+            json!({"resource": snapshot.resource, "state": snapshot.state, "fromSeq": snapshot.from_seq}),
+        )
+    }
+
+    async fn subscribe(&mut self, params: Value) -> Result<Value, RpcError> {
+        let channel = Self::channel_param(&params)?;
+        let snapshot = self.open_subscription(&channel).await?;
+        Ok(json!({"snapshot": snapshot}))
+    }
+
+    async fn reconnect(&mut self, params: Value) -> Result<Value, RpcError> {
+        let client_id = params
+            .get("clientId")
+            .and_then(Value::as_str)
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| RpcError::invalid("params.clientId is required."))?
+            .to_owned();
+        let last_seen = params
+            .get("lastSeenServerSeq")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| {
+                RpcError::invalid("params.lastSeenServerSeq (a non-negative integer) is required.")
+            })?;
+        let wanted: Vec<String> = params
+            .get("subscriptions")
+            .cloned()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .ok_or_else(|| {
+                RpcError::invalid("params.subscriptions (an array of channel URIs) is required.")
+            })?;
+        if wanted.len() > self.limits.max_subscriptions {
+            return Err(RpcError::invalid(&format!(
+                "At most {} subscriptions per connection.",
+                self.limits.max_subscriptions
+            )));
+        }
+        self.client_id = Some(client_id);
+        let mut present = Vec::new();
+        let mut missing = Vec::new();
+        for channel in wanted {
+            if self.engine.visible(&self.principal, &channel).await {
+                present.push(channel);
+            } else {
+                missing.push(channel);
+            }
+        }
+        // Everything up to `horizon` comes from the store; the hub brings
+        // what is above it (the hub receiver is older than this read).
+        let host = self
+            .engine
+            .store()
+            .host()
+            .await
+            .map_err(RpcError::unavailable)?;
+        let horizon = host.last_seq.max(self.cursor);
+        let limit = self.limits.max_replay;
+        let mut actions = Vec::new();
+        let mut after = last_seen;
+        let mut too_many = false;
+        while after < horizon && !present.is_empty() {
+            let page = self
+                .engine
+                .store()
+                .read_after(after, Some(&present), CATCH_UP_PAGE)
+                .await
+                .map_err(RpcError::unavailable)?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            for envelope in page.iter().filter(|e| e.seq <= horizon) {
+                actions.push(envelope_json(envelope));
+            }
+            if actions.len() > limit as usize {
+                too_many = true;
+                break;
+            }
+        }
+        if too_many {
+            let mut snapshots = Vec::new();
+            for channel in &present {
+                snapshots.push(self.open_subscription(channel).await?);
+            }
+            return Ok(json!({"type": "snapshot", "snapshots": snapshots}));
+        }
+        for channel in present {
+            self.subscriptions.insert(channel, horizon);
+        }
+        Ok(json!({"type": "replay", "actions": actions, "missing": missing}))
+    }
+
+    async fn dispatch(&mut self, params: Value) -> Result<Value, RpcError> {
+        let channel = Self::channel_param(&params)?;
+        let client_seq = params
+            .get("clientSeq")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| {
+                RpcError::invalid("params.clientSeq (a non-negative integer) is required.")
+            })?;
+        let action = params
+            .get("action")
+            .cloned()
+            .filter(Value::is_object)
+            .ok_or_else(|| RpcError::invalid("params.action (an action object) is required."))?;
+        let origin = Origin {
+            client_id: self.client_id.clone().unwrap_or_default(),
+            client_seq,
+        };
+        let outcome = self
+            .engine
+            .dispatch(
+                &self.principal,
+                Some(origin.clone()),
+                &channel,
+                action.clone(),
+            )
+            .await;
+        match outcome {
+            DispatchOutcome::Accepted(published) => {
+                // A subscriber gets its echo from the hub, in seq order; a
+                // retry of an old envelope, or a client not subscribed to
+                // the channel, gets the original envelope directly.
+                let via_hub = self.subscriptions.contains_key(&published.channel)
+                    && published.seq > self.cursor;
+                if !via_hub && !self.queue.push(published.frame.clone()) {
+                    return Err(RpcError::invalid("outbound queue full"));
+                }
+            }
+            DispatchOutcome::Rejected(reason) => {
+                let frame = action_frame(
+                    self.cursor,
+                    &channel,
+                    &action.to_string(),
+                    Some(&origin),
+                    Some(&reason),
+                );
+                self.queue.push(frame.into());
+            }
+        }
+        Ok(Value::Null)
+    }
+
+    fn session_param(params: &Value) -> Result<String, RpcError> {
+        match Channel::parse(&Self::channel_param(params)?) {
+            Ok(Channel::Session(id)) => Ok(id),
+            Ok(_) => Err(RpcError::invalid(
+                "params.channel must be an ahp-session:/<id> URI.",
+            )),
+            Err(err) => Err(RpcError::invalid(&format!("{err}."))),
+        }
+    }
+
+    async fn create_session(&mut self, params: Value) -> Result<Value, RpcError> {
+        let id = Self::session_param(&params)?;
+        let text_list = |key: &str| -> Result<Vec<String>, RpcError> {
+            match params.get(key) {
+                None | Some(Value::Null) => Ok(Vec::new()),
+                Some(value) => serde_json::from_value(value.clone()).map_err(|_| {
+                    RpcError::invalid(&format!("params.{key} must be an array of URIs."))
+                }),
+            }
+        };
+        let request = CreateSession {
+            id,
+            project: params
+                .pointer("/_meta/tether~1project")
+                .and_then(Value::as_str)
+                .unwrap_or("default")
+                .to_owned(),
+            provider: params
+                .get("provider")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            working_directories: text_list("workingDirectories")?,
+            title: None,
+            active_client: params.get("activeClient").cloned().filter(|v| !v.is_null()),
+        };
+        self.engine
+            .create_session(&self.principal, request)
+            .await
+            .map_err(RpcError::from)?;
+        Ok(Value::Null)
+    }
+
+    async fn dispose_session(&mut self, params: Value) -> Result<Value, RpcError> {
+        let id = Self::session_param(&params)?;
+        self.engine
+            .dispose_session(&self.principal, &id)
+            .await
+            .map_err(RpcError::from)?;
+        Ok(Value::Null)
+    }
+
+    async fn list_sessions(&mut self, params: Value) -> Result<Value, RpcError> {
+        let limit = params
+            .get("limit")
+            .and_then(Value::as_u64)
+            .unwrap_or(100)
+            .clamp(1, 1000);
+        let before = match params.get("cursor").and_then(Value::as_str) {
+            None => None,
+            Some(cursor) => Some(cursor.parse::<u64>().map_err(|_| {
+                RpcError::invalid("params.cursor is not a cursor this host issued.")
+            })?),
+        };
+        let page = self
+            .engine
+            .store()
+            .sessions(&SessionFilter::default(), before, limit as u32)
+            .await
+            .map_err(RpcError::unavailable)?;
+        let items: Vec<Value> = page
+            .items
+            .iter()
+            .filter(|row| self.principal.can_see(&row.record.project))
+            .filter_map(|row| {
+                let mut view: SessionView = serde_json::from_str(&row.record.projection).ok()?;
+                view.last_seq = row.last_seq;
+                view.updated_at = crate::engine::rfc3339(row.updated_ms);
+                Some(summary(&view))
+            })
+            .collect();
+        let mut result = json!({"items": items});
+        if let Some(next) = page.next_before {
+            result["nextCursor"] = Value::String(next.to_string());
+        }
+        Ok(result)
+    }
+
+    async fn create_chat(&mut self, params: Value) -> Result<Value, RpcError> {
+        let session = Self::session_param(&params)?;
+        let chat = params
+            .get("chat")
+            .and_then(Value::as_str)
+            .ok_or_else(|| RpcError::invalid("params.chat (the new chat's URI) is required."))?
+            .to_owned();
+        self.engine
+            .create_chat(&self.principal, &session, &chat)
+            .await
+            .map_err(RpcError::from)?;
+        Ok(Value::Null)
+    }
+}
+
+struct RpcError {
+    code: i32,
+    message: String,
+    data: Option<Value>,
+}
+
+impl RpcError {
+    fn new(code: i32, message: String) -> Self {
+        Self {
+            code,
+            message,
+            data: None,
+        }
+    }
+
+    fn invalid(message: &str) -> Self {
+        Self::new(json_rpc_error_codes::INVALID_PARAMS, message.to_owned())
+    }
+
+    fn unavailable(err: impl std::fmt::Display) -> Self {
+        tracing::warn!(error = %err, "request failed on storage");
+        Self::new(
+            json_rpc_error_codes::INTERNAL_ERROR,
+            "Storage unavailable; try again.".to_owned(),
+        )
+    }
+}
+
+impl From<EngineError> for RpcError {
+    fn from(err: EngineError) -> Self {
+        let code = match &err {
+            EngineError::NotFound(_) => ahp_error_codes::SESSION_NOT_FOUND,
+            EngineError::AlreadyExists(_) => ahp_error_codes::SESSION_ALREADY_EXISTS,
+            EngineError::Conflict(_) => ahp_error_codes::CONFLICT,
+            EngineError::InvalidParams(_) => json_rpc_error_codes::INVALID_PARAMS,
+            EngineError::ProviderNotFound(_) => ahp_error_codes::PROVIDER_NOT_FOUND,
+            EngineError::Forbidden(_) => ahp_error_codes::PERMISSION_DENIED,
+            EngineError::Unavailable(_) => json_rpc_error_codes::INTERNAL_ERROR,
+        };
+        Self::new(code, err.to_string())
+    }
+}
