@@ -182,6 +182,21 @@ impl TestServer {
         format!("http://{}", self.addr)
     }
 
+    /// `ws://<addr>/ahp`.
+    pub fn ws_url(&self) -> String {
+        format!("ws://{}/ahp", self.addr)
+    }
+
+    /// An upstream AHP client connected to this server (not yet initialized).
+    pub async fn ahp(&self) -> ahp::Client {
+        let transport = ahp_ws::WebSocketTransport::connect(&self.ws_url())
+            .await
+            .expect("connect the AHP WebSocket");
+        ahp::Client::connect(transport, ahp::ClientConfig::default())
+            .await
+            .expect("start the AHP client")
+    }
+
     /// A REST client for this server.
     pub fn client(&self) -> tether_client::Client {
         tether_client::Client::new(&self.base_url()).expect("valid base URL")

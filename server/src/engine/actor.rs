@@ -25,7 +25,7 @@ use super::{Ctx, EngineError};
 use crate::auth::Principal;
 use crate::effects::EffectRequest;
 use crate::store::{
-    NewEnvelope, Origin, OriginOutcome, Rejection, SessionRecord, Snapshot, now_ms,
+    NewEnvelope, Origin, OriginOutcome, Rejection, SessionRecord, Snapshot, StoredEnvelope, now_ms,
 };
 
 /// How many transcript rows one rebuild read takes.
@@ -507,8 +507,7 @@ impl SessionActor {
                         }
                         CommitOutcome::Duplicate(OriginOutcome::Accepted(original)) => {
                             reload = true;
-                            let published = Arc::new(published_from_store(&original));
-                            reply(d.reply, DispatchOutcome::Accepted(published));
+                            reply(d.reply, retry_outcome(&original, &d.action));
                         }
                         CommitOutcome::Duplicate(OriginOutcome::Rejected(rejection)) => {
                             reload = true;
@@ -565,6 +564,26 @@ impl SessionActor {
             Ok(()) => self.since_snapshot = 0,
             Err(err) => tracing::warn!(session = %self.id, error = %err, "snapshot not written"),
         }
+    }
+}
+
+/// The answer to a dispatch whose origin was already accepted: the original
+/// envelope when it is a true retry (the same action), otherwise a refusal
+/// that names the reused sequence number. Either way nothing is applied.
+pub(super) fn retry_outcome(original: &StoredEnvelope, action: &Value) -> DispatchOutcome {
+    let same = serde_json::from_str::<Value>(&original.action).is_ok_and(|o| &o == action);
+    if same {
+        DispatchOutcome::Accepted(Arc::new(published_from_store(original)))
+    } else {
+        let origin = original.origin.as_ref();
+        DispatchOutcome::Rejected(format!(
+            "clientSeq {} of client {:?} was already used for a different action (serverSeq {}); \
+             a client must not reuse sequence numbers: continue above its highest clientSeq or \
+             use a new clientId.",
+            origin.map_or(0, |o| o.client_seq),
+            origin.map_or("", |o| o.client_id.as_str()),
+            original.seq
+        ))
     }
 }
 
@@ -669,9 +688,7 @@ impl Ctx {
             at_ms: now_ms(),
         };
         match self.store.record_rejection(rejection).await {
-            Ok(OriginOutcome::Accepted(original)) => {
-                DispatchOutcome::Accepted(Arc::new(published_from_store(&original)))
-            }
+            Ok(OriginOutcome::Accepted(original)) => retry_outcome(&original, action),
             Ok(OriginOutcome::Rejected(first)) => DispatchOutcome::Rejected(first.reason),
             Err(err) => {
                 tracing::warn!(error = %err, "rejection not recorded");

@@ -437,9 +437,9 @@ impl Engine {
                 }
                 Ok(DispatchOutcome::Accepted(published))
             }
-            Some(CommitOutcome::Duplicate(crate::store::OriginOutcome::Accepted(original))) => Ok(
-                DispatchOutcome::Accepted(Arc::new(fanout::published_from_store(&original))),
-            ),
+            Some(CommitOutcome::Duplicate(crate::store::OriginOutcome::Accepted(original))) => {
+                Ok(actor::retry_outcome(&original, &action))
+            }
             Some(CommitOutcome::Duplicate(crate::store::OriginOutcome::Rejected(first))) => {
                 Ok(DispatchOutcome::Rejected(first.reason))
             }
