@@ -136,6 +136,11 @@ pub struct ServeArgs {
     #[arg(long, env = "TETHER_MAX_REPLAY", default_value_t = 10_000)]
     pub max_replay: u32,
 
+    /// Largest replay in bytes; a larger gap gets snapshots. Keep it below
+    /// your clients' message size limit (16 MiB for the upstream Rust client).
+    #[arg(long, env = "TETHER_MAX_REPLAY_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_replay_bytes: usize,
+
     /// Seconds an idle session actor stays in memory.
     #[arg(long, env = "TETHER_ACTOR_IDLE_SECS", default_value_t = 300)]
     pub actor_idle_secs: u64,
@@ -290,6 +295,7 @@ impl ServeArgs {
                 ping_interval: Duration::from_secs(self.ping_interval_secs.max(1)),
                 ping_timeout: Duration::from_secs(self.ping_timeout_secs.max(1)),
                 max_replay: self.max_replay,
+                max_replay_bytes: self.max_replay_bytes,
             },
             agents: Vec::new(),
             effects,

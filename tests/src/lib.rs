@@ -161,6 +161,9 @@ impl TestServer {
 
     /// Starts a server on an open store with the given settings.
     pub async fn start_with(store: Arc<dyn Store>, config: ServeConfig) -> Self {
+        if std::env::var_os("RUST_LOG").is_some() {
+            tether_server::telemetry::init(tether_server::config::LogFormat::Text);
+        }
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
         let addr = listener.local_addr().expect("local address");
         let (stop, stopped) = oneshot::channel::<()>();

@@ -676,6 +676,9 @@ impl Ctx {
         action: &Value,
         reason: String,
     ) -> DispatchOutcome {
+        self.metrics
+            .rejections
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Some(origin) = origin else {
             tracing::warn!(%channel, %reason, "host-originated action refused");
             return DispatchOutcome::Rejected(reason);

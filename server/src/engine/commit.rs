@@ -3,9 +3,11 @@
 //! the committed envelopes to the hub in seq order and answers each request.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::Metrics;
 use super::fanout::{Hub, Published, action_frame};
 use crate::store::{Appended, NewEnvelope, OriginOutcome, Store};
 
@@ -45,9 +47,15 @@ impl std::fmt::Debug for Request {
 impl Committer {
     /// Starts the writer task. `max_batch` bounds the envelopes in one
     /// transaction; `queue` bounds the requests waiting for it.
-    pub fn start(store: Arc<dyn Store>, hub: Arc<Hub>, max_batch: usize, queue: usize) -> Self {
+    pub fn start(
+        store: Arc<dyn Store>,
+        hub: Arc<Hub>,
+        metrics: Arc<Metrics>,
+        max_batch: usize,
+        queue: usize,
+    ) -> Self {
         let (sender, receiver) = mpsc::channel(queue.max(1));
-        tokio::spawn(run(store, hub, receiver, max_batch.max(1)));
+        tokio::spawn(run(store, hub, metrics, receiver, max_batch.max(1)));
         Self { sender }
     }
 
@@ -73,6 +81,7 @@ impl Committer {
 async fn run(
     store: Arc<dyn Store>,
     hub: Arc<Hub>,
+    metrics: Arc<Metrics>,
     mut receiver: mpsc::Receiver<Request>,
     max_batch: usize,
 ) {
@@ -103,6 +112,10 @@ async fn run(
             .collect();
         match store.append(all).await {
             Ok(appended) => {
+                metrics.commits.fetch_add(1, Ordering::Relaxed);
+                metrics
+                    .committed_envelopes
+                    .fetch_add(size as u64, Ordering::Relaxed);
                 let mut outcomes =
                     appended
                         .into_iter()

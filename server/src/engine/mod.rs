@@ -13,6 +13,7 @@ pub mod fanout;
 mod rules;
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -92,6 +93,21 @@ impl Default for EngineConfig {
     }
 }
 
+/// Counters served at `/metrics`.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Transactions the group committer wrote.
+    pub commits: AtomicU64,
+    /// Envelopes those transactions held (duplicates included).
+    pub committed_envelopes: AtomicU64,
+    /// Dispatches refused.
+    pub rejections: AtomicU64,
+    /// Connections that lagged behind the hub and caught up from the store.
+    pub catch_ups: AtomicU64,
+    /// Connections closed because they could not drain their queue.
+    pub slow_closes: AtomicU64,
+}
+
 /// A channel's state with the seq it includes.
 #[derive(Debug, Clone)]
 pub struct ChannelSnapshot {
@@ -132,6 +148,7 @@ pub(crate) struct Ctx {
     agents: Agents,
     effects: Arc<dyn Effects>,
     config: EngineConfig,
+    metrics: Arc<Metrics>,
     actors: Mutex<HashMap<String, mpsc::Sender<Command>>>,
     chats: Mutex<HashMap<String, String>>,
     root: tokio::sync::Mutex<RootModel>,
@@ -206,7 +223,14 @@ impl Engine {
     ) -> Result<Self, StoreError> {
         let host = store.host().await?;
         let hub = Arc::new(Hub::new(config.hub_buffer, host.last_seq));
-        let committer = Committer::start(store.clone(), hub.clone(), config.commit_batch, 4096);
+        let metrics = Arc::new(Metrics::default());
+        let committer = Committer::start(
+            store.clone(),
+            hub.clone(),
+            metrics.clone(),
+            config.commit_batch,
+            4096,
+        );
         let root = load_root(store.as_ref()).await?;
         let ctx = Arc::new(Ctx {
             store,
@@ -215,6 +239,7 @@ impl Engine {
             agents,
             effects,
             config,
+            metrics,
             actors: Mutex::new(HashMap::new()),
             chats: Mutex::new(HashMap::new()),
             root: tokio::sync::Mutex::new(root),
@@ -235,6 +260,16 @@ impl Engine {
     /// The fan-out hub.
     pub fn hub(&self) -> &Arc<Hub> {
         &self.ctx.hub
+    }
+
+    /// The engine's counters.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.ctx.metrics
+    }
+
+    /// How many session actors are in memory.
+    pub fn active_actors(&self) -> usize {
+        self.ctx.actors.lock().map(|a| a.len()).unwrap_or(0)
     }
 
     /// The store.

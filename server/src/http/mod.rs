@@ -4,6 +4,7 @@
 
 pub mod error;
 pub mod health;
+pub mod metrics;
 
 use std::sync::{Arc, OnceLock};
 
@@ -39,7 +40,9 @@ struct ApiDoc;
 
 /// All documented routes with their OpenAPI description.
 fn documented() -> OpenApiRouter<AppState> {
-    OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(health::router())
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(health::router())
+        .merge(metrics::router())
 }
 
 /// The OpenAPI document the server serves at `/openapi.json`.

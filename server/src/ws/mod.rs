@@ -54,6 +54,9 @@ pub struct WsLimits {
     pub ping_timeout: Duration,
     /// Largest gap `reconnect` replays; beyond it, it answers with snapshots.
     pub max_replay: u32,
+    /// Largest replay, in bytes of envelope JSON; beyond it, snapshots.
+    /// Clients cap message sizes (the upstream Rust client at 16 MiB).
+    pub max_replay_bytes: usize,
 }
 
 impl Default for WsLimits {
@@ -66,6 +69,7 @@ impl Default for WsLimits {
             ping_interval: Duration::from_secs(30),
             ping_timeout: Duration::from_secs(90),
             max_replay: 10_000,
+            max_replay_bytes: 8 * 1024 * 1024,
         }
     }
 }
@@ -78,6 +82,9 @@ pub const CLOSE_PING_TIMEOUT: u16 = 4001;
 pub const CLOSE_UNSUPPORTED_VERSION: u16 = 4002;
 /// Standard close code for an oversize message.
 pub const CLOSE_TOO_BIG: u16 = 1009;
+
+/// How long a closing connection waits for the client's close frame.
+const CLOSE_LINGER: Duration = Duration::from_secs(2);
 
 /// How many envelopes one catch-up read takes.
 const CATCH_UP_PAGE: u32 = 1_000;
@@ -122,12 +129,21 @@ struct Queue {
 }
 
 impl Queue {
-    /// Queues a frame; `false` when the queue is over its byte limit.
+    /// Queues a frame of the live stream; `false` when the queue is over its
+    /// byte limit (the client is not draining).
     fn push(&self, frame: Utf8Bytes) -> bool {
         let size = frame.len();
         let queued = self.bytes.fetch_add(size, Ordering::AcqRel) + size;
         let _ = self.sender.send(Outbound::Frame(frame));
         queued <= self.limit
+    }
+
+    /// Queues an answer to the client's own request. Answers are bounded by
+    /// their own limits (replay size), not by the live-stream allowance, or a
+    /// large replay could never be delivered.
+    fn reply(&self, frame: Utf8Bytes) {
+        self.bytes.fetch_add(frame.len(), Ordering::AcqRel);
+        let _ = self.sender.send(Outbound::Frame(frame));
     }
 
     fn control(&self, message: Outbound) {
@@ -274,24 +290,41 @@ impl Connection {
         if let Some((code, reason)) = verdict {
             tracing::info!(code, %reason, client = ?connection.client_id, "closing connection");
             connection.queue.control(Outbound::Close(code, reason));
+            // The closing handshake: keep reading (and discarding) until the
+            // client answers with its own close, so it reads our close frame
+            // instead of a reset connection. Bounded.
+            let _ = tokio::time::timeout(CLOSE_LINGER, async {
+                while let Some(Ok(message)) = stream.next().await {
+                    if matches!(message, Message::Close(_)) {
+                        break;
+                    }
+                }
+            })
+            .await;
         }
         drop(connection);
         let _ = writer.await;
     }
 
     fn send(&self, frame: String) -> Next {
-        if self.queue.push(frame.into()) {
-            Next::Continue
-        } else {
-            Next::Close(
-                CLOSE_SLOW_CONSUMER,
-                format!(
-                    "slow consumer: more than {} bytes queued; reconnect and replay from your \
-                     lastSeenServerSeq",
-                    self.limits.max_outbound_bytes
-                ),
-            )
-        }
+        self.queue.reply(frame.into());
+        Next::Continue
+    }
+
+    /// The verdict for a connection whose queue is over its byte limit.
+    fn overflow(&self) -> Next {
+        self.engine
+            .metrics()
+            .slow_closes
+            .fetch_add(1, Ordering::Relaxed);
+        Next::Close(
+            CLOSE_SLOW_CONSUMER,
+            format!(
+                "slow consumer: more than {} bytes queued; reconnect and replay from your \
+                 lastSeenServerSeq",
+                self.limits.max_outbound_bytes
+            ),
+        )
     }
 
     fn send_result(&self, id: Value, result: Value) -> Next {
@@ -320,7 +353,7 @@ impl Connection {
                 match self.subscriptions.get(&published.channel) {
                     Some(after) if published.seq > *after => {
                         if !self.queue.push(published.frame.clone()) {
-                            return self.send(String::new());
+                            return self.overflow();
                         }
                         Next::Continue
                     }
@@ -329,7 +362,7 @@ impl Connection {
             }
             Ok(HubItem::Notice { channel, frame }) => {
                 if self.subscriptions.contains_key(&*channel) && !self.queue.push(frame) {
-                    return self.send(String::new());
+                    return self.overflow();
                 }
                 Next::Continue
             }
@@ -385,7 +418,7 @@ impl Connection {
                 if wanted {
                     let frame = published_from_store(envelope).frame;
                     if !self.queue.push(frame) {
-                        return self.send(String::new());
+                        return self.overflow();
                     }
                 }
             }
@@ -635,6 +668,7 @@ impl Connection {
             .map_err(RpcError::unavailable)?;
         let horizon = host.last_seq.max(self.cursor);
         let limit = self.limits.max_replay;
+        let mut bytes = 0;
         let mut actions = Vec::new();
         let mut after = last_seen;
         let mut too_many = false;
@@ -648,9 +682,10 @@ impl Connection {
             let Some(last) = page.last() else { break };
             after = last.seq;
             for envelope in page.iter().filter(|e| e.seq <= horizon) {
+                bytes += envelope.action.len() + envelope.channel.len() + 64;
                 actions.push(envelope_json(envelope));
             }
-            if actions.len() > limit as usize {
+            if actions.len() > limit as usize || bytes > self.limits.max_replay_bytes {
                 too_many = true;
                 break;
             }

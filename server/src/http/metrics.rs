@@ -1,0 +1,86 @@
+//! `GET /metrics`: Prometheus text exposition of the engine's counters.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::AppState;
+
+/// The routes of this module.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(metrics))
+}
+
+/// Counters and gauges in the Prometheus text format.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    responses((status = 200, description = "Prometheus text exposition.", body = String,
+               content_type = "text/plain"))
+)]
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let m = state.engine.metrics();
+    let open = state.ws.max_connections.max(1) - state.connections.available_permits();
+    let mut out = String::new();
+    let mut line = |name: &str, kind: &str, help: &str, value: u64| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    };
+    line(
+        "tether_commits_total",
+        "counter",
+        "Transactions written by the group committer.",
+        m.commits.load(Ordering::Relaxed),
+    );
+    line(
+        "tether_committed_envelopes_total",
+        "counter",
+        "Envelopes in those transactions.",
+        m.committed_envelopes.load(Ordering::Relaxed),
+    );
+    line(
+        "tether_rejections_total",
+        "counter",
+        "Dispatches refused.",
+        m.rejections.load(Ordering::Relaxed),
+    );
+    line(
+        "tether_catch_ups_total",
+        "counter",
+        "Connections that lagged and caught up from the store.",
+        m.catch_ups.load(Ordering::Relaxed),
+    );
+    line(
+        "tether_slow_consumer_closes_total",
+        "counter",
+        "Connections closed because they could not drain.",
+        m.slow_closes.load(Ordering::Relaxed),
+    );
+    line(
+        "tether_ws_connections",
+        "gauge",
+        "Open WebSocket connections.",
+        open as u64,
+    );
+    line(
+        "tether_session_actors",
+        "gauge",
+        "Session actors in memory.",
+        state.engine.active_actors() as u64,
+    );
+    line(
+        "tether_server_seq",
+        "gauge",
+        "Highest serverSeq published by this host.",
+        state.engine.hub().published(),
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}

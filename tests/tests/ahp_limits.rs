@@ -1,0 +1,590 @@
+//! Backpressure, limits, group commit, side-effect backends and the
+//! durability invariants of the AHP host, on both backends.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ahp::{Client, SubscriptionEvent};
+use ahp_types::PROTOCOL_VERSION;
+use ahp_types::actions::{ActionEnvelope, StateAction};
+use ahp_types::commands::ReconnectResult;
+use ahp_types::state::SnapshotState;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tether_server::config::{EffectsConfig, ServeConfig};
+use tether_server::engine::EngineConfig;
+use tether_server::ws::WsLimits;
+use tether_tests::{TestDb, TestServer, backend_tests};
+use tokio_tungstenite::tungstenite::Message;
+
+backend_tests!(
+    a_slow_subscriber_is_closed_and_catches_up_without_delaying_others,
+    silent_connections_are_closed_after_the_ping_deadline,
+    connection_and_subscription_limits_answer_clearly,
+    actions_ready_together_commit_together,
+    the_webhook_backend_accepts_refuses_and_times_out,
+    an_evicted_or_restarted_session_rebuilds_the_same_state,
+    nothing_reaches_a_subscriber_before_it_is_committed,
+);
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn action(value: Value) -> StateAction {
+    serde_json::from_value(value).expect("a StateAction")
+}
+
+fn title(envelope: &ActionEnvelope) -> String {
+    serde_json::to_value(&envelope.action).unwrap()["title"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+async fn initialized(server: &TestServer, client_id: &str) -> Client {
+    let client = server.ahp().await;
+    client
+        .initialize(client_id.into(), vec![PROTOCOL_VERSION.into()], Vec::new())
+        .await
+        .expect("initialize");
+    client
+}
+
+async fn create(client: &Client, id: &str) {
+    let _: Value = client
+        .request(
+            "createSession",
+            json!({"channel": format!("ahp-session:/{id}"), "provider": "echo"}),
+        )
+        .await
+        .expect("createSession");
+}
+
+async fn next_envelope(subscription: &mut ahp::SessionSubscription) -> ActionEnvelope {
+    loop {
+        let event = tokio::time::timeout(WAIT, subscription.recv())
+            .await
+            .expect("an envelope in time")
+            .expect("subscription open");
+        if let SubscriptionEvent::Action(envelope) = event {
+            return envelope;
+        }
+    }
+}
+
+type Raw =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn raw_initialized(server: &TestServer, client_id: &str, subscribe: &[&str]) -> Raw {
+    let (mut ws, _) = tokio_tungstenite::connect_async(server.ws_url())
+        .await
+        .unwrap();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": client_id,
+        "initialSubscriptions": subscribe}});
+    ws.send(Message::Text(init.to_string().into()))
+        .await
+        .unwrap();
+    loop {
+        let Some(Ok(Message::Text(text))) = ws.next().await else {
+            panic!("initialize answer")
+        };
+        let value: Value = serde_json::from_str(&text).unwrap();
+        if value["id"] == 1 {
+            assert!(value["result"].is_object(), "{value}");
+            return ws;
+        }
+    }
+}
+
+/// A raw connection whose socket receive buffer is tiny, so the server
+/// cannot park megabytes in the kernel for it.
+async fn raw_small_buffer(server: &TestServer, client_id: &str, subscribe: &[&str]) -> Raw {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(8 * 1024).unwrap();
+    let stream = socket.connect(server.addr).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::client_async(
+        server.ws_url(),
+        tokio_tungstenite::MaybeTlsStream::Plain(stream),
+    )
+    .await
+    .unwrap();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": client_id,
+        "initialSubscriptions": subscribe}});
+    ws.send(Message::Text(init.to_string().into()))
+        .await
+        .unwrap();
+    ws
+}
+
+async fn a_slow_subscriber_is_closed_and_catches_up_without_delaying_others(db: TestDb) {
+    const WRITERS: usize = 8;
+    const EACH: usize = 250;
+    let config = ServeConfig {
+        ws: WsLimits {
+            max_outbound_bytes: 256 * 1024,
+            max_replay_bytes: 64 * 1024 * 1024,
+            ..Default::default()
+        },
+        ..ServeConfig::default()
+    };
+    let server = TestServer::start_with(db.open().await, config).await;
+    let setup = initialized(&server, "setup").await;
+    create(&setup, "busy").await;
+    let transport = ahp_ws::WebSocketTransport::connect(&server.ws_url())
+        .await
+        .unwrap();
+    let fast = Client::connect(
+        transport,
+        ahp::ClientConfig {
+            subscription_buffer: 100_000,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    fast.initialize("fast".into(), vec![PROTOCOL_VERSION.into()], Vec::new())
+        .await
+        .unwrap();
+    let (_, mut fast_sub) = fast.subscribe("ahp-session:/busy".into()).await.unwrap();
+    // The slow one subscribes, then stops reading.
+    let mut slow = raw_small_buffer(&server, "slow", &["ahp-session:/busy"]).await;
+
+    // About 8 MiB in 4 KiB titles: more than the server's socket buffer and
+    // the slow connection's 256 KiB queue can hold.
+    let pad = "p".repeat(4 * 1024);
+    let mut senders = Vec::new();
+    for w in 0..WRITERS {
+        let writer = initialized(&server, &format!("writer-{w}")).await;
+        let pad = pad.clone();
+        senders.push(tokio::spawn(async move {
+            for i in 0..EACH {
+                writer
+                    .dispatch(
+                        "ahp-session:/busy".into(),
+                        action(json!({"type": "session/titleChanged", "title": format!("{w}:{i:04}:{pad}")})),
+                    )
+                    .await
+                    .unwrap();
+            }
+            writer
+        }));
+    }
+    let total = WRITERS * EACH;
+    let key = |t: &str| t.splitn(3, ':').take(2).collect::<Vec<_>>().join(":");
+    let mut fast_seen = Vec::new();
+    for _ in 0..total {
+        let envelope = next_envelope(&mut fast_sub).await;
+        fast_seen.push((envelope.server_seq, key(&title(&envelope))));
+    }
+    let mut writers = Vec::new();
+    for sender in senders {
+        writers.push(sender.await.unwrap());
+    }
+    assert!(
+        fast_seen.windows(2).all(|w| w[0].0 < w[1].0),
+        "the fast subscriber got everything in order"
+    );
+    for w in 0..WRITERS {
+        let mine: Vec<_> = fast_seen
+            .iter()
+            .filter(|(_, k)| k.starts_with(&format!("{w}:")))
+            .map(|(_, k)| k.clone())
+            .collect();
+        assert_eq!(
+            mine,
+            (0..EACH).map(|i| format!("{w}:{i:04}")).collect::<Vec<_>>()
+        );
+    }
+
+    // Now the slow one reads: what was queued, then a close telling it why.
+    let mut slow_seen: Vec<(u64, String)> = Vec::new();
+    let close = loop {
+        let message = tokio::time::timeout(WAIT, slow.next())
+            .await
+            .expect("slow connection answers")
+            .expect("open");
+        match message.unwrap() {
+            Message::Text(text) => {
+                let value: Value = serde_json::from_str(&text).unwrap();
+                if value["method"] == "action" {
+                    let params = &value["params"];
+                    let t = params["action"]["title"].as_str().unwrap_or_default();
+                    slow_seen.push((params["serverSeq"].as_u64().unwrap(), key(t)));
+                }
+            }
+            Message::Close(frame) => break frame.expect("a close frame"),
+            _ => {}
+        }
+    };
+    assert_eq!(u16::from(close.code), 4000, "{close:?}");
+    assert!(close.reason.contains("slow consumer"), "{}", close.reason);
+    assert!(
+        slow_seen.len() < total,
+        "the slow subscriber was cut off early"
+    );
+
+    // It reconnects from its last seen seq and the stream is complete.
+    let last_seen = slow_seen.last().map_or(0, |(seq, _)| *seq);
+    let transport = ahp_ws::WebSocketTransport::connect(&server.ws_url())
+        .await
+        .unwrap();
+    let back = Client::connect(transport, ahp::ClientConfig::default())
+        .await
+        .unwrap();
+    let ReconnectResult::Replay(replay) = back
+        .reconnect(
+            "slow".into(),
+            last_seen as i64,
+            vec!["ahp-session:/busy".into()],
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("replay expected")
+    };
+    let mut all: Vec<(u64, String)> = slow_seen;
+    all.extend(
+        replay
+            .actions
+            .iter()
+            .map(|e| (e.server_seq, key(&title(e)))),
+    );
+    let titles: Vec<_> = all.iter().map(|(seq, k)| (*seq, k.clone())).collect();
+    assert_eq!(
+        titles, fast_seen,
+        "complete and gap-free after the reconnect"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", server.base_url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("tether_slow_consumer_closes_total 1"),
+        "{metrics}"
+    );
+    drop(writers);
+    server.stop().await;
+}
+
+async fn silent_connections_are_closed_after_the_ping_deadline(db: TestDb) {
+    let config = ServeConfig {
+        ws: WsLimits {
+            ping_interval: Duration::from_millis(200),
+            ping_timeout: Duration::from_millis(600),
+            ..Default::default()
+        },
+        ..ServeConfig::default()
+    };
+    let server = TestServer::start_with(db.open().await, config).await;
+    let mut silent = raw_initialized(&server, "silent", &[]).await;
+    // Not reading means not answering pings.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let close = loop {
+        match tokio::time::timeout(WAIT, silent.next()).await.unwrap() {
+            Some(Ok(Message::Close(frame))) => break frame.expect("a close frame"),
+            Some(Ok(_)) => continue,
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    };
+    assert_eq!(u16::from(close.code), 4001);
+    assert!(close.reason.contains("ping timeout"));
+    // A client that reads (and so answers pings) stays connected.
+    let alive = initialized(&server, "alive").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    alive.ping().await.expect("still connected");
+    server.stop().await;
+}
+
+async fn connection_and_subscription_limits_answer_clearly(db: TestDb) {
+    let config = ServeConfig {
+        ws: WsLimits {
+            max_connections: 2,
+            max_subscriptions: 1,
+            ..Default::default()
+        },
+        ..ServeConfig::default()
+    };
+    let server = TestServer::start_with(db.open().await, config).await;
+    let first = initialized(&server, "one").await;
+    let _second = raw_initialized(&server, "two", &[]).await;
+    match tokio_tungstenite::connect_async(server.ws_url()).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 503);
+            let body = String::from_utf8_lossy(response.body().as_deref().unwrap_or_default())
+                .into_owned();
+            assert!(body.contains("too_many_connections"), "{body}");
+        }
+        other => panic!("expected 503, got {:?}", other.map(|_| ())),
+    }
+    create(&first, "lim").await;
+    first.subscribe("ahp-root://".into()).await.unwrap();
+    let Err(err) = first.subscribe("ahp-session:/lim".into()).await else {
+        panic!("the second subscription is over the limit")
+    };
+    assert!(format!("{err:?}").contains("limit"), "{err:?}");
+    first.unsubscribe("ahp-root://".into()).await.unwrap();
+    first
+        .subscribe("ahp-session:/lim".into())
+        .await
+        .expect("room again after unsubscribe");
+    server.stop().await;
+}
+
+async fn metric(server: &TestServer, name: &str) -> u64 {
+    let text = reqwest::get(format!("{}/metrics", server.base_url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from {text}"))
+}
+
+async fn actions_ready_together_commit_together(db: TestDb) {
+    const SESSIONS: usize = 20;
+    const EACH: usize = 25;
+    let server = TestServer::start(&db).await;
+    let setup = initialized(&server, "setup").await;
+    for s in 0..SESSIONS {
+        create(&setup, &format!("g{s}")).await;
+    }
+    let commits_before = metric(&server, "tether_commits_total").await;
+    let envelopes_before = metric(&server, "tether_committed_envelopes_total").await;
+    let mut tasks = Vec::new();
+    for s in 0..SESSIONS {
+        let client = initialized(&server, &format!("g-client-{s}")).await;
+        tasks.push(tokio::spawn(async move {
+            let channel = format!("ahp-session:/g{s}");
+            let (_, mut sub) = client.subscribe(channel.clone()).await.unwrap();
+            for i in 0..EACH {
+                client
+                    .dispatch(
+                        channel.clone(),
+                        action(json!({"type": "session/titleChanged", "title": format!("{i}")})),
+                    )
+                    .await
+                    .unwrap();
+            }
+            for _ in 0..EACH {
+                next_envelope(&mut sub).await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let commits = metric(&server, "tether_commits_total").await - commits_before;
+    let envelopes = metric(&server, "tether_committed_envelopes_total").await - envelopes_before;
+    assert_eq!(envelopes, (SESSIONS * EACH) as u64);
+    assert!(
+        commits < envelopes / 2,
+        "{envelopes} envelopes took {commits} transactions: no group commit"
+    );
+    server.stop().await;
+}
+
+async fn the_webhook_backend_accepts_refuses_and_times_out(db: TestDb) {
+    use axum::Json;
+    use axum::routing::post;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let hook = axum::Router::new().route(
+        "/hook",
+        post(move |Json(body): Json<Value>| {
+            let seen = seen.clone();
+            async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                let title = body
+                    .pointer("/envelope/action/title")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                assert!(body.get("state").is_some() || body.get("createSession").is_some());
+                match title {
+                    "forbidden" => (
+                        axum::http::StatusCode::OK,
+                        Json(json!({"accept": false, "reason": "No forbidden titles here."})),
+                    ),
+                    "boom" => (
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        Json(json!({})),
+                    ),
+                    "slow" => {
+                        tokio::time::sleep(Duration::from_secs(3)).await;
+                        (axum::http::StatusCode::OK, Json(json!({"accept": true})))
+                    }
+                    _ => (axum::http::StatusCode::OK, Json(json!({"accept": true}))),
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, hook).await });
+
+    let config = ServeConfig {
+        effects: EffectsConfig::Webhook {
+            url: format!("http://{hook_addr}/hook"),
+        },
+        engine: EngineConfig {
+            effect_timeout: Duration::from_millis(500),
+            ..EngineConfig::default()
+        },
+        ..ServeConfig::default()
+    };
+    let server = TestServer::start_with(db.open().await, config).await;
+    let client = initialized(&server, "hooked").await;
+    create(&client, "w").await;
+    let (_, mut sub) = client.subscribe("ahp-session:/w".into()).await.unwrap();
+    let outcome = |t: &'static str| {
+        let client = client.clone();
+        async move {
+            client
+                .dispatch(
+                    "ahp-session:/w".into(),
+                    action(json!({"type": "session/titleChanged", "title": t})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    outcome("fine").await;
+    assert_eq!(next_envelope(&mut sub).await.rejection_reason, None);
+    outcome("forbidden").await;
+    assert_eq!(
+        next_envelope(&mut sub).await.rejection_reason.as_deref(),
+        Some("No forbidden titles here.")
+    );
+    outcome("boom").await;
+    let reason = next_envelope(&mut sub).await.rejection_reason.unwrap();
+    assert!(reason.contains("unavailable"), "{reason}");
+    outcome("slow").await;
+    let reason = next_envelope(&mut sub).await.rejection_reason.unwrap();
+    assert!(reason.contains("unavailable"), "{reason}");
+    let snapshot = client
+        .subscribe("ahp-session:/w".into())
+        .await
+        .unwrap()
+        .0
+        .snapshot
+        .unwrap();
+    let SnapshotState::Session(state) = snapshot.state else {
+        panic!()
+    };
+    assert_eq!(state.title, "fine", "refused actions changed nothing");
+    assert!(
+        calls.load(Ordering::SeqCst) >= 5,
+        "create + four dispatches reached the hook"
+    );
+    server.stop().await;
+}
+
+async fn session_state(client: &Client, channel: &str) -> Value {
+    let result = client.subscribe(channel.into()).await.unwrap().0;
+    client.unsubscribe(channel.into()).await.unwrap();
+    let snapshot = result.snapshot.unwrap();
+    match snapshot.state {
+        SnapshotState::Session(s) => serde_json::to_value(*s).unwrap(),
+        SnapshotState::Chat(c) => serde_json::to_value(*c).unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+async fn an_evicted_or_restarted_session_rebuilds_the_same_state(db: TestDb) {
+    let config = || ServeConfig {
+        engine: EngineConfig {
+            actor_idle: Duration::from_millis(300),
+            snapshot_every: 3,
+            ..EngineConfig::default()
+        },
+        ..ServeConfig::default()
+    };
+    let server = TestServer::start_with(db.open().await, config()).await;
+    let client = initialized(&server, "rebuild").await;
+    create(&client, "rb").await;
+    let (_, mut chat) = client.subscribe("ahp-chat:/rb.main".into()).await.unwrap();
+    for i in 0..4 {
+        client
+            .dispatch(
+                "ahp-session:/rb".into(),
+                action(json!({"type": "session/titleChanged", "title": format!("t{i}")})),
+            )
+            .await
+            .unwrap();
+    }
+    client
+        .dispatch("ahp-chat:/rb.main".into(), action(json!({"type": "chat/turnStarted", "turnId": "x1",
+            "startedAt": "2026-11-29T10:00:00.000Z", "message": {"text": "persist me", "origin": {"kind": "user"}}})))
+        .await
+        .unwrap();
+    loop {
+        let envelope = next_envelope(&mut chat).await;
+        if serde_json::to_value(&envelope.action).unwrap()["type"] == "chat/turnComplete" {
+            break;
+        }
+    }
+    let session_live = session_state(&client, "ahp-session:/rb").await;
+    let chat_live = session_state(&client, "ahp-chat:/rb.main").await;
+
+    // Idle long enough to be evicted, then rebuilt from snapshot + tail.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        metric(&server, "tether_session_actors").await,
+        0,
+        "the idle actor was evicted"
+    );
+    assert_eq!(
+        session_state(&client, "ahp-session:/rb").await,
+        session_live
+    );
+    assert_eq!(session_state(&client, "ahp-chat:/rb.main").await, chat_live);
+    client.shutdown().await;
+    server.stop().await;
+
+    let server = TestServer::start_with(db.open().await, config()).await;
+    let client = initialized(&server, "rebuild-2").await;
+    assert_eq!(
+        session_state(&client, "ahp-session:/rb").await,
+        session_live
+    );
+    assert_eq!(session_state(&client, "ahp-chat:/rb.main").await, chat_live);
+    server.stop().await;
+}
+
+async fn nothing_reaches_a_subscriber_before_it_is_committed(db: TestDb) {
+    let store = db.open().await;
+    let server = TestServer::start_with(store.clone(), ServeConfig::default()).await;
+    let client = initialized(&server, "auditor").await;
+    create(&client, "cb").await;
+    let (_, mut sub) = client.subscribe("ahp-session:/cb".into()).await.unwrap();
+    let writer = initialized(&server, "writer").await;
+    let mut by_seq = BTreeMap::new();
+    for i in 0..30 {
+        writer
+            .dispatch(
+                "ahp-session:/cb".into(),
+                action(json!({"type": "session/titleChanged", "title": format!("c{i}")})),
+            )
+            .await
+            .unwrap();
+    }
+    for _ in 0..30 {
+        let envelope = next_envelope(&mut sub).await;
+        // The moment it arrives, the store already holds it.
+        let stored = store
+            .read_after(envelope.server_seq - 1, None, 1)
+            .await
+            .unwrap();
+        assert_eq!(stored.first().map(|e| e.seq), Some(envelope.server_seq));
+        by_seq.insert(envelope.server_seq, title(&envelope));
+    }
+    assert_eq!(by_seq.len(), 30);
+    server.stop().await;
+}
