@@ -23,6 +23,7 @@ backend_tests!(
     a_retried_dispatch_is_applied_once,
     bad_input_gets_an_error_and_the_connection_keeps_working,
     the_local_side_effect_refuses_missing_directories,
+    chats_listing_and_disposal_work_through_ahp_commands,
 );
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -841,5 +842,141 @@ async fn the_local_side_effect_refuses_missing_directories(db: TestDb) {
     std::fs::create_dir(&second).unwrap();
     let echo = dispatch_and_echo(&client, &mut sub, "ahp-session:/l1", set(&second)).await;
     assert_eq!(echo.rejection_reason, None);
+    server.stop().await;
+}
+
+async fn chats_listing_and_disposal_work_through_ahp_commands(db: TestDb) {
+    let server = TestServer::start(&db).await;
+    let client = server.ahp().await;
+    client
+        .initialize(
+            "catalogue".into(),
+            vec![PROTOCOL_VERSION.into()],
+            vec![ROOT_RESOURCE_URI.into()],
+        )
+        .await
+        .unwrap();
+    let mut root = client.attach_subscription(ROOT_RESOURCE_URI).await;
+    for i in 0..5 {
+        create_session(&client, &format!("cat{i}"), "echo", &[])
+            .await
+            .unwrap();
+    }
+    let err = create_session(&client, "cat0", "echo", &[])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Rpc(e) if e.code == -32003),
+        "{err:?}"
+    );
+    let err = create_session(&client, "cat9", "no-such-agent", &[])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Rpc(e) if e.code == -32002),
+        "{err:?}"
+    );
+
+    // listSessions pages newest first, every session once.
+    let mut listed = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut params = json!({"channel": ROOT_RESOURCE_URI, "limit": 2});
+        if let Some(c) = &cursor {
+            params["cursor"] = json!(c);
+        }
+        let page: Value = client.request("listSessions", params).await.unwrap();
+        for item in page["items"].as_array().unwrap() {
+            listed.push(item["resource"].as_str().unwrap().to_owned());
+        }
+        match page["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    let expected: Vec<String> = (0..5)
+        .rev()
+        .map(|i| format!("ahp-session:/cat{i}"))
+        .collect();
+    assert_eq!(listed, expected);
+
+    // createChat adds a chat that takes turns like the default one.
+    let _: Value = client
+        .request(
+            "createChat",
+            json!({"channel": "ahp-session:/cat1", "chat": "ahp-chat:/side-1"}),
+        )
+        .await
+        .unwrap();
+    let err = client
+        .request::<_, Value>(
+            "createChat",
+            json!({"channel": "ahp-session:/cat1", "chat": "ahp-chat:/side-1"}),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Rpc(e) if e.code == -32003),
+        "{err:?}"
+    );
+    let (_, mut side) = client.subscribe("ahp-chat:/side-1".into()).await.unwrap();
+    let turn = json!({"type": "chat/turnStarted", "turnId": "s1", "startedAt": "2026-11-29T10:00:00.000Z",
+        "message": {"text": "side question", "origin": {"kind": "user"}}});
+    let echo = dispatch_and_echo(&client, &mut side, "ahp-chat:/side-1", turn).await;
+    assert_eq!(echo.rejection_reason, None);
+    let SnapshotState::Session(state) = client
+        .subscribe("ahp-session:/cat1".into())
+        .await
+        .unwrap()
+        .0
+        .snapshot
+        .unwrap()
+        .state
+    else {
+        panic!()
+    };
+    assert!(state.chats.iter().any(|c| c.resource == "ahp-chat:/side-1"));
+
+    // disposeSession settles it (cat2 never opened an agent, so it cannot be
+    // resumed: ended), tells root subscribers, and refuses more work.
+    let _: Value = client
+        .request("disposeSession", json!({"channel": "ahp-session:/cat2"}))
+        .await
+        .unwrap();
+    loop {
+        let event = tokio::time::timeout(WAIT, root.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        if let SubscriptionEvent::SessionRemoved(removed) = event {
+            assert_eq!(removed.session, "ahp-session:/cat2");
+            break;
+        }
+    }
+    let (_, mut session) = client.subscribe("ahp-session:/cat2".into()).await.unwrap();
+    let late = dispatch_and_echo(
+        &client,
+        &mut session,
+        "ahp-session:/cat2",
+        json!({"type": "session/titleChanged", "title": "too late"}),
+    )
+    .await;
+    assert!(late.rejection_reason.unwrap().contains("has ended"));
+    let err = client
+        .request::<_, Value>("disposeSession", json!({"channel": "ahp-session:/cat2"}))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Rpc(e) if e.code == -32011),
+        "disposing twice: {err:?}"
+    );
+    let err = client
+        .request::<_, Value>("disposeSession", json!({"channel": "ahp-session:/nope"}))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Rpc(e) if e.code == -32001),
+        "{err:?}"
+    );
     server.stop().await;
 }
