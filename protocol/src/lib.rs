@@ -5,10 +5,12 @@
 
 pub mod actions;
 pub mod channel;
+pub mod context;
 pub mod ids;
 pub mod model;
 pub mod projection;
 pub mod rest;
+pub mod toolctx;
 pub mod view;
 pub mod workdir;
 

@@ -50,3 +50,76 @@ pub struct Problem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }
+
+/// A page of sessions, most recently updated first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionPage {
+    /// The sessions.
+    pub items: Vec<crate::view::SessionView>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// A page of a session's transcript, oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TranscriptPage {
+    /// AHP `ActionEnvelope`s.
+    #[schema(value_type = Vec<Object>)]
+    pub envelopes: Vec<serde_json::Value>,
+    /// Pass as `after` for the next page; absent when this page was not full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<u64>,
+}
+
+/// `POST /v1/sessions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"project": "web", "provider": "echo", "workingDirectories": ["/home/me/web"], "title": "Fix login"}))]
+pub struct CreateSessionRequest {
+    /// Session id; generated when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Project name (default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// Agent provider (default `echo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Absolute paths or `file:` URIs; the first is the primary.
+    #[serde(default)]
+    pub working_directories: Vec<String>,
+    /// A title.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+}
+
+/// `POST /v1/sessions/{id}/actions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"clientId": "script-1", "clientSeq": 1, "action": {"type": "session/titleChanged", "title": "Renamed"}}))]
+pub struct DispatchRequest {
+    /// The dispatching client; with `clientSeq`, the idempotency key.
+    pub client_id: String,
+    /// The client's sequence number for this action.
+    pub client_seq: u64,
+    /// The session's channel or one of its chats (default: the session).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    /// An AHP action object.
+    #[schema(value_type = Object)]
+    pub action: serde_json::Value,
+}
+
+/// The accepted envelope of a dispatch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DispatchResponse {
+    /// Its `serverSeq`.
+    pub server_seq: u64,
+    /// The AHP `ActionEnvelope`.
+    #[schema(value_type = Object)]
+    pub envelope: serde_json::Value,
+}

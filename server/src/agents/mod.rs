@@ -29,6 +29,9 @@ pub struct AgentSpec {
     pub workdirs: WorkdirCapability,
     /// Whether it can load (resume) a session it opened before.
     pub load_session: bool,
+    /// Whether it answers turns. The echo agent does; a silent variant
+    /// leaves turns open (tests of the boot sweep).
+    pub answers_turns: bool,
 }
 
 impl AgentSpec {
@@ -45,6 +48,7 @@ impl AgentSpec {
                 primary_replacement: true,
             },
             load_session: true,
+            answers_turns: true,
         }
     }
 
@@ -54,6 +58,18 @@ impl AgentSpec {
         Self {
             provider: provider.to_owned(),
             workdirs,
+            ..Self::echo()
+        }
+    }
+
+    /// An agent that opens on a turn and never answers it, and cannot load
+    /// sessions (tests and demos of open turns).
+    pub fn silent(provider: &str) -> Self {
+        Self {
+            provider: provider.to_owned(),
+            description: "Never answers (for tests and demos of open turns).".to_owned(),
+            answers_turns: false,
+            load_session: false,
             ..Self::echo()
         }
     }

@@ -86,6 +86,20 @@ pub enum Command {
         /// The outcome.
         reply: oneshot::Sender<Result<(), EngineError>>,
     },
+    /// Resumes the session's agent (ACP `session/resume` semantics).
+    Resume {
+        /// The caller's primary directory, canonical `file:` URI.
+        cwd: String,
+        /// The complete new list of additional directories (canonical URIs).
+        additional: Vec<String>,
+        /// The outcome.
+        reply: oneshot::Sender<Result<SessionView, EngineError>>,
+    },
+    /// At start-up: fail an open turn and settle a session nobody settled.
+    Sweep {
+        /// Whether anything was written.
+        reply: oneshot::Sender<Result<bool, EngineError>>,
+    },
     /// The session's view.
     View {
         /// `None` when the session does not exist.
@@ -185,6 +199,12 @@ impl SessionActor {
             Command::CreateChat { reply, .. } => {
                 let _ = reply.send(Err(err));
             }
+            Command::Resume { reply, .. } => {
+                let _ = reply.send(Err(err));
+            }
+            Command::Sweep { reply } => {
+                let _ = reply.send(Err(err));
+            }
         }
     }
 
@@ -208,6 +228,16 @@ impl SessionActor {
             }
             Command::CreateChat { chat, reply } => {
                 let _ = reply.send(self.create_chat(chat).await);
+            }
+            Command::Resume {
+                cwd,
+                additional,
+                reply,
+            } => {
+                let _ = reply.send(self.resume(cwd, additional).await);
+            }
+            Command::Sweep { reply } => {
+                let _ = reply.send(self.sweep().await);
             }
         }
     }
@@ -319,10 +349,143 @@ impl SessionActor {
         for chat in model.chats.keys() {
             self.ctx.remember_chat(chat, &self.id);
         }
-        let view = self.view(&model);
         self.model = Some(model);
         self.since_snapshot += 1;
-        Ok(view)
+        // A new session has no agent yet: it starts dormant, with a settling
+        // record, so a restart does not mistake it for an orphan.
+        self.follow_ups.push((
+            self.uri.clone(),
+            serde_json::json!({"type": SESSION_SETTLED, "state": "dormant", "cause": "created"}),
+        ));
+        self.run_follow_ups().await;
+        let model = self.model.as_ref().ok_or_else(|| {
+            EngineError::Unavailable("the session could not be reloaded".to_owned())
+        })?;
+        Ok(self.view(model))
+    }
+
+    /// Commits host-originated actions now and reports the first refusal.
+    async fn host_actions(&mut self, actions: Vec<(String, Value)>) -> Result<(), EngineError> {
+        self.follow_ups.extend(actions);
+        for outcome in self.run_follow_ups().await {
+            if let DispatchOutcome::Rejected(reason) = outcome {
+                return Err(EngineError::Unavailable(reason));
+            }
+        }
+        Ok(())
+    }
+
+    async fn resume(
+        &mut self,
+        cwd: String,
+        additional: Vec<String>,
+    ) -> Result<SessionView, EngineError> {
+        let Some(model) = &self.model else {
+            return Err(EngineError::NotFound(format!(
+                "Session {} does not exist.",
+                self.id
+            )));
+        };
+        let (state, _) = model.projection.state(self.agent_live);
+        if state == tether_protocol::projection::SessionLifeState::Ended {
+            return Err(EngineError::Conflict(format!(
+                "Session {} has ended; it cannot be resumed.",
+                self.id
+            )));
+        }
+        if !model.projection.resumable() {
+            return Err(EngineError::Conflict(format!(
+                "Session {} cannot be resumed: its agent never opened it with loadSession.",
+                self.id
+            )));
+        }
+        let primary = model.primary_directory().unwrap_or_default().to_owned();
+        if primary != cwd {
+            return Err(EngineError::InvalidParams(format!(
+                "cwd must be the session's primary working directory ({}); a resumed session keeps its primary.",
+                tether_protocol::workdir::file_uri_path(&primary).unwrap_or(primary.clone())
+            )));
+        }
+        let current: Vec<String> = model
+            .session
+            .working_directories
+            .clone()
+            .unwrap_or_default();
+        let mut wanted = vec![primary.clone()];
+        for dir in additional {
+            if !wanted.contains(&dir) {
+                wanted.push(dir);
+            }
+        }
+        let mut actions = vec![(
+            self.uri.clone(),
+            serde_json::json!({
+                "type": AGENT_OPENED,
+                "acpSessionRef": model.projection.acp_session_ref,
+                "loadSession": model.projection.load_session,
+                "resumed": true,
+            }),
+        )];
+        // The additional directories are the complete new list.
+        for dir in current.iter().skip(1).filter(|d| !wanted.contains(d)) {
+            actions.push((
+                self.uri.clone(),
+                serde_json::json!({"type": "session/workingDirectoryRemoved", "directory": dir}),
+            ));
+        }
+        for dir in wanted.iter().skip(1).filter(|d| !current.contains(d)) {
+            actions.push((
+                self.uri.clone(),
+                serde_json::json!({"type": "session/workingDirectorySet", "directory": dir}),
+            ));
+        }
+        self.host_actions(actions).await?;
+        let model = self.model.as_ref().ok_or_else(|| {
+            EngineError::Unavailable("the session could not be reloaded".to_owned())
+        })?;
+        Ok(self.view(model))
+    }
+
+    /// The boot sweep: a session with no live agent and no settling record
+    /// gets its open turn failed and is settled dormant (resumable) or ended.
+    async fn sweep(&mut self) -> Result<bool, EngineError> {
+        let Some(model) = &self.model else {
+            return Ok(false);
+        };
+        if self.agent_live || model.projection.settled.is_some() {
+            return Ok(false);
+        }
+        let mut actions = Vec::new();
+        if let Some(turn) = &model.projection.open_turn_id {
+            let chat = model
+                .chats
+                .iter()
+                .find(|(_, c)| c.active_turn.as_ref().is_some_and(|t| &t.id == turn))
+                .map(|(uri, _)| uri.clone());
+            if let Some(chat) = chat {
+                actions.push((
+                    chat,
+                    serde_json::json!({
+                        "type": "chat/error", "turnId": turn, "duration": 0,
+                        "part": {"kind": "error", "error": {
+                            "errorType": "process_exited",
+                            "message": "The agent's process exited (the host restarted) before the turn finished."
+                        }},
+                    }),
+                ));
+            }
+        }
+        let settle = if model.projection.resumable() {
+            "dormant"
+        } else {
+            "ended"
+        };
+        actions.push((
+            self.uri.clone(),
+            serde_json::json!({"type": SESSION_SETTLED, "state": settle, "cause": "process_exited"}),
+        ));
+        self.host_actions(actions).await?;
+        Ok(true)
     }
 
     async fn create_chat(&mut self, chat: String) -> Result<(), EngineError> {
@@ -541,8 +704,10 @@ impl SessionActor {
             ));
             self.agent_live = true;
         }
-        for action in agent.answer_turn(turn) {
-            self.follow_ups.push((chat.to_owned(), action));
+        if agent.answers_turns {
+            for action in agent.answer_turn(turn) {
+                self.follow_ups.push((chat.to_owned(), action));
+            }
         }
     }
 

@@ -245,6 +245,10 @@ impl Engine {
             root: tokio::sync::Mutex::new(root),
         });
         let engine = Self { ctx };
+        engine
+            .boot_sweep()
+            .await
+            .map_err(|e| StoreError::Corrupt(format!("boot sweep failed: {e}")))?;
         let infos = engine.ctx.agents.infos();
         let current =
             serde_json::to_value(&engine.ctx.root.lock().await.state.agents).unwrap_or(Value::Null);
@@ -676,6 +680,86 @@ impl Engine {
         let chat = chat.to_owned();
         self.ask(session, |reply| Command::CreateChat { chat, reply })
             .await
+    }
+
+    /// Resumes a session's agent: `cwd` must be its primary directory;
+    /// `additional` becomes the complete list of other directories.
+    pub async fn resume(
+        &self,
+        principal: &Principal,
+        id: &str,
+        cwd: String,
+        additional: Vec<String>,
+    ) -> Result<SessionView, EngineError> {
+        if !principal.can_write() {
+            return Err(EngineError::Forbidden(
+                "Viewers cannot resume sessions.".into(),
+            ));
+        }
+        self.session_view(principal, id).await?;
+        let timeout = self.ctx.config.effect_timeout;
+        let mut added = additional.clone();
+        added.retain(|d| d != &cwd);
+        match tokio::time::timeout(timeout, self.ctx.effects.check_directories(&added)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(reason)) => return Err(EngineError::InvalidParams(reason)),
+            Err(_) => {
+                return Err(EngineError::Unavailable(
+                    "The side-effect backend did not answer in time; try again later.".into(),
+                ));
+            }
+        }
+        self.ask(id, |reply| Command::Resume {
+            cwd,
+            additional,
+            reply,
+        })
+        .await
+    }
+
+    /// The boot sweep: settles every session this host finds with no live
+    /// agent and no settling record, as ordinary transcript records.
+    /// Returns how many sessions it settled.
+    pub async fn boot_sweep(&self) -> Result<usize, EngineError> {
+        let mut swept = 0;
+        for state in ["live", "ended"] {
+            let filter = crate::store::SessionFilter {
+                project: None,
+                state: Some(state.to_owned()),
+            };
+            let mut before = None;
+            loop {
+                let page = self
+                    .ctx
+                    .store
+                    .sessions(&filter, before, 500)
+                    .await
+                    .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+                for row in &page.items {
+                    let unsettled = serde_json::from_str::<SessionView>(&row.record.projection)
+                        .map(|v| v.projection.settled.is_none())
+                        .unwrap_or(true);
+                    if unsettled
+                        && self
+                            .ask(&row.record.id, |reply| Command::Sweep { reply })
+                            .await?
+                    {
+                        swept += 1;
+                    }
+                }
+                match page.next_before {
+                    Some(next) => before = Some(next),
+                    None => break,
+                }
+            }
+        }
+        if swept > 0 {
+            tracing::info!(
+                sessions = swept,
+                "boot sweep settled sessions left open by the last run"
+            );
+        }
+        Ok(swept)
     }
 
     /// Whether a channel exists and the principal may see it.

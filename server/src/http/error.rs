@@ -19,6 +19,66 @@ pub enum ApiError {
     /// 500: anything unexpected. The detail goes to the log only.
     #[error("internal error")]
     Internal(#[source] StoreError),
+    /// Any 4xx (and 503 for unavailable backends): its status, a stable code
+    /// and a detail a person can act on.
+    #[error("{code}: {detail}")]
+    Problem {
+        /// HTTP status.
+        status: StatusCode,
+        /// Stable machine-readable code.
+        code: &'static str,
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+impl ApiError {
+    /// A problem with this status, code and detail.
+    pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
+        ApiError::Problem {
+            status,
+            code,
+            detail: detail.into(),
+        }
+    }
+
+    /// 404 `not_found`.
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", detail)
+    }
+
+    /// 422 `invalid`.
+    pub fn invalid(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", detail)
+    }
+}
+
+impl From<crate::engine::EngineError> for ApiError {
+    fn from(err: crate::engine::EngineError) -> Self {
+        use crate::engine::EngineError as E;
+        let detail = err.to_string();
+        match err {
+            E::NotFound(_) => Self::not_found(detail),
+            E::AlreadyExists(_) => Self::new(StatusCode::CONFLICT, "already_exists", detail),
+            E::Conflict(_) => Self::new(StatusCode::CONFLICT, "conflict", detail),
+            E::InvalidParams(_) => Self::invalid(detail),
+            E::ProviderNotFound(_) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_provider", detail)
+            }
+            E::Forbidden(_) => Self::new(StatusCode::FORBIDDEN, "forbidden", detail),
+            E::Unavailable(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail),
+        }
+    }
+}
+
+impl From<tether_protocol::NameError> for ApiError {
+    fn from(err: tether_protocol::NameError) -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_name",
+            err.to_string(),
+        )
+    }
 }
 
 impl From<StoreError> for ApiError {
@@ -31,8 +91,13 @@ impl From<StoreError> for ApiError {
 }
 
 impl ApiError {
-    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+    fn parts(&self) -> (StatusCode, &'static str, &str) {
         match self {
+            ApiError::Problem {
+                status,
+                code,
+                detail,
+            } => (*status, code, detail.as_str()),
             ApiError::StoreUnavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_unavailable",
@@ -66,8 +131,10 @@ pub fn problem(status: StatusCode, code: &str, detail: Option<String>) -> Respon
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code, detail) = self.parts();
-        // 5xx bodies stay generic; the cause is logged here, once.
-        tracing::error!(error = %self, cause = ?std::error::Error::source(&self), code, "request failed");
+        if status.is_server_error() {
+            // 5xx bodies stay generic; the cause is logged here, once.
+            tracing::error!(error = %self, cause = ?std::error::Error::source(&self), code, "request failed");
+        }
         problem(status, code, Some(detail.to_owned()))
     }
 }

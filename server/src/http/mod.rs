@@ -2,9 +2,12 @@
 //! module only merges them, adds the cross-cutting layers and the OpenAPI
 //! document.
 
+pub mod contexts;
 pub mod error;
+pub mod extract;
 pub mod health;
 pub mod metrics;
+pub mod sessions;
 
 use std::sync::{Arc, OnceLock};
 
@@ -34,7 +37,11 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
                        AHP 1.0 over WebSocket at /ahp; this document covers the REST API.",
         license(name = "MIT OR Apache-2.0", identifier = "MIT OR Apache-2.0"),
     ),
-    tags((name = "operations", description = "Liveness, readiness and this document."))
+    tags(
+        (name = "operations", description = "Liveness, readiness, metrics and this document."),
+        (name = "sessions", description = "Session projections, transcripts, dispatch, resume and tool context."),
+        (name = "working context", description = "What an agent was doing, saved per project and session."),
+    )
 )]
 struct ApiDoc;
 
@@ -43,6 +50,8 @@ fn documented() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(health::router())
         .merge(metrics::router())
+        .merge(sessions::router())
+        .merge(contexts::router())
 }
 
 /// The OpenAPI document the server serves at `/openapi.json`.

@@ -1,0 +1,133 @@
+//! Working context (from velesdb-memory's `LoadedWorkingContext`): what an
+//! agent was doing in a session, saved per `(project, session)` so a later
+//! session can pick it up.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+/// The largest saved working context, in bytes of JSON. Checked before any
+/// write.
+pub const MAX_CONTEXT_BYTES: usize = 1024 * 1024;
+
+/// A fact with an optional source.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextFact {
+    /// The fact.
+    pub text: String,
+    /// Where it came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub source: Option<Value>,
+}
+
+/// What an agent was doing: goal, constraints, facts, hypotheses,
+/// decisions, evidence and next actions. Every field may be absent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(example = json!({"goal": "Ship the login fix", "activeConstraints": [{"text": "No schema changes"}], "pendingActions": ["Run the e2e suite"]}))]
+pub struct WorkingContext {
+    /// What the work is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goal: Option<String>,
+    /// Constraints in force.
+    #[serde(default)]
+    pub active_constraints: Vec<ContextFact>,
+    /// Facts checked to be true.
+    #[serde(default)]
+    pub verified_facts: Vec<ContextFact>,
+    /// Ideas not yet checked.
+    #[serde(default)]
+    pub open_hypotheses: Vec<ContextFact>,
+    /// Decisions taken (opaque references).
+    #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
+    pub decisions: Vec<Value>,
+    /// Exact evidence (opaque source references).
+    #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
+    pub exact_evidence: Vec<Value>,
+    /// What to do next.
+    #[serde(default)]
+    pub pending_actions: Vec<String>,
+}
+
+impl WorkingContext {
+    /// True when there is nothing in it: saving it would erase earlier
+    /// state, so saving an empty context is refused.
+    pub fn is_empty(&self) -> bool {
+        self.goal.as_deref().is_none_or(|g| g.trim().is_empty())
+            && self.active_constraints.is_empty()
+            && self.verified_facts.is_empty()
+            && self.open_hypotheses.is_empty()
+            && self.decisions.is_empty()
+            && self.exact_evidence.is_empty()
+            && self.pending_actions.is_empty()
+    }
+}
+
+/// The answer to a working-context lookup.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadedWorkingContext {
+    /// Whether a context was saved under exactly this project and session.
+    pub found: bool,
+    /// The saved context, or null for a fresh start.
+    pub working: Option<WorkingContext>,
+    /// The project's other saved sessions, most recently saved first; never
+    /// the requested one; listed on a hit and on a miss (a typo in the
+    /// session name should not silently start fresh).
+    #[serde(default)]
+    pub other_sessions: Vec<String>,
+}
+
+/// One saved working context in a project listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkingContextSession {
+    /// Session name.
+    pub session: String,
+    /// When it was last saved (RFC 3339).
+    pub saved_at: String,
+}
+
+/// A project's saved working contexts, most recently saved first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkingContextList {
+    /// The sessions.
+    pub sessions: Vec<WorkingContextSession>,
+}
+
+/// The answer to a save.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SavedWorkingContext {
+    /// Project name.
+    pub project: String,
+    /// Session name.
+    pub session: String,
+    /// When it was saved (RFC 3339).
+    pub saved_at: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emptiness_ignores_a_blank_goal() {
+        assert!(WorkingContext::default().is_empty());
+        let blank = WorkingContext {
+            goal: Some("  ".into()),
+            ..Default::default()
+        };
+        assert!(blank.is_empty());
+        let todo = WorkingContext {
+            pending_actions: vec!["x".into()],
+            ..Default::default()
+        };
+        assert!(!todo.is_empty());
+    }
+}

@@ -1,0 +1,187 @@
+//! `/v1/projects/{project}/...`: working contexts, with velesdb's rules.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::Deserialize;
+use tether_protocol::context::{
+    LoadedWorkingContext, MAX_CONTEXT_BYTES, SavedWorkingContext, WorkingContext,
+    WorkingContextList, WorkingContextSession,
+};
+use tether_protocol::rest::Problem;
+use tether_protocol::validate_name;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::ApiError;
+use super::extract::ApiPath;
+use crate::AppState;
+use crate::engine::rfc3339;
+
+/// The routes of this module.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(load, save))
+        .routes(routes!(list))
+}
+
+/// Path of one working context.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct ContextPath {
+    /// Project name.
+    project: String,
+    /// Session name.
+    session: String,
+}
+
+/// Path of a project.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct ProjectPath {
+    /// Project name.
+    project: String,
+}
+
+/// Looks a working context up. `otherSessions` lists the project's other
+/// saved sessions, most recently saved first, on a hit and on a miss, never
+/// the requested one.
+#[utoipa::path(
+    get,
+    path = "/v1/projects/{project}/sessions/{session}/working-context",
+    tag = "working context",
+    params(ContextPath),
+    responses(
+        (status = 200, description = "The lookup (found or not).", body = LoadedWorkingContext),
+        (status = 422, description = "Invalid project or session name.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn load(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<ContextPath>,
+) -> Result<Json<LoadedWorkingContext>, ApiError> {
+    validate_name("project", &path.project)?;
+    validate_name("session", &path.session)?;
+    let saved = state
+        .store
+        .working_context(&path.project, &path.session)
+        .await?;
+    let working = saved
+        .map(|s| serde_json::from_str::<WorkingContext>(&s.body))
+        .transpose()
+        .map_err(|e| {
+            ApiError::Internal(crate::store::StoreError::Corrupt(format!(
+                "working context {}/{}: {e}",
+                path.project, path.session
+            )))
+        })?;
+    let other_sessions = state
+        .store
+        .working_contexts(&path.project)
+        .await?
+        .into_iter()
+        .map(|c| c.session)
+        .filter(|s| s != &path.session)
+        .collect();
+    Ok(Json(LoadedWorkingContext {
+        found: working.is_some(),
+        working,
+        other_sessions,
+    }))
+}
+
+/// Saves (upserts) a working context. An empty context is refused (it would
+/// erase the saved one); one over 1 MiB is refused before anything is written.
+#[utoipa::path(
+    put,
+    path = "/v1/projects/{project}/sessions/{session}/working-context",
+    tag = "working context",
+    params(ContextPath),
+    request_body = WorkingContext,
+    responses(
+        (status = 200, description = "Saved.", body = SavedWorkingContext),
+        (status = 400, description = "Malformed JSON.", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Over 1 MiB.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Empty context or invalid name.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn save(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<ContextPath>,
+    body: Bytes,
+) -> Result<Json<SavedWorkingContext>, ApiError> {
+    validate_name("project", &path.project)?;
+    validate_name("session", &path.session)?;
+    if body.len() > MAX_CONTEXT_BYTES {
+        return Err(too_large(body.len()));
+    }
+    let context: WorkingContext = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+            format!("The body is not a working context: {e}."),
+        )
+    })?;
+    if context.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "empty_working_context",
+            "The working context is empty; saving it would erase the saved one. Send at least a goal or one entry.",
+        ));
+    }
+    // Stored in its normal form, and measured in that form too.
+    let normal = serde_json::to_string(&context).map_err(|e| ApiError::invalid(e.to_string()))?;
+    if normal.len() > MAX_CONTEXT_BYTES {
+        return Err(too_large(normal.len()));
+    }
+    let saved_ms = state
+        .store
+        .save_working_context(&path.project, &path.session, &normal)
+        .await?;
+    Ok(Json(SavedWorkingContext {
+        project: path.project,
+        session: path.session,
+        saved_at: rfc3339(saved_ms),
+    }))
+}
+
+fn too_large(size: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "working_context_too_large",
+        format!(
+            "The working context is {size} bytes; at most {MAX_CONTEXT_BYTES} (1 MiB) are allowed."
+        ),
+    )
+}
+
+/// A project's saved working contexts, most recently saved first.
+#[utoipa::path(
+    get,
+    path = "/v1/projects/{project}/working-contexts",
+    tag = "working context",
+    params(ProjectPath),
+    responses(
+        (status = 200, description = "Saved sessions (empty when none).", body = WorkingContextList),
+        (status = 422, description = "Invalid project name.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<ProjectPath>,
+) -> Result<Json<WorkingContextList>, ApiError> {
+    validate_name("project", &path.project)?;
+    let sessions = state
+        .store
+        .working_contexts(&path.project)
+        .await?
+        .into_iter()
+        .map(|c| WorkingContextSession {
+            session: c.session,
+            saved_at: rfc3339(c.saved_ms),
+        })
+        .collect();
+    Ok(Json(WorkingContextList { sessions }))
+}

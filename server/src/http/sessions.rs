@@ -1,0 +1,448 @@
+//! `/v1/sessions`: projections, transcripts, dispatch, resume, tool context.
+
+use agent_client_protocol_schema::v1::{ResumeSessionRequest, ResumeSessionResponse};
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::Value;
+use tether_protocol::channel::Channel;
+use tether_protocol::rest::{
+    CreateSessionRequest, DispatchRequest, DispatchResponse, Problem, SessionPage, TranscriptPage,
+};
+use tether_protocol::toolctx::ToolCallContext;
+use tether_protocol::validate_name;
+use tether_protocol::view::SessionView;
+use tether_protocol::workdir::{
+    canonical_file_uri, file_uri_path, is_absolute_path, path_to_file_uri,
+};
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::AppState;
+use crate::auth::Principal;
+use crate::engine::fanout::envelope_json;
+use crate::engine::{CreateSession, DispatchOutcome, rfc3339};
+use crate::store::{Origin, SessionFilter, SessionRow};
+
+/// Largest page a caller may ask for.
+const MAX_PAGE: u32 = 1_000;
+/// Page size when the caller names none.
+const DEFAULT_PAGE: u32 = 50;
+
+/// The routes of this module.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_sessions, create_session))
+        .routes(routes!(get_session, delete_session))
+        .routes(routes!(transcript))
+        .routes(routes!(dispatch))
+        .routes(routes!(resume))
+        .routes(routes!(tool_context))
+}
+
+/// The caller. Until authentication lands every caller is the loopback admin.
+fn principal() -> Principal {
+    Principal::loopback_admin()
+}
+
+/// A session's read-model row as a view, with the row's seq and time.
+fn view_of(row: &SessionRow) -> Result<SessionView, ApiError> {
+    let mut view: SessionView = serde_json::from_str(&row.record.projection).map_err(|e| {
+        ApiError::Internal(crate::store::StoreError::Corrupt(format!(
+            "read model of {}: {e}",
+            row.record.id
+        )))
+    })?;
+    view.last_seq = row.last_seq;
+    view.updated_at = rfc3339(row.updated_ms);
+    Ok(view)
+}
+
+/// The visible read-model row of a session, or 404.
+async fn visible(state: &AppState, id: &str) -> Result<SessionView, ApiError> {
+    validate_name("session id", id)?;
+    let row = state.store.session(id).await?;
+    let view = row.as_ref().map(view_of).transpose()?;
+    view.filter(|v| principal().can_see(&v.project))
+        .ok_or_else(|| ApiError::not_found(format!("Session {id} does not exist.")))
+}
+
+fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
+    match limit {
+        None => Ok(DEFAULT_PAGE),
+        Some(n) if (1..=MAX_PAGE).contains(&n) => Ok(n),
+        Some(n) => Err(ApiError::invalid(format!(
+            "limit must be between 1 and {MAX_PAGE}; got {n}."
+        ))),
+    }
+}
+
+/// Query of `GET /v1/sessions`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Only this project's sessions.
+    project: Option<String>,
+    /// Only sessions in this state: live, dormant, closed or ended.
+    state: Option<String>,
+    /// Page size, 1 to 1000 (default 50).
+    limit: Option<u32>,
+    /// The `nextCursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// Lists sessions, most recently updated first, from the read model's index.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    tag = "sessions",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of sessions.", body = SessionPage),
+        (status = 400, description = "Malformed query.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A parameter breaks a rule.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_sessions(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> Result<Json<SessionPage>, ApiError> {
+    if let Some(project) = &query.project {
+        validate_name("project", project)?;
+    }
+    if let Some(s) = &query.state
+        && !matches!(s.as_str(), "live" | "dormant" | "closed" | "ended")
+    {
+        return Err(ApiError::invalid(format!(
+            "state must be one of live, dormant, closed, ended; got {s:?}."
+        )));
+    }
+    let before = match &query.cursor {
+        None => None,
+        Some(c) => Some(c.parse::<u64>().map_err(|_| {
+            ApiError::invalid("cursor is not one this server issued; pass nextCursor back as is.")
+        })?),
+    };
+    let filter = SessionFilter {
+        project: query.project.clone(),
+        state: query.state.clone(),
+    };
+    let page = state
+        .store
+        .sessions(&filter, before, page_limit(query.limit)?)
+        .await?;
+    let items = page
+        .items
+        .iter()
+        .map(view_of)
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .filter(|v| principal().can_see(&v.project))
+        .collect();
+    Ok(Json(SessionPage {
+        items,
+        next_cursor: page.next_before.map(|n| n.to_string()),
+    }))
+}
+
+/// Creates a session (with its default chat) and answers its summary.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    tag = "sessions",
+    request_body = CreateSessionRequest,
+    responses(
+        (status = 201, description = "Created.", body = SessionView),
+        (status = 409, description = "The id is taken.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid name, directory or provider.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create_session(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<CreateSessionRequest>,
+) -> Result<(StatusCode, Json<SessionView>), ApiError> {
+    let mut directories = Vec::new();
+    for dir in &request.working_directories {
+        let uri = if dir.starts_with("file:") {
+            canonical_file_uri(dir)
+        } else {
+            path_to_file_uri(dir)
+        };
+        directories.push(uri.map_err(|e| ApiError::invalid(format!("{e}.")))?);
+    }
+    let create = CreateSession {
+        id: request
+            .id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+        project: request
+            .project
+            .clone()
+            .unwrap_or_else(|| "default".to_owned()),
+        provider: request.provider.clone(),
+        working_directories: directories,
+        title: request.title.clone(),
+        active_client: None,
+    };
+    validate_name("session id", &create.id)?;
+    validate_name("project", &create.project)?;
+    let view = state.engine.create_session(&principal(), create).await?;
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+/// The path parameter naming a session.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SessionPath {
+    /// Session id.
+    id: String,
+}
+
+/// A session's projection.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    params(SessionPath),
+    responses(
+        (status = 200, description = "The session.", body = SessionView),
+        (status = 404, description = "No such session.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid id.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_session(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<SessionPath>,
+) -> Result<Json<SessionView>, ApiError> {
+    Ok(Json(visible(&state, &path.id).await?))
+}
+
+/// Puts a session away: settles it `closed` when it can be resumed, else
+/// `ended`. The transcript is kept.
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    params(SessionPath),
+    responses(
+        (status = 200, description = "Settled.", body = SessionView),
+        (status = 404, description = "No such session.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Already ended.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn delete_session(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<SessionPath>,
+) -> Result<Json<SessionView>, ApiError> {
+    visible(&state, &path.id).await?;
+    Ok(Json(
+        state.engine.dispose_session(&principal(), &path.id).await?,
+    ))
+}
+
+/// Query of the transcript endpoint.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TranscriptQuery {
+    /// Only envelopes with a greater `serverSeq` (default 0).
+    after: Option<u64>,
+    /// Page size, 1 to 1000 (default 50).
+    limit: Option<u32>,
+}
+
+/// A page of a session's transcript (the session and its chats), oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/transcript",
+    tag = "sessions",
+    params(SessionPath, TranscriptQuery),
+    responses(
+        (status = 200, description = "Envelopes.", body = TranscriptPage),
+        (status = 404, description = "No such session.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn transcript(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<SessionPath>,
+    ApiQuery(query): ApiQuery<TranscriptQuery>,
+) -> Result<Json<TranscriptPage>, ApiError> {
+    visible(&state, &path.id).await?;
+    let limit = page_limit(query.limit)?;
+    let envelopes = state
+        .store
+        .transcript(&path.id, query.after.unwrap_or(0), limit)
+        .await?;
+    let next_after = (envelopes.len() == limit as usize)
+        .then(|| envelopes.last().map(|e| e.seq))
+        .flatten();
+    Ok(Json(TranscriptPage {
+        envelopes: envelopes.iter().map(envelope_json).collect(),
+        next_after,
+    }))
+}
+
+/// Dispatches an action through the same pipeline and idempotency as the
+/// WebSocket: a retry with the same `clientId` and `clientSeq` answers the
+/// original outcome.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/actions",
+    tag = "sessions",
+    params(SessionPath),
+    request_body = DispatchRequest,
+    responses(
+        (status = 200, description = "Accepted and committed.", body = DispatchResponse),
+        (status = 404, description = "No such session.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Refused: the session's state does not allow it.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Refused: the action is invalid.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Storage or a side-effect backend is unavailable.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn dispatch(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<SessionPath>,
+    ApiJson(request): ApiJson<DispatchRequest>,
+) -> Result<Json<DispatchResponse>, ApiError> {
+    let view = visible(&state, &path.id).await?;
+    if request.client_id.is_empty() || request.client_id.len() > 256 {
+        return Err(ApiError::invalid("clientId must be 1 to 256 characters."));
+    }
+    if !request.action.is_object() {
+        return Err(ApiError::invalid("action must be an AHP action object."));
+    }
+    let channel = request
+        .channel
+        .clone()
+        .unwrap_or_else(|| view.resource.clone());
+    // A chat of another session is not this session's.
+    match Channel::parse(&channel) {
+        Ok(Channel::Session(id)) if id == path.id => {}
+        Ok(parsed @ Channel::Chat(_)) => {
+            if state.engine.session_of(&parsed).await?.as_deref() != Some(path.id.as_str()) {
+                return Err(ApiError::not_found(format!(
+                    "Chat {channel} is not a chat of session {}.",
+                    path.id
+                )));
+            }
+        }
+        _ => {
+            return Err(ApiError::invalid(format!(
+                "channel must be this session ({}) or one of its chats.",
+                view.resource
+            )));
+        }
+    }
+    let origin = Origin {
+        client_id: request.client_id.clone(),
+        client_seq: request.client_seq,
+    };
+    match state
+        .engine
+        .dispatch(&principal(), Some(origin), &channel, request.action)
+        .await
+    {
+        DispatchOutcome::Accepted(published) => {
+            let frame: Value = serde_json::from_str(published.frame.as_str()).unwrap_or_default();
+            Ok(Json(DispatchResponse {
+                server_seq: published.seq,
+                envelope: frame.get("params").cloned().unwrap_or_default(),
+            }))
+        }
+        DispatchOutcome::Rejected(reason) => Err(rejection(reason)),
+    }
+}
+
+/// The status of a refused dispatch: 503 when storage or a backend was
+/// unavailable (retry), 409 when the session's state forbids it, else 422.
+fn rejection(reason: String) -> ApiError {
+    let lower = reason.to_lowercase();
+    if lower.contains("unavailable") {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", reason)
+    } else if lower.contains("has ended") || lower.contains("already used") {
+        ApiError::new(StatusCode::CONFLICT, "rejected", reason)
+    } else {
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "rejected", reason)
+    }
+}
+
+/// Resumes the session's agent with ACP `session/resume` semantics: `cwd`
+/// must be the session's primary directory; `additionalDirectories` is the
+/// complete new list of its other directories. No history is replayed.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/resume",
+    tag = "sessions",
+    params(SessionPath),
+    request_body(content = Object, description = "An ACP ResumeSessionRequest: sessionId, cwd, additionalDirectories?, mcpServers, _meta?.",
+        example = json!({"sessionId": "s-1", "cwd": "/home/me/web", "additionalDirectories": ["/home/me/lib"], "mcpServers": []})),
+    responses(
+        (status = 200, description = "An ACP ResumeSessionResponse.", body = Object, example = json!({})),
+        (status = 404, description = "No such session.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not resumable, or ended.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "cwd is not the primary directory, or a directory is not absolute.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn resume(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<SessionPath>,
+    ApiJson(request): ApiJson<ResumeSessionRequest>,
+) -> Result<Json<ResumeSessionResponse>, ApiError> {
+    visible(&state, &path.id).await?;
+    if request.session_id.to_string() != path.id {
+        return Err(ApiError::invalid(format!(
+            "sessionId {:?} does not match the session in the path ({}).",
+            request.session_id.to_string(),
+            path.id
+        )));
+    }
+    let as_uri = |p: &std::path::Path, what: &str| -> Result<String, ApiError> {
+        let text = p.to_string_lossy();
+        if !is_absolute_path(&text) {
+            return Err(ApiError::invalid(format!(
+                "{what} {text:?} must be an absolute path."
+            )));
+        }
+        path_to_file_uri(&text).map_err(|e| ApiError::invalid(format!("{e}.")))
+    };
+    let cwd = as_uri(&request.cwd, "cwd")?;
+    let additional = request
+        .additional_directories
+        .iter()
+        .map(|d| as_uri(d, "additional directory"))
+        .collect::<Result<Vec<_>, _>>()?;
+    state
+        .engine
+        .resume(&principal(), &path.id, cwd, additional)
+        .await?;
+    Ok(Json(ResumeSessionResponse::new()))
+}
+
+/// The host context a client-contributed tool receives for this session:
+/// the primary working directory (as a path) and the session id.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/tool-context",
+    tag = "sessions",
+    params(SessionPath),
+    responses(
+        (status = 200, description = "The tool-call context.", body = ToolCallContext),
+        (status = 404, description = "No such session.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn tool_context(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<SessionPath>,
+) -> Result<Json<ToolCallContext>, ApiError> {
+    let view = visible(&state, &path.id).await?;
+    let cwd = view
+        .working_directories
+        .first()
+        .and_then(|uri| file_uri_path(uri).ok());
+    let mut context = ToolCallContext::new(cwd.as_deref());
+    context.set_session_id(&view.id);
+    Ok(Json(context))
+}
