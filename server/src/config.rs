@@ -29,6 +29,47 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Print the OpenAPI document the server serves at /openapi.json.
     Openapi,
+    /// Re-fold every session's transcript and rewrite the read-model rows
+    /// that differ. Run it with the server stopped.
+    RebuildProjections(DatabaseArgs),
+}
+
+/// Flags of commands that only need the database.
+#[derive(Clone, Args)]
+pub struct DatabaseArgs {
+    /// The database (as for `tether serve`).
+    #[arg(
+        long,
+        env = "TETHER_DATABASE_URL",
+        default_value = "sqlite:./tether.db"
+    )]
+    pub database_url: String,
+
+    /// Seconds to wait for a database connection.
+    #[arg(
+        long,
+        env = "TETHER_DATABASE_CONNECT_TIMEOUT_SECS",
+        default_value_t = 5
+    )]
+    pub database_connect_timeout_secs: u64,
+}
+
+impl fmt::Debug for DatabaseArgs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatabaseArgs")
+            .field("database_url", &redact_url(&self.database_url))
+            .finish_non_exhaustive()
+    }
+}
+
+impl DatabaseArgs {
+    /// The store connection settings.
+    pub fn store_options(&self) -> StoreOptions {
+        StoreOptions {
+            connect_timeout: Duration::from_secs(self.database_connect_timeout_secs),
+            ..StoreOptions::default()
+        }
+    }
 }
 
 /// Log output format.
@@ -332,7 +373,7 @@ mod tests {
         argv.extend_from_slice(list);
         match Cli::try_parse_from(argv).expect("valid arguments").command {
             Command::Serve(args) => *args,
-            Command::Openapi => panic!("expected serve"),
+            _ => panic!("expected serve"),
         }
     }
 

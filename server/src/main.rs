@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tether_server::config::{Cli, Command, ServeArgs};
+use tether_server::config::{Cli, Command, DatabaseArgs, ServeArgs};
 use tether_server::{AppState, serve, store, telemetry};
 use tokio::net::TcpListener;
 
@@ -19,6 +19,26 @@ fn main() -> ExitCode {
             print!("{}", tether_server::http::openapi_json());
             ExitCode::SUCCESS
         }
+        Command::RebuildProjections(args) => runtime.block_on(run_rebuild(args)),
+    }
+}
+
+async fn run_rebuild(args: DatabaseArgs) -> ExitCode {
+    let store = match store::open(&args.database_url, &args.store_options()).await {
+        Ok(store) => store,
+        Err(err) => return fail(err.to_string()),
+    };
+    let result = tether_server::engine::rebuild::rebuild_projections(store.as_ref()).await;
+    store.close().await;
+    match result {
+        Ok(report) => {
+            println!(
+                "rebuilt {} session projections; {} read-model rows differed and were rewritten",
+                report.sessions, report.changed
+            );
+            ExitCode::SUCCESS
+        }
+        Err(err) => fail(format!("rebuild failed: {err}")),
     }
 }
 

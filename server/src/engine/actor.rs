@@ -28,9 +28,6 @@ use crate::store::{
     NewEnvelope, Origin, OriginOutcome, Rejection, SessionRecord, Snapshot, StoredEnvelope, now_ms,
 };
 
-/// How many transcript rows one rebuild read takes.
-const REBUILD_PAGE: u32 = 2_000;
-
 /// The answer to a dispatch.
 #[derive(Debug, Clone)]
 pub enum DispatchOutcome {
@@ -257,59 +254,12 @@ impl SessionActor {
     }
 
     fn record(&self, model: &SessionModel) -> SessionRecord {
-        let view = self.view(model);
-        SessionRecord {
-            id: model.id.clone(),
-            project: view.project.clone(),
-            provider: view.provider.clone(),
-            title: view.title.clone(),
-            state: view.state.as_str().to_owned(),
-            turns: view.turns,
-            resumable: view.resumable,
-            created_ms: super::parse_ms(&model.created.created_at),
-            projection: serde_json::to_string(&view).unwrap_or_default(),
-        }
+        super::rebuild::record_of(model, self.agent_live, &super::rfc3339(now_ms()))
     }
 
     /// Rebuilds the model from the latest snapshot plus the transcript tail.
     async fn reload(&mut self) -> Result<(), String> {
-        let store = &self.ctx.store;
-        let mut model: Option<SessionModel> = match store
-            .latest_snapshot(&self.uri)
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            Some(snapshot) => Some(
-                serde_json::from_str(&snapshot.state)
-                    .map_err(|e| format!("snapshot of {} is unreadable: {e}", self.uri))?,
-            ),
-            None => None,
-        };
-        let mut after = model.as_ref().map_or(0, |m| m.last_seq);
-        loop {
-            let page = store
-                .transcript(&self.id, after, REBUILD_PAGE)
-                .await
-                .map_err(|e| e.to_string())?;
-            let Some(last) = page.last() else { break };
-            after = last.seq;
-            for envelope in page {
-                let action: Value = serde_json::from_str(&envelope.action)
-                    .map_err(|e| format!("envelope {} is unreadable: {e}", envelope.seq))?;
-                match &mut model {
-                    None => {
-                        model = Some(
-                            SessionModel::from_first_record(&self.id, &action, envelope.seq)
-                                .map_err(|e| e.to_string())?,
-                        );
-                    }
-                    Some(m) => {
-                        m.apply(&envelope.channel, &action, &typed_action(&action));
-                        m.last_seq = envelope.seq;
-                    }
-                }
-            }
-        }
+        let model = super::rebuild::load_model(self.ctx.store.as_ref(), &self.id, true).await?;
         if let Some(m) = &model {
             for chat in m.chats.keys() {
                 self.ctx.remember_chat(chat, &self.id);

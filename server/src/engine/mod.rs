@@ -10,6 +10,7 @@
 mod actor;
 mod commit;
 pub mod fanout;
+pub mod rebuild;
 mod rules;
 
 use std::collections::HashMap;

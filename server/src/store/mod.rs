@@ -305,6 +305,11 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// The session that owns a chat URI.
     async fn chat_session(&self, chat: &str) -> Result<Option<String>, StoreError>;
 
+    /// Rewrites a session's read-model row in place (keeping its `last_seq`
+    /// and update time); `false` when there is no such row. Used by the
+    /// projection rebuild, never by the append path.
+    async fn replace_session_record(&self, record: &SessionRecord) -> Result<bool, StoreError>;
+
     /// One session's read-model row.
     async fn session(&self, id: &str) -> Result<Option<SessionRow>, StoreError>;
 

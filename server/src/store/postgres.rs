@@ -337,6 +337,24 @@ impl Store for PostgresStore {
         )
     }
 
+    async fn replace_session_record(&self, record: &SessionRecord) -> Result<bool, StoreError> {
+        let updated = sqlx::query(
+            "UPDATE sessions SET project = $1, provider = $2, title = $3, state = $4, turns = $5, \
+                    resumable = $6, projection = $7 WHERE id = $8",
+        )
+        .bind(&record.project)
+        .bind(&record.provider)
+        .bind(&record.title)
+        .bind(&record.state)
+        .bind(seq_to_db(record.turns))
+        .bind(record.resumable)
+        .bind(&record.projection)
+        .bind(&record.id)
+        .execute(&self.pool)
+        .await?;
+        Ok(updated.rows_affected() == 1)
+    }
+
     async fn session(&self, id: &str) -> Result<Option<SessionRow>, StoreError> {
         let found: Option<rows::Session> = sqlx::query_as(
             "SELECT id, project, provider, title, state, turns, resumable, last_seq, \

@@ -340,6 +340,24 @@ impl Store for SqliteStore {
         )
     }
 
+    async fn replace_session_record(&self, record: &SessionRecord) -> Result<bool, StoreError> {
+        let updated = sqlx::query(
+            "UPDATE sessions SET project = ?, provider = ?, title = ?, state = ?, turns = ?, \
+                    resumable = ?, projection = ? WHERE id = ?",
+        )
+        .bind(&record.project)
+        .bind(&record.provider)
+        .bind(&record.title)
+        .bind(&record.state)
+        .bind(seq_to_db(record.turns))
+        .bind(record.resumable)
+        .bind(&record.projection)
+        .bind(&record.id)
+        .execute(&self.writer)
+        .await?;
+        Ok(updated.rows_affected() == 1)
+    }
+
     async fn session(&self, id: &str) -> Result<Option<SessionRow>, StoreError> {
         let found: Option<rows::Session> = sqlx::query_as(
             "SELECT id, project, provider, title, state, turns, resumable, last_seq, \
