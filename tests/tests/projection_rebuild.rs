@@ -110,7 +110,7 @@ async fn the_read_model_equals_a_fresh_fold_after_random_actions(db: TestDb) {
             ),
             _ => (
                 None,
-                json!({"type": "session/isReadChanged", "isRead": rng.next() % 2 == 0}),
+                json!({"type": "session/isReadChanged", "isRead": rng.next().is_multiple_of(2)}),
             ),
         };
         let mut body = json!({"clientId": "fuzzer", "clientSeq": step, "action": action});
