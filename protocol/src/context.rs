@@ -3,7 +3,7 @@
 //! session can pick it up.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 /// The largest saved working context, in bytes of JSON. Checked before any
@@ -16,10 +16,10 @@ pub const MAX_CONTEXT_BYTES: usize = 1024 * 1024;
 pub struct ContextFact {
     /// The fact.
     pub text: String,
-    /// Where it came from.
+    /// Where it came from (a source reference object).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
-    pub source: Option<Value>,
+    pub source: Option<Map<String, Value>>,
 }
 
 /// What an agent was doing: goal, constraints, facts, hypotheses,
@@ -40,14 +40,14 @@ pub struct WorkingContext {
     /// Ideas not yet checked.
     #[serde(default)]
     pub open_hypotheses: Vec<ContextFact>,
-    /// Decisions taken (opaque references).
+    /// Decisions taken (decision reference objects).
     #[serde(default)]
     #[schema(value_type = Vec<Object>)]
-    pub decisions: Vec<Value>,
-    /// Exact evidence (opaque source references).
+    pub decisions: Vec<Map<String, Value>>,
+    /// Exact evidence (source reference objects).
     #[serde(default)]
     #[schema(value_type = Vec<Object>)]
-    pub exact_evidence: Vec<Value>,
+    pub exact_evidence: Vec<Map<String, Value>>,
     /// What to do next.
     #[serde(default)]
     pub pending_actions: Vec<String>,

@@ -54,6 +54,7 @@ pub struct ProjectPath {
     tag = "working context",
     params(ContextPath),
     responses(
+        (status = 400, description = "Malformed path.", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "The lookup (found or not).", body = LoadedWorkingContext),
         (status = 422, description = "Invalid project or session name.", body = Problem, content_type = "application/problem+json"),
     )
@@ -164,6 +165,7 @@ fn too_large(size: usize) -> ApiError {
     tag = "working context",
     params(ProjectPath),
     responses(
+        (status = 400, description = "Malformed path.", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "Saved sessions (empty when none).", body = WorkingContextList),
         (status = 422, description = "Invalid project name.", body = Problem, content_type = "application/problem+json"),
     )

@@ -156,6 +156,8 @@ pub async fn list_sessions(
     tag = "sessions",
     request_body = CreateSessionRequest,
     responses(
+        (status = 400, description = "Malformed JSON or path.", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not application/json.", body = Problem, content_type = "application/problem+json"),
         (status = 201, description = "Created.", body = SessionView),
         (status = 409, description = "The id is taken.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid name, directory or provider.", body = Problem, content_type = "application/problem+json"),
@@ -209,6 +211,7 @@ pub struct SessionPath {
     tag = "sessions",
     params(SessionPath),
     responses(
+        (status = 400, description = "Malformed path.", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "The session.", body = SessionView),
         (status = 404, description = "No such session.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid id.", body = Problem, content_type = "application/problem+json"),
@@ -229,6 +232,8 @@ pub async fn get_session(
     tag = "sessions",
     params(SessionPath),
     responses(
+        (status = 400, description = "Malformed path.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An invalid id or name (the rule is named).", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "Settled.", body = SessionView),
         (status = 404, description = "No such session.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Already ended.", body = Problem, content_type = "application/problem+json"),
@@ -261,6 +266,8 @@ pub struct TranscriptQuery {
     tag = "sessions",
     params(SessionPath, TranscriptQuery),
     responses(
+        (status = 400, description = "Malformed query or path.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An invalid id or name (the rule is named).", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "Envelopes.", body = TranscriptPage),
         (status = 404, description = "No such session.", body = Problem, content_type = "application/problem+json"),
     )
@@ -295,6 +302,8 @@ pub async fn transcript(
     params(SessionPath),
     request_body = DispatchRequest,
     responses(
+        (status = 400, description = "Malformed JSON or path.", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not application/json.", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "Accepted and committed.", body = DispatchResponse),
         (status = 404, description = "No such session.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Refused: the session's state does not allow it.", body = Problem, content_type = "application/problem+json"),
@@ -380,6 +389,8 @@ fn rejection(reason: String) -> ApiError {
     request_body(content = Object, description = "An ACP ResumeSessionRequest: sessionId, cwd, additionalDirectories?, mcpServers, _meta?.",
         example = json!({"sessionId": "s-1", "cwd": "/home/me/web", "additionalDirectories": ["/home/me/lib"], "mcpServers": []})),
     responses(
+        (status = 400, description = "Malformed JSON or path.", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not application/json.", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "An ACP ResumeSessionResponse.", body = Object, example = json!({})),
         (status = 404, description = "No such session.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Not resumable, or ended.", body = Problem, content_type = "application/problem+json"),
@@ -429,6 +440,8 @@ pub async fn resume(
     tag = "sessions",
     params(SessionPath),
     responses(
+        (status = 400, description = "Malformed path.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An invalid id or name (the rule is named).", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "The tool-call context.", body = ToolCallContext),
         (status = 404, description = "No such session.", body = Problem, content_type = "application/problem+json"),
     )
