@@ -170,3 +170,136 @@ fn the_compose_file_sets_only_variables_the_server_reads() {
         "the port is published on the host's loopback only"
     );
 }
+
+/// Starts `tether serve` on a free port with `database`; returns the child
+/// and its address once it logs it.
+fn start_server(database: &str, dir: &std::path::Path) -> (std::process::Child, String) {
+    let mut command = Command::new(BIN);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("TETHER_") {
+            command.env_remove(key);
+        }
+    }
+    let mut child = command
+        .args(["serve", "--bind", "127.0.0.1:0", "--database-url", database])
+        .current_dir(dir)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(120));
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    });
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("the server logs its address").unwrap();
+        if let Some(rest) = line.split("addr=").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    // Keep draining its log so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    (child, addr)
+}
+
+#[test]
+fn a_killed_server_loses_no_acknowledged_action() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = format!("sqlite:{}", dir.path().join("tether.db").display());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let http = reqwest::Client::new();
+    let (mut first, addr) = start_server(&database, dir.path());
+    let (epoch, acked) = runtime.block_on(async {
+        let ready: serde_json::Value = http
+            .get(format!("http://{addr}/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let created = http
+            .post(format!("http://{addr}/v1/sessions"))
+            .json(&serde_json::json!({"id": "k9"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(created.status(), 201);
+        let mut acked = Vec::new();
+        for i in 0..25 {
+            let answer: serde_json::Value = http
+                .post(format!("http://{addr}/v1/sessions/k9/actions"))
+                .json(&serde_json::json!({"clientId": "k", "clientSeq": i,
+                    "action": {"type": "session/titleChanged", "title": format!("t{i}")}}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            acked.push(answer["serverSeq"].as_u64().expect("acknowledged"));
+        }
+        (ready["hostEpoch"].clone(), acked)
+    });
+    // kill -9: no graceful shutdown, no store close.
+    first.kill().unwrap();
+    first.wait().unwrap();
+
+    let (mut second, addr) = start_server(&database, dir.path());
+    runtime.block_on(async {
+        let ready: serde_json::Value = http
+            .get(format!("http://{addr}/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(ready["hostEpoch"], epoch, "same database, same epoch");
+        let page: serde_json::Value = http
+            .get(format!(
+                "http://{addr}/v1/sessions/k9/transcript?limit=1000"
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let stored: Vec<u64> = page["envelopes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["serverSeq"].as_u64().unwrap())
+            .collect();
+        for seq in &acked {
+            assert!(
+                stored.contains(seq),
+                "acknowledged seq {seq} survived the kill"
+            );
+        }
+        let next: serde_json::Value = http
+            .post(format!("http://{addr}/v1/sessions/k9/actions"))
+            .json(&serde_json::json!({"clientId": "k", "clientSeq": 100,
+                "action": {"type": "session/titleChanged", "title": "after"}}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let max = *stored.iter().max().unwrap();
+        assert!(
+            next["serverSeq"].as_u64().unwrap() > max,
+            "seq continues above every seq issued"
+        );
+    });
+    let _ = Command::new("kill")
+        .args(["-TERM", &second.id().to_string()])
+        .status();
+    assert!(second.wait().unwrap().success());
+}
