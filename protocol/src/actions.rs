@@ -71,9 +71,58 @@ const CLIENT_DISPATCHABLE: &[&str] = &[
     "chat/workingDirectoryRemoved",
 ];
 
+/// Tether extensions a client may dispatch on a session channel: the
+/// operator shares what is on screen, and edits to the shared document.
+const CLIENT_EXTENSIONS: &[&str] = &[CONTEXT_SHARED, DOCUMENT_EDITED];
+
 /// Whether a client may dispatch actions of this type.
 pub fn is_client_dispatchable(action_type: &str) -> bool {
-    CLIENT_DISPATCHABLE.contains(&action_type)
+    CLIENT_DISPATCHABLE.contains(&action_type) || CLIENT_EXTENSIONS.contains(&action_type)
+}
+
+/// Checks the shape of a client-dispatched Tether extension action; the
+/// message names what is wrong.
+pub fn check_extension(action: &Value) -> Result<(), String> {
+    match action_type(action) {
+        Some(CONTEXT_SHARED) => {
+            let context = action
+                .get("context")
+                .and_then(Value::as_object)
+                .ok_or("x-tether/contextShared needs a \"context\" object.")?;
+            if context.get("url").is_some_and(|u| !u.is_string()) {
+                return Err("context.url must be a string.".into());
+            }
+            let concepts_ok = context
+                .get("concepts")
+                .is_none_or(|c| c.as_array().is_some_and(|a| a.iter().all(Value::is_string)));
+            if !concepts_ok {
+                return Err("context.concepts must be an array of strings.".into());
+            }
+            if let Some(document) = context.get("document") {
+                let ok = document.get("path").is_some_and(Value::is_string)
+                    && document.get("text").is_some_and(Value::is_string);
+                if !ok {
+                    return Err("context.document needs string \"path\" and \"text\".".into());
+                }
+            }
+            match action.get("source").and_then(Value::as_str) {
+                Some("turn" | "push") => Ok(()),
+                _ => Err("x-tether/contextShared needs \"source\": \"turn\" or \"push\".".into()),
+            }
+        }
+        Some(DOCUMENT_EDITED) => {
+            if !action.get("edits").is_some_and(Value::is_array) {
+                return Err("x-tether/documentEdited needs an \"edits\" array.".into());
+            }
+            if !action.get("revision").is_some_and(Value::is_u64) {
+                return Err(
+                    "x-tether/documentEdited needs a non-negative integer \"revision\".".into(),
+                );
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Whether the action changes a session's working directories.
@@ -98,6 +147,20 @@ mod tests {
         assert!(!is_client_dispatchable("chat/turnComplete"));
         assert!(!is_client_dispatchable("root/agentsChanged"));
         assert!(!is_client_dispatchable(AGENT_OPENED));
+        assert!(is_client_dispatchable(CONTEXT_SHARED));
+        assert!(
+            check_extension(
+                &serde_json::json!({"type": CONTEXT_SHARED, "context": {}, "source": "push"})
+            )
+            .is_ok()
+        );
+        assert!(check_extension(&serde_json::json!({"type": CONTEXT_SHARED, "context": {"concepts": [1]}, "source": "push"})).is_err());
+        assert!(
+            check_extension(
+                &serde_json::json!({"type": DOCUMENT_EDITED, "edits": [], "revision": -1})
+            )
+            .is_err()
+        );
         assert_eq!(
             action_type(&serde_json::json!({"type": "a/b"})),
             Some("a/b")

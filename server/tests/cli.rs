@@ -80,37 +80,9 @@ fn a_remote_bind_needs_the_explicit_opt_in() {
 #[test]
 fn serves_with_no_configuration_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
-    let mut command = Command::new(BIN);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("TETHER_") {
-            command.env_remove(key);
-        }
-    }
     // No flags except a free port: the default database is ./tether.db in
     // the working directory.
-    let mut child = command
-        .args(["serve", "--bind", "127.0.0.1:0"])
-        .current_dir(dir.path())
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // A watchdog: a server that never logs or never stops fails the test
-    // instead of hanging it.
-    let pid = child.id().to_string();
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(60));
-        let _ = Command::new("kill").args(["-KILL", &pid]).status();
-    });
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("the server logs its address").unwrap();
-        if let Some(rest) = line.split("addr=").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_owned();
-        }
-    };
+    let (mut child, addr, log) = start_server(&[], dir.path());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let ready: serde_json::Value = runtime.block_on(async {
         reqwest::get(format!("http://{addr}/readyz"))
@@ -132,8 +104,8 @@ fn serves_with_no_configuration_and_stops_on_sigterm() {
         .status()
         .unwrap();
     assert!(status.success());
-    let rest: Vec<String> = lines.map_while(Result::ok).collect();
     let exit = child.wait().unwrap();
+    let rest: Vec<String> = log.try_iter().collect();
     assert!(exit.success(), "exit {exit:?}; log: {rest:?}");
     assert!(rest.iter().any(|l| l.contains("store closed")), "{rest:?}");
 }
@@ -171,9 +143,17 @@ fn the_compose_file_sets_only_variables_the_server_reads() {
     );
 }
 
-/// Starts `tether serve` on a free port with `database`; returns the child
-/// and its address once it logs it.
-fn start_server(database: &str, dir: &std::path::Path) -> (std::process::Child, String) {
+/// Starts `tether serve` on a free port with `args`, in `dir`, without any
+/// `TETHER_*` variable of the test's environment; returns the child, its
+/// address once it logs it, and the rest of its log as it comes.
+fn start_server(
+    args: &[&str],
+    dir: &std::path::Path,
+) -> (
+    std::process::Child,
+    String,
+    std::sync::mpsc::Receiver<String>,
+) {
     let mut command = Command::new(BIN);
     for (key, _) in std::env::vars() {
         if key.starts_with("TETHER_") {
@@ -181,7 +161,8 @@ fn start_server(database: &str, dir: &std::path::Path) -> (std::process::Child, 
         }
     }
     let mut child = command
-        .args(["serve", "--bind", "127.0.0.1:0", "--database-url", database])
+        .args(["serve", "--bind", "127.0.0.1:0"])
+        .args(args)
         .current_dir(dir)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
@@ -202,8 +183,13 @@ fn start_server(database: &str, dir: &std::path::Path) -> (std::process::Child, 
         }
     };
     // Keep draining its log so it never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines.by_ref() {});
-    (child, addr)
+    let (sender, log) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            let _ = sender.send(line);
+        }
+    });
+    (child, addr, log)
 }
 
 #[test]
@@ -212,7 +198,7 @@ fn a_killed_server_loses_no_acknowledged_action() {
     let database = format!("sqlite:{}", dir.path().join("tether.db").display());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let http = reqwest::Client::new();
-    let (mut first, addr) = start_server(&database, dir.path());
+    let (mut first, addr, _) = start_server(&["--database-url", &database], dir.path());
     let (epoch, acked) = runtime.block_on(async {
         let ready: serde_json::Value = http
             .get(format!("http://{addr}/readyz"))
@@ -249,7 +235,7 @@ fn a_killed_server_loses_no_acknowledged_action() {
     first.kill().unwrap();
     first.wait().unwrap();
 
-    let (mut second, addr) = start_server(&database, dir.path());
+    let (mut second, addr, _) = start_server(&["--database-url", &database], dir.path());
     runtime.block_on(async {
         let ready: serde_json::Value = http
             .get(format!("http://{addr}/readyz"))

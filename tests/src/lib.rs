@@ -200,6 +200,20 @@ impl TestServer {
             .expect("start the AHP client")
     }
 
+    /// An upstream AHP client, connected and initialized as `client_id`.
+    pub async fn initialized(&self, client_id: &str) -> ahp::Client {
+        let client = self.ahp().await;
+        client
+            .initialize(
+                client_id.into(),
+                vec![ahp_types::PROTOCOL_VERSION.into()],
+                Vec::new(),
+            )
+            .await
+            .expect("initialize");
+        client
+    }
+
     /// A REST client for this server.
     pub fn client(&self) -> tether_client::Client {
         tether_client::Client::new(&self.base_url()).expect("valid base URL")
@@ -259,4 +273,35 @@ macro_rules! backend_tests {
             )*
         }
     };
+}
+
+/// How long a test waits for an envelope before failing.
+pub const ENVELOPE_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// An AHP action from its JSON form.
+pub fn action(value: serde_json::Value) -> ahp_types::actions::StateAction {
+    serde_json::from_value(value).expect("a StateAction")
+}
+
+/// The next action envelope on a subscription (other events skipped).
+pub async fn next_envelope(
+    subscription: &mut ahp::SessionSubscription,
+) -> ahp_types::actions::ActionEnvelope {
+    loop {
+        let event = tokio::time::timeout(ENVELOPE_WAIT, subscription.recv())
+            .await
+            .expect("an envelope in time")
+            .expect("subscription open");
+        if let ahp::SubscriptionEvent::Action(envelope) = event {
+            return envelope;
+        }
+    }
+}
+
+/// The `title` field of an envelope's action (empty when absent).
+pub fn title_of(envelope: &ahp_types::actions::ActionEnvelope) -> String {
+    serde_json::to_value(&envelope.action).expect("serialisable")["title"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use ahp::{Client, ClientError, SessionSubscription, SubscriptionEvent};
-use ahp_types::actions::{ActionEnvelope, StateAction};
+use ahp_types::actions::ActionEnvelope;
 use ahp_types::commands::ReconnectResult;
 use ahp_types::state::SnapshotState;
 use ahp_types::{PROTOCOL_VERSION, ROOT_RESOURCE_URI};
@@ -12,7 +12,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tether_server::agents::{AgentSpec, WorkdirCapability};
 use tether_server::config::{EffectsConfig, ServeConfig};
-use tether_tests::{TestDb, TestServer, backend_tests};
+use tether_tests::{TestDb, TestServer, action, backend_tests, next_envelope, title_of};
 use tokio_tungstenite::tungstenite::Message;
 
 backend_tests!(
@@ -27,19 +27,6 @@ backend_tests!(
 );
 
 const WAIT: Duration = Duration::from_secs(10);
-
-fn action(value: Value) -> StateAction {
-    serde_json::from_value(value).expect("a StateAction")
-}
-
-async fn initialized(server: &TestServer, client_id: &str) -> Client {
-    let client = server.ahp().await;
-    client
-        .initialize(client_id.into(), vec![PROTOCOL_VERSION.into()], Vec::new())
-        .await
-        .expect("initialize");
-    client
-}
 
 async fn create_session(
     client: &Client,
@@ -58,19 +45,6 @@ async fn create_session(
             }),
         )
         .await
-}
-
-/// The next action envelope on a subscription (other events skipped).
-async fn next_envelope(subscription: &mut SessionSubscription) -> ActionEnvelope {
-    loop {
-        let event = tokio::time::timeout(WAIT, subscription.recv())
-            .await
-            .expect("an envelope in time")
-            .expect("subscription open");
-        if let SubscriptionEvent::Action(envelope) = event {
-            return envelope;
-        }
-    }
 }
 
 /// Dispatches and waits for the originator's echo; returns it.
@@ -98,13 +72,6 @@ async fn dispatch_and_echo(
 
 fn action_type(envelope: &ActionEnvelope) -> String {
     serde_json::to_value(&envelope.action).unwrap()["type"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
-
-fn title_of(envelope: &ActionEnvelope) -> String {
-    serde_json::to_value(&envelope.action).unwrap()["title"]
         .as_str()
         .unwrap_or_default()
         .to_owned()
@@ -199,7 +166,7 @@ async fn a_console_creates_a_session_and_runs_an_echo_turn(db: TestDb) {
         .await
         .map_or_else(|_| (None, None), |(r, s)| (r.snapshot, Some(s)));
     assert!(again.is_none(), "subscribing before initialize is refused");
-    let fresh = initialized(&server, "viewer").await;
+    let fresh = server.initialized("viewer").await;
     let (fresh_snapshot, _) = fresh.subscribe(default_chat).await.unwrap();
     let SnapshotState::Chat(fresh_state) = fresh_snapshot.snapshot.unwrap().state else {
         panic!("chat snapshot")
@@ -210,8 +177,8 @@ async fn a_console_creates_a_session_and_runs_an_echo_turn(db: TestDb) {
 
 async fn two_clients_see_one_order_and_rejections_reach_only_the_originator(db: TestDb) {
     let server = TestServer::start(&db).await;
-    let a = initialized(&server, "alice").await;
-    let b = initialized(&server, "bob").await;
+    let a = server.initialized("alice").await;
+    let b = server.initialized("bob").await;
     create_session(&a, "shared", "echo", &[]).await.unwrap();
     let (_, mut sub_a) = a.subscribe("ahp-session:/shared".into()).await.unwrap();
     let (_, mut sub_b) = b.subscribe("ahp-session:/shared".into()).await.unwrap();
@@ -325,7 +292,7 @@ async fn dirs_of(client: &Client, session: &str) -> Vec<String> {
 
 async fn working_directory_rules_follow_the_agent_capabilities(db: TestDb) {
     let server = TestServer::start_with(db.open().await, rules_config()).await;
-    let client = initialized(&server, "dirs").await;
+    let client = server.initialized("dirs").await;
     let (a, b, c) = ("file:///w/a", "file:///w/b", "file:///w/c");
     let try_on = |session: &'static str, value: Value| {
         let client = client.clone();
@@ -437,7 +404,7 @@ async fn working_directory_rules_follow_the_agent_capabilities(db: TestDb) {
 
 async fn reconnect_replays_after_a_disconnect_and_after_a_restart(db: TestDb) {
     let server = TestServer::start(&db).await;
-    let first = initialized(&server, "roamer").await;
+    let first = server.initialized("roamer").await;
     create_session(&first, "rc", "echo", &[]).await.unwrap();
     let (_, mut sub) = first.subscribe("ahp-session:/rc".into()).await.unwrap();
     let mut last_seen = 0;
@@ -453,7 +420,7 @@ async fn reconnect_replays_after_a_disconnect_and_after_a_restart(db: TestDb) {
     }
     first.shutdown().await;
 
-    let other = initialized(&server, "other").await;
+    let other = server.initialized("other").await;
     for i in 0..7 {
         other
             .dispatch(
@@ -572,7 +539,7 @@ async fn reconnect_replays_after_a_disconnect_and_after_a_restart(db: TestDb) {
 
 async fn a_retried_dispatch_is_applied_once(db: TestDb) {
     let server = TestServer::start(&db).await;
-    let first = initialized(&server, "retrier").await;
+    let first = server.initialized("retrier").await;
     create_session(&first, "once", "echo", &[]).await.unwrap();
     let mut sub = first.subscribe("ahp-session:/once".into()).await.unwrap().1;
     let params = |seq: u64, value: Value| json!({"channel": "ahp-session:/once", "clientSeq": seq, "action": value});
@@ -597,7 +564,7 @@ async fn a_retried_dispatch_is_applied_once(db: TestDb) {
     first.shutdown().await;
 
     // Same client id on a new connection retries both.
-    let again = initialized(&server, "retrier").await;
+    let again = server.initialized("retrier").await;
     let mut sub = again.subscribe("ahp-session:/once".into()).await.unwrap().1;
     again
         .notify(
@@ -805,7 +772,7 @@ async fn the_local_side_effect_refuses_missing_directories(db: TestDb) {
         ..ServeConfig::default()
     };
     let server = TestServer::start_with(db.open().await, config).await;
-    let client = initialized(&server, "local").await;
+    let client = server.initialized("local").await;
     create_session(&client, "l1", "echo", &[&file_uri(&inside)])
         .await
         .unwrap();

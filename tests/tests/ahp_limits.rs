@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ahp::{Client, SubscriptionEvent};
+use ahp::Client;
 use ahp_types::PROTOCOL_VERSION;
-use ahp_types::actions::{ActionEnvelope, StateAction};
 use ahp_types::commands::ReconnectResult;
 use ahp_types::state::SnapshotState;
 use futures_util::{SinkExt, StreamExt};
@@ -16,7 +15,7 @@ use serde_json::{Value, json};
 use tether_server::config::{EffectsConfig, ServeConfig};
 use tether_server::engine::EngineConfig;
 use tether_server::ws::WsLimits;
-use tether_tests::{TestDb, TestServer, backend_tests};
+use tether_tests::{TestDb, TestServer, action, backend_tests, next_envelope, title_of};
 use tokio_tungstenite::tungstenite::Message;
 
 backend_tests!(
@@ -31,26 +30,6 @@ backend_tests!(
 
 const WAIT: Duration = Duration::from_secs(20);
 
-fn action(value: Value) -> StateAction {
-    serde_json::from_value(value).expect("a StateAction")
-}
-
-fn title(envelope: &ActionEnvelope) -> String {
-    serde_json::to_value(&envelope.action).unwrap()["title"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
-
-async fn initialized(server: &TestServer, client_id: &str) -> Client {
-    let client = server.ahp().await;
-    client
-        .initialize(client_id.into(), vec![PROTOCOL_VERSION.into()], Vec::new())
-        .await
-        .expect("initialize");
-    client
-}
-
 async fn create(client: &Client, id: &str) {
     let _: Value = client
         .request(
@@ -59,18 +38,6 @@ async fn create(client: &Client, id: &str) {
         )
         .await
         .expect("createSession");
-}
-
-async fn next_envelope(subscription: &mut ahp::SessionSubscription) -> ActionEnvelope {
-    loop {
-        let event = tokio::time::timeout(WAIT, subscription.recv())
-            .await
-            .expect("an envelope in time")
-            .expect("subscription open");
-        if let SubscriptionEvent::Action(envelope) = event {
-            return envelope;
-        }
-    }
 }
 
 type Raw =
@@ -131,7 +98,7 @@ async fn a_slow_subscriber_is_closed_and_catches_up_without_delaying_others(db: 
         ..ServeConfig::default()
     };
     let server = TestServer::start_with(db.open().await, config).await;
-    let setup = initialized(&server, "setup").await;
+    let setup = server.initialized("setup").await;
     create(&setup, "busy").await;
     let transport = ahp_ws::WebSocketTransport::connect(&server.ws_url())
         .await
@@ -157,7 +124,7 @@ async fn a_slow_subscriber_is_closed_and_catches_up_without_delaying_others(db: 
     let pad = "p".repeat(4 * 1024);
     let mut senders = Vec::new();
     for w in 0..WRITERS {
-        let writer = initialized(&server, &format!("writer-{w}")).await;
+        let writer = server.initialized(&format!("writer-{w}")).await;
         let pad = pad.clone();
         senders.push(tokio::spawn(async move {
             for i in 0..EACH {
@@ -177,7 +144,7 @@ async fn a_slow_subscriber_is_closed_and_catches_up_without_delaying_others(db: 
     let mut fast_seen = Vec::new();
     for _ in 0..total {
         let envelope = next_envelope(&mut fast_sub).await;
-        fast_seen.push((envelope.server_seq, key(&title(&envelope))));
+        fast_seen.push((envelope.server_seq, key(&title_of(&envelope))));
     }
     let mut writers = Vec::new();
     for sender in senders {
@@ -250,7 +217,7 @@ async fn a_slow_subscriber_is_closed_and_catches_up_without_delaying_others(db: 
         replay
             .actions
             .iter()
-            .map(|e| (e.server_seq, key(&title(e)))),
+            .map(|e| (e.server_seq, key(&title_of(e)))),
     );
     let titles: Vec<_> = all.iter().map(|(seq, k)| (*seq, k.clone())).collect();
     assert_eq!(
@@ -294,7 +261,7 @@ async fn silent_connections_are_closed_after_the_ping_deadline(db: TestDb) {
     assert_eq!(u16::from(close.code), 4001);
     assert!(close.reason.contains("ping timeout"));
     // A client that reads (and so answers pings) stays connected.
-    let alive = initialized(&server, "alive").await;
+    let alive = server.initialized("alive").await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     alive.ping().await.expect("still connected");
     server.stop().await;
@@ -310,7 +277,7 @@ async fn connection_and_subscription_limits_answer_clearly(db: TestDb) {
         ..ServeConfig::default()
     };
     let server = TestServer::start_with(db.open().await, config).await;
-    let first = initialized(&server, "one").await;
+    let first = server.initialized("one").await;
     let _second = raw_initialized(&server, "two", &[]).await;
     match tokio_tungstenite::connect_async(server.ws_url()).await {
         Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
@@ -352,7 +319,7 @@ async fn actions_ready_together_commit_together(db: TestDb) {
     const SESSIONS: usize = 20;
     const EACH: usize = 25;
     let server = TestServer::start(&db).await;
-    let setup = initialized(&server, "setup").await;
+    let setup = server.initialized("setup").await;
     for s in 0..SESSIONS {
         create(&setup, &format!("g{s}")).await;
     }
@@ -360,7 +327,7 @@ async fn actions_ready_together_commit_together(db: TestDb) {
     let envelopes_before = metric(&server, "tether_committed_envelopes_total").await;
     let mut tasks = Vec::new();
     for s in 0..SESSIONS {
-        let client = initialized(&server, &format!("g-client-{s}")).await;
+        let client = server.initialized(&format!("g-client-{s}")).await;
         tasks.push(tokio::spawn(async move {
             let channel = format!("ahp-session:/g{s}");
             let (_, mut sub) = client.subscribe(channel.clone()).await.unwrap();
@@ -440,7 +407,7 @@ async fn the_webhook_backend_accepts_refuses_and_times_out(db: TestDb) {
         ..ServeConfig::default()
     };
     let server = TestServer::start_with(db.open().await, config).await;
-    let client = initialized(&server, "hooked").await;
+    let client = server.initialized("hooked").await;
     create(&client, "w").await;
     let (_, mut sub) = client.subscribe("ahp-session:/w".into()).await.unwrap();
     let outcome = |t: &'static str| {
@@ -507,7 +474,7 @@ async fn an_evicted_or_restarted_session_rebuilds_the_same_state(db: TestDb) {
         ..ServeConfig::default()
     };
     let server = TestServer::start_with(db.open().await, config()).await;
-    let client = initialized(&server, "rebuild").await;
+    let client = server.initialized("rebuild").await;
     create(&client, "rb").await;
     let (_, mut chat) = client.subscribe("ahp-chat:/rb.main".into()).await.unwrap();
     for i in 0..4 {
@@ -549,7 +516,7 @@ async fn an_evicted_or_restarted_session_rebuilds_the_same_state(db: TestDb) {
     server.stop().await;
 
     let server = TestServer::start_with(db.open().await, config()).await;
-    let client = initialized(&server, "rebuild-2").await;
+    let client = server.initialized("rebuild-2").await;
     assert_eq!(
         session_state(&client, "ahp-session:/rb").await,
         session_live
@@ -561,10 +528,10 @@ async fn an_evicted_or_restarted_session_rebuilds_the_same_state(db: TestDb) {
 async fn nothing_reaches_a_subscriber_before_it_is_committed(db: TestDb) {
     let store = db.open().await;
     let server = TestServer::start_with(store.clone(), ServeConfig::default()).await;
-    let client = initialized(&server, "auditor").await;
+    let client = server.initialized("auditor").await;
     create(&client, "cb").await;
     let (_, mut sub) = client.subscribe("ahp-session:/cb".into()).await.unwrap();
-    let writer = initialized(&server, "writer").await;
+    let writer = server.initialized("writer").await;
     let mut by_seq = BTreeMap::new();
     for i in 0..30 {
         writer
@@ -583,7 +550,7 @@ async fn nothing_reaches_a_subscriber_before_it_is_committed(db: TestDb) {
             .await
             .unwrap();
         assert_eq!(stored.first().map(|e| e.seq), Some(envelope.server_seq));
-        by_seq.insert(envelope.server_seq, title(&envelope));
+        by_seq.insert(envelope.server_seq, title_of(&envelope));
     }
     assert_eq!(by_seq.len(), 30);
     server.stop().await;

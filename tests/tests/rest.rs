@@ -21,6 +21,7 @@ backend_tests!(
     the_tool_context_names_the_primary_directory,
     the_boot_sweep_fails_open_turns_and_settles_orphans,
     ten_thousand_sessions_page_exactly_once,
+    shared_context_documents_and_commands_fold_as_the_rules_say,
 );
 
 struct Api {
@@ -661,5 +662,107 @@ async fn ten_thousand_sessions_page_exactly_once(db: TestDb) {
         }
     }
     assert_eq!(seen.len(), SESSIONS);
+    server.stop().await;
+}
+
+async fn shared_context_documents_and_commands_fold_as_the_rules_say(db: TestDb) {
+    let server = TestServer::start(&db).await;
+    let api = Api::new(&server);
+    let dir = tempfile::tempdir().unwrap();
+    api.post(
+        "/v1/sessions",
+        json!({"id": "ctx", "workingDirectories": [dir.path()]}),
+    )
+    .await;
+    let send =
+        |seq: u64, action: Value| json!({"clientId": "ed", "clientSeq": seq, "action": action});
+    let shared = json!({"type": "x-tether/contextShared", "source": "push",
+        "context": {"url": "https://app.local/page", "concepts": ["login"], "document": {"path": "src/a.rs", "text": "fn main() {}"}}});
+    let (status, _) = api.post("/v1/sessions/ctx/actions", send(1, shared)).await;
+    assert_eq!(status, 200);
+    let (status, bad) = api
+        .post("/v1/sessions/ctx/actions", send(2, json!({"type": "x-tether/contextShared", "source": "push", "context": {"concepts": [7]}})))
+        .await;
+    assert_eq!(status, 422, "{bad}");
+    for (seq, revision) in [(3, 3), (4, 7), (5, 5)] {
+        let edit = json!({"type": "x-tether/documentEdited", "edits": [], "revision": revision});
+        assert_eq!(
+            api.post("/v1/sessions/ctx/actions", send(seq, edit))
+                .await
+                .0,
+            200
+        );
+    }
+    let (status, _) = api
+        .post(
+            "/v1/sessions/ctx/actions",
+            send(
+                6,
+                json!({"type": "x-tether/commandsAdvertised", "commands": []}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        status, 422,
+        "commands come from the agent, not from clients"
+    );
+    let (_, view) = api.get("/v1/sessions/ctx").await;
+    assert_eq!(
+        view["projection"]["documentRevision"], 7,
+        "the revision never rewinds"
+    );
+    assert_eq!(
+        view["projection"]["latestContext"]["url"],
+        "https://app.local/page"
+    );
+
+    // The agent advertises its commands when it opens, and again when it is
+    // resumed: the list is replaced whole, never appended to.
+    api.post("/v1/sessions/ctx/actions", json!({"clientId": "ed", "clientSeq": 7, "channel": "ahp-chat:/ctx.main", "action": turn("t", "hi")}))
+        .await;
+    let view = api
+        .session_until("ctx", |v| {
+            v["projection"]["commands"]
+                .as_array()
+                .is_some_and(|c| !c.is_empty())
+        })
+        .await;
+    assert_eq!(view["projection"]["commands"].as_array().unwrap().len(), 1);
+    let (status, _) = api
+        .post(
+            "/v1/sessions/ctx/resume",
+            json!({"sessionId": "ctx", "cwd": dir.path(), "mcpServers": []}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (_, view) = api.get("/v1/sessions/ctx").await;
+    assert_eq!(
+        view["projection"]["commands"].as_array().unwrap().len(),
+        1,
+        "replaced whole"
+    );
+    assert_eq!(
+        view["projection"]["documentRevision"], 7,
+        "a resume does not reset the revision"
+    );
+
+    // Ended absorbs: an ended session stays ended whatever comes later.
+    api.post("/v1/sessions", json!({"id": "over"})).await;
+    let (_, ended) = api.delete("/v1/sessions/over").await;
+    assert_eq!(ended["state"], "ended");
+    let (status, _) = api
+        .post("/v1/sessions/over/actions", json!({"clientId": "ed", "clientSeq": 8, "channel": "ahp-chat:/over.main", "action": turn("late", "hello?")}))
+        .await;
+    assert_eq!(status, 409);
+    let (status, _) = api
+        .post(
+            "/v1/sessions/over/resume",
+            json!({"sessionId": "over", "cwd": "/", "mcpServers": []}),
+        )
+        .await;
+    assert_eq!(status, 409);
+    let (_, still) = api.get("/v1/sessions/over").await;
+    assert_eq!(still["state"], "ended");
+    assert_eq!(still["turns"], 0);
     server.stop().await;
 }

@@ -96,6 +96,15 @@ impl AgentSpec {
         })
     }
 
+    /// The `x-tether/commandsAdvertised` an agent records when it opens a
+    /// session (the list replaces any earlier one whole).
+    pub fn commands_advertisement(&self) -> Value {
+        json!({
+            "type": tether_protocol::actions::COMMANDS_ADVERTISED,
+            "commands": [{"name": "echo", "description": "Repeat the message back.", "inputHint": "text to repeat"}],
+        })
+    }
+
     /// The host-originated actions that answer an accepted
     /// `chat/turnStarted` on `chat`: the user's text echoed back as a
     /// markdown response part, then the turn's completion.

@@ -376,6 +376,9 @@ impl SessionActor {
                 "resumed": true,
             }),
         )];
+        if let Some(agent) = self.ctx.agents.get(&model.session.provider) {
+            actions.push((self.uri.clone(), agent.commands_advertisement()));
+        }
         // The additional directories are the complete new list.
         for dir in current.iter().skip(1).filter(|d| !wanted.contains(d)) {
             actions.push((
@@ -653,6 +656,8 @@ impl SessionActor {
                 }),
             ));
             self.agent_live = true;
+            self.follow_ups
+                .push((self.uri.clone(), agent.commands_advertisement()));
         }
         if agent.answers_turns {
             for action in agent.answer_turn(turn) {

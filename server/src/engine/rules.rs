@@ -4,7 +4,8 @@
 
 use serde_json::Value;
 use tether_protocol::actions::{
-    EXTENSION_PREFIX, action_scope, action_type, is_client_dispatchable, is_session_workdir_action,
+    EXTENSION_PREFIX, action_scope, action_type, check_extension, is_client_dispatchable,
+    is_session_workdir_action,
 };
 use tether_protocol::channel::Channel;
 use tether_protocol::model::SessionModel;
@@ -33,9 +34,19 @@ pub fn check_dispatchable<'a>(channel: &Channel, action: &'a Value) -> Result<&'
         );
     };
     if kind.starts_with(EXTENSION_PREFIX) {
-        return Err(format!(
-            "Action {kind} is recorded by the host itself; clients cannot dispatch it."
-        ));
+        if !is_client_dispatchable(kind) {
+            return Err(format!(
+                "Action {kind} is recorded by the host itself; clients cannot dispatch it."
+            ));
+        }
+        if !matches!(channel, Channel::Session(_)) {
+            return Err(format!(
+                "Action {kind} belongs on a session channel, not on {}.",
+                channel.uri()
+            ));
+        }
+        check_extension(action)?;
+        return Ok(kind);
     }
     match action_scope(kind) {
         Some(scope) if scope == scope_of(channel) => {}

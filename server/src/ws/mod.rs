@@ -529,6 +529,15 @@ impl Connection {
         Next::Continue
     }
 
+    fn client_id_param(params: &Value) -> Result<String, RpcError> {
+        params
+            .get("clientId")
+            .and_then(Value::as_str)
+            .filter(|c| !c.is_empty() && c.len() <= 256)
+            .map(str::to_owned)
+            .ok_or_else(|| RpcError::invalid("params.clientId (1 to 256 characters) is required."))
+    }
+
     fn channel_param(params: &Value) -> Result<String, RpcError> {
         params
             .get("channel")
@@ -545,12 +554,7 @@ impl Connection {
             .ok_or_else(|| {
                 RpcError::invalid("params.protocolVersions (an array of strings) is required.")
             })?;
-        let client_id = params
-            .get("clientId")
-            .and_then(Value::as_str)
-            .filter(|c| !c.is_empty())
-            .ok_or_else(|| RpcError::invalid("params.clientId is required."))?
-            .to_owned();
+        let client_id = Self::client_id_param(&params)?;
         let version = match ahp_types::negotiate_protocol_version(&offered) {
             Ok(Some(version)) => version.to_owned(),
             Ok(None) => {
@@ -623,12 +627,7 @@ impl Connection {
     }
 
     async fn reconnect(&mut self, params: Value) -> Result<Value, RpcError> {
-        let client_id = params
-            .get("clientId")
-            .and_then(Value::as_str)
-            .filter(|c| !c.is_empty())
-            .ok_or_else(|| RpcError::invalid("params.clientId is required."))?
-            .to_owned();
+        let client_id = Self::client_id_param(&params)?;
         let last_seen = params
             .get("lastSeenServerSeq")
             .and_then(Value::as_u64)
