@@ -374,7 +374,15 @@ async fn the_webhook_backend_accepts_refuses_and_times_out(db: TestDb) {
                     .and_then(Value::as_str)
                     .unwrap_or("");
                 assert!(body.get("state").is_some() || body.get("createSession").is_some());
+                let flaky_calls = if title == "flaky" {
+                    seen.fetch_add(1000, Ordering::SeqCst)
+                } else {
+                    0
+                };
                 match title {
+                    "flaky" if flaky_calls < 1000 => {
+                        (axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(json!({})))
+                    }
                     "forbidden" => (
                         axum::http::StatusCode::OK,
                         Json(json!({"accept": false, "reason": "No forbidden titles here."})),
@@ -435,6 +443,24 @@ async fn the_webhook_backend_accepts_refuses_and_times_out(db: TestDb) {
     outcome("slow").await;
     let reason = next_envelope(&mut sub).await.rejection_reason.unwrap();
     assert!(reason.contains("unavailable"), "{reason}");
+    // A transient failure is not recorded: the same origin, retried once
+    // the backend is back, is accepted (over REST, which answers statuses).
+    let http = reqwest::Client::new();
+    let flaky = json!({"clientId": "retry-me", "clientSeq": 1, "action": {"type": "session/titleChanged", "title": "flaky"}});
+    let url = format!("{}/v1/sessions/w/actions", server.base_url());
+    let first = http.post(&url).json(&flaky).send().await.unwrap();
+    assert_eq!(first.status(), 503, "backend unavailable");
+    let second = http.post(&url).json(&flaky).send().await.unwrap();
+    assert_eq!(second.status(), 200, "the retry went through");
+    let third = http.post(&url).json(&flaky).send().await.unwrap();
+    assert_eq!(third.status(), 200, "and stays the origin's outcome");
+    let restore = http
+        .post(&url)
+        .json(&json!({"clientId": "retry-me", "clientSeq": 2, "action": {"type": "session/titleChanged", "title": "fine"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(restore.status(), 200);
     let snapshot = client
         .subscribe("ahp-session:/w".into())
         .await

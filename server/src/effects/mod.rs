@@ -26,14 +26,32 @@ pub struct EffectRequest<'a> {
     pub origin: Option<(&'a str, u64)>,
 }
 
+/// Why a side effect did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EffectError {
+    /// The backend refused the action; retrying the same action will not help.
+    #[error("{0}")]
+    Refused(String),
+    /// The backend could not be asked (timeout, error status, garbage);
+    /// the same action may succeed later, so the refusal is not recorded.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<String> for EffectError {
+    fn from(reason: String) -> Self {
+        EffectError::Refused(reason)
+    }
+}
+
 /// A side-effect backend.
 #[async_trait]
 pub trait Effects: Send + Sync + std::fmt::Debug {
     /// Applies the action's side effect, or says why it cannot.
-    async fn apply(&self, request: &EffectRequest<'_>) -> Result<(), String>;
+    async fn apply(&self, request: &EffectRequest<'_>) -> Result<(), EffectError>;
 
     /// Checks the working directories of a session about to be created.
-    async fn check_directories(&self, directories: &[String]) -> Result<(), String>;
+    async fn check_directories(&self, directories: &[String]) -> Result<(), EffectError>;
 }
 
 /// The directories an action would add.
@@ -106,14 +124,14 @@ fn display_roots(roots: &[PathBuf]) -> String {
 
 #[async_trait]
 impl Effects for LocalEffects {
-    async fn apply(&self, request: &EffectRequest<'_>) -> Result<(), String> {
+    async fn apply(&self, request: &EffectRequest<'_>) -> Result<(), EffectError> {
         for directory in added_directories(request.action) {
             self.check(directory).await?;
         }
         Ok(())
     }
 
-    async fn check_directories(&self, directories: &[String]) -> Result<(), String> {
+    async fn check_directories(&self, directories: &[String]) -> Result<(), EffectError> {
         for directory in directories {
             self.check(directory).await?;
         }
@@ -144,10 +162,12 @@ impl WebhookEffects {
         })
     }
 
-    async fn ask(&self, body: Value) -> Result<(), String> {
+    async fn ask(&self, body: Value) -> Result<(), EffectError> {
         let unavailable = |why: String| {
             tracing::warn!(url = %self.url, %why, "side-effect webhook unavailable");
-            "The side-effect backend is unavailable; try again later.".to_owned()
+            EffectError::Unavailable(
+                "The side-effect backend is unavailable; try again later.".to_owned(),
+            )
         };
         let response = self
             .http
@@ -166,12 +186,14 @@ impl WebhookEffects {
             .map_err(|e| unavailable(e.to_string()))?;
         match answer.get("accept").and_then(Value::as_bool) {
             Some(true) => Ok(()),
-            Some(false) => Err(answer
-                .get("reason")
-                .and_then(Value::as_str)
-                .filter(|r| !r.trim().is_empty())
-                .unwrap_or("The side-effect backend refused the action.")
-                .to_owned()),
+            Some(false) => Err(EffectError::Refused(
+                answer
+                    .get("reason")
+                    .and_then(Value::as_str)
+                    .filter(|r| !r.trim().is_empty())
+                    .unwrap_or("The side-effect backend refused the action.")
+                    .to_owned(),
+            )),
             None => Err(unavailable("answer has no boolean \"accept\"".to_owned())),
         }
     }
@@ -179,7 +201,7 @@ impl WebhookEffects {
 
 #[async_trait]
 impl Effects for WebhookEffects {
-    async fn apply(&self, request: &EffectRequest<'_>) -> Result<(), String> {
+    async fn apply(&self, request: &EffectRequest<'_>) -> Result<(), EffectError> {
         let origin = request
             .origin
             .map(|(client_id, client_seq)| json!({"clientId": client_id, "clientSeq": client_seq}));
@@ -190,7 +212,7 @@ impl Effects for WebhookEffects {
         .await
     }
 
-    async fn check_directories(&self, directories: &[String]) -> Result<(), String> {
+    async fn check_directories(&self, directories: &[String]) -> Result<(), EffectError> {
         self.ask(json!({"createSession": {"workingDirectories": directories}}))
             .await
     }
@@ -203,11 +225,11 @@ pub struct AgentEffects;
 
 #[async_trait]
 impl Effects for AgentEffects {
-    async fn apply(&self, _request: &EffectRequest<'_>) -> Result<(), String> {
+    async fn apply(&self, _request: &EffectRequest<'_>) -> Result<(), EffectError> {
         Ok(())
     }
 
-    async fn check_directories(&self, _directories: &[String]) -> Result<(), String> {
+    async fn check_directories(&self, _directories: &[String]) -> Result<(), EffectError> {
         Ok(())
     }
 }

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::commit::CommitOutcome;
 use super::fanout::{Published, published_from_store};
 use super::rules::{check_dispatchable, check_workdirs};
-use super::{Ctx, EngineError};
+use super::{Ctx, EngineError, Refusal, RefusalKind};
 use crate::auth::Principal;
 use crate::effects::EffectRequest;
 use crate::store::{
@@ -33,8 +33,8 @@ use crate::store::{
 pub enum DispatchOutcome {
     /// Accepted (now or, for a retry, originally) as this envelope.
     Accepted(Arc<Published>),
-    /// Refused, with a reason a person can act on.
-    Rejected(String),
+    /// Refused, with its kind and a reason a person can act on.
+    Rejected(Refusal),
 }
 
 /// One action to validate, apply and commit.
@@ -181,7 +181,8 @@ impl SessionActor {
         match command {
             Command::Dispatch(d) => {
                 if let Some(reply) = d.reply {
-                    let _ = reply.send(DispatchOutcome::Rejected(err.to_string()));
+                    let refusal = Refusal::new(RefusalKind::Unavailable, err.to_string());
+                    let _ = reply.send(DispatchOutcome::Rejected(refusal));
                 }
             }
             Command::Create { reply, .. } | Command::Dispose { reply } => {
@@ -318,8 +319,8 @@ impl SessionActor {
     async fn host_actions(&mut self, actions: Vec<(String, Value)>) -> Result<(), EngineError> {
         self.follow_ups.extend(actions);
         for outcome in self.run_follow_ups().await {
-            if let DispatchOutcome::Rejected(reason) = outcome {
-                return Err(EngineError::Unavailable(reason));
+            if let DispatchOutcome::Rejected(refusal) = outcome {
+                return Err(EngineError::Unavailable(refusal.reason));
             }
         }
         Ok(())
@@ -460,7 +461,9 @@ impl SessionActor {
         self.follow_ups.push((self.uri.clone(), action));
         match self.run_follow_ups().await.into_iter().next() {
             Some(DispatchOutcome::Accepted(_)) => Ok(()),
-            Some(DispatchOutcome::Rejected(reason)) => Err(EngineError::Unavailable(reason)),
+            Some(DispatchOutcome::Rejected(refusal)) => {
+                Err(EngineError::Unavailable(refusal.reason))
+            }
             None => Err(EngineError::Unavailable(
                 "the chat was not recorded".to_owned(),
             )),
@@ -493,8 +496,8 @@ impl SessionActor {
         self.agent_live = false;
         self.follow_ups.push((self.uri.clone(), action));
         let outcomes = self.run_follow_ups().await;
-        if let Some(DispatchOutcome::Rejected(reason)) = outcomes.first() {
-            return Err(EngineError::Unavailable(reason.clone()));
+        if let Some(DispatchOutcome::Rejected(refusal)) = outcomes.first() {
+            return Err(EngineError::Unavailable(refusal.reason.clone()));
         }
         let model = self.model.as_ref().ok_or_else(|| {
             EngineError::Unavailable("the session could not be reloaded".to_owned())
@@ -540,7 +543,7 @@ impl SessionActor {
         let Some(model) = self.model.as_mut() else {
             for d in batch {
                 let reason = format!("Session {} does not exist.", self.id);
-                reply(d.reply, DispatchOutcome::Rejected(reason));
+                reply(d.reply, DispatchOutcome::Rejected(reason.into()));
             }
             return;
         };
@@ -600,10 +603,10 @@ impl SessionActor {
                 for (d, _) in pending {
                     reply(
                         d.reply,
-                        DispatchOutcome::Rejected(
-                            "Storage unavailable: the action was not recorded; retry it."
-                                .to_owned(),
-                        ),
+                        DispatchOutcome::Rejected(Refusal::new(
+                            RefusalKind::Unavailable,
+                            super::STORAGE_UNAVAILABLE,
+                        )),
                     );
                 }
                 reload = true;
@@ -627,7 +630,7 @@ impl SessionActor {
                         }
                         CommitOutcome::Duplicate(OriginOutcome::Rejected(rejection)) => {
                             reload = true;
-                            reply(d.reply, DispatchOutcome::Rejected(rejection.reason));
+                            reply(d.reply, DispatchOutcome::Rejected(rejection.reason.into()));
                         }
                     }
                 }
@@ -696,13 +699,16 @@ pub(super) fn retry_outcome(original: &StoredEnvelope, action: &Value) -> Dispat
         DispatchOutcome::Accepted(Arc::new(published_from_store(original)))
     } else {
         let origin = original.origin.as_ref();
-        DispatchOutcome::Rejected(format!(
-            "clientSeq {} of client {:?} was already used for a different action (serverSeq {}); \
+        DispatchOutcome::Rejected(Refusal::new(
+            RefusalKind::Conflict,
+            format!(
+                "clientSeq {} of client {:?} was already used for a different action (serverSeq {}); \
              a client must not reuse sequence numbers: continue above its highest clientSeq or \
              use a new clientId.",
-            origin.map_or(0, |o| o.client_seq),
-            origin.map_or("", |o| o.client_id.as_str()),
-            original.seq
+                origin.map_or(0, |o| o.client_seq),
+                origin.map_or("", |o| o.client_id.as_str()),
+                original.seq
+            ),
         ))
     }
 }
@@ -721,20 +727,23 @@ async fn check_dispatch(
     model: &mut SessionModel,
     agent: Option<&crate::agents::AgentSpec>,
     d: &mut Dispatch,
-) -> Result<(), String> {
+) -> Result<(), Refusal> {
     if let Some(principal) = &d.principal
         && !principal.can_see(&model.created.project)
     {
-        return Err(format!("Channel {} does not exist.", d.channel));
+        return Err(format!("Channel {} does not exist.", d.channel).into());
     }
     let channel = Channel::parse(&d.channel).map_err(|e| e.to_string())?;
     let kind = if d.origin.is_some() {
         let kind = check_dispatchable(&channel, &d.action)?.to_owned();
         if matches!(model.projection.settled.as_ref(), Some(s) if s.state == tether_protocol::projection::SessionLifeState::Ended)
         {
-            return Err(format!(
-                "Session {} has ended; it accepts no more actions. Start a new session.",
-                model.id
+            return Err(Refusal::new(
+                RefusalKind::Conflict,
+                format!(
+                    "Session {} has ended; it accepts no more actions. Start a new session.",
+                    model.id
+                ),
             ));
         }
         let caps = agent.map(|a| a.workdirs).unwrap_or_default();
@@ -748,7 +757,8 @@ async fn check_dispatch(
         return Err(format!(
             "Action {kind} is malformed: a field is missing or has the wrong type (see the AHP \
              1.0 action reference)."
-        ));
+        )
+        .into());
     }
     let (outcome, trial) = model.try_apply(&d.channel, &d.action, &typed);
     let trial = match (outcome, trial) {
@@ -756,10 +766,11 @@ async fn check_dispatch(
         (ReduceOutcome::Invalid(err), _) => {
             return Err(format!(
                 "Action {kind} is not valid in the session's current state: {err:?}."
-            ));
+            )
+            .into());
         }
         _ => {
-            return Err(format!("Action {kind} does not apply to {}.", d.channel));
+            return Err(format!("Action {kind} does not apply to {}.", d.channel).into());
         }
     };
     if let Some(origin) = &d.origin {
@@ -774,10 +785,13 @@ async fn check_dispatch(
         match tokio::time::timeout(timeout, ctx.effects.apply(&request)).await {
             Ok(result) => result?,
             Err(_) => {
-                return Err(format!(
-                    "The side-effect backend is unavailable: it did not answer within {} ms; \
-                     try again later.",
-                    timeout.as_millis()
+                return Err(Refusal::new(
+                    RefusalKind::Unavailable,
+                    format!(
+                        "The side-effect backend is unavailable: it did not answer within {} ms; \
+                         try again later.",
+                        timeout.as_millis()
+                    ),
                 ));
             }
         }
@@ -794,15 +808,20 @@ impl Ctx {
         origin: Option<&Origin>,
         channel: &str,
         action: &Value,
-        reason: String,
+        refusal: Refusal,
     ) -> DispatchOutcome {
         self.metrics
             .rejections
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Some(origin) = origin else {
-            tracing::warn!(%channel, %reason, "host-originated action refused");
-            return DispatchOutcome::Rejected(reason);
+            tracing::warn!(%channel, reason = %refusal.reason, "host-originated action refused");
+            return DispatchOutcome::Rejected(refusal);
         };
+        // A transient failure is not the origin's outcome: a retry may pass.
+        if refusal.kind == RefusalKind::Unavailable {
+            return DispatchOutcome::Rejected(refusal);
+        }
+        let reason = refusal.reason.clone();
         let rejection = Rejection {
             origin: origin.clone(),
             channel: channel.to_owned(),
@@ -812,10 +831,13 @@ impl Ctx {
         };
         match self.store.record_rejection(rejection).await {
             Ok(OriginOutcome::Accepted(original)) => retry_outcome(&original, action),
-            Ok(OriginOutcome::Rejected(first)) => DispatchOutcome::Rejected(first.reason),
+            Ok(OriginOutcome::Rejected(first)) if first.reason == refusal.reason => {
+                DispatchOutcome::Rejected(refusal)
+            }
+            Ok(OriginOutcome::Rejected(first)) => DispatchOutcome::Rejected(first.reason.into()),
             Err(err) => {
                 tracing::warn!(error = %err, "rejection not recorded");
-                DispatchOutcome::Rejected(reason)
+                DispatchOutcome::Rejected(refusal)
             }
         }
     }

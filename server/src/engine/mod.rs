@@ -28,6 +28,63 @@ use tether_protocol::workdir::canonical_file_uri;
 use tokio::sync::{mpsc, oneshot};
 
 pub use actor::DispatchOutcome;
+
+/// What kind of refusal a dispatch got; it decides the REST status and
+/// whether the refusal is recorded as the origin's final outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalKind {
+    /// The action is invalid (or not allowed) as sent.
+    Invalid,
+    /// The session's state forbids it (ended) or the sequence number was
+    /// reused for another action.
+    Conflict,
+    /// Storage or a side-effect backend was unavailable. Not recorded: the
+    /// same dispatch may succeed when retried.
+    Unavailable,
+}
+
+/// A refused dispatch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Refusal {
+    /// Its kind.
+    pub kind: RefusalKind,
+    /// A sentence a person can act on.
+    pub reason: String,
+}
+
+impl Refusal {
+    /// A refusal of `kind`.
+    pub fn new(kind: RefusalKind, reason: impl Into<String>) -> Self {
+        Self {
+            kind,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl From<String> for Refusal {
+    fn from(reason: String) -> Self {
+        Self::new(RefusalKind::Invalid, reason)
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(reason: &str) -> Self {
+        Self::new(RefusalKind::Invalid, reason)
+    }
+}
+
+impl From<crate::effects::EffectError> for Refusal {
+    fn from(err: crate::effects::EffectError) -> Self {
+        match err {
+            crate::effects::EffectError::Refused(reason) => Self::new(RefusalKind::Invalid, reason),
+            crate::effects::EffectError::Unavailable(reason) => {
+                Self::new(RefusalKind::Unavailable, reason)
+            }
+        }
+    }
+}
 use actor::{Command, Dispatch, SessionActor};
 use commit::{CommitOutcome, Committer};
 use fanout::Hub;
@@ -160,6 +217,10 @@ impl std::fmt::Debug for Ctx {
         f.debug_struct("Ctx").field("config", &self.config).finish()
     }
 }
+
+/// The refusal for a dispatch whose commit failed.
+pub(crate) const STORAGE_UNAVAILABLE: &str =
+    "Storage unavailable: the action was not recorded; retry it.";
 
 /// Mailbox size of a session actor: a burst larger than this waits.
 const MAILBOX: usize = 1024;
@@ -374,7 +435,7 @@ impl Engine {
         channel: &str,
         action: Value,
     ) -> DispatchOutcome {
-        let reject = |reason: String| DispatchOutcome::Rejected(reason);
+        let reject = |reason: String| DispatchOutcome::Rejected(reason.into());
         if !principal.can_write() {
             return self
                 .ctx
@@ -396,7 +457,12 @@ impl Engine {
         let session = match self.session_of(&parsed).await {
             Ok(Some(session)) => session,
             Ok(None) => return reject(format!("Channel {channel} does not exist.")),
-            Err(err) => return reject(err.to_string()),
+            Err(err) => {
+                return DispatchOutcome::Rejected(Refusal::new(
+                    RefusalKind::Unavailable,
+                    err.to_string(),
+                ));
+            }
         };
         let (reply, answer) = oneshot::channel();
         self.send(
@@ -410,9 +476,12 @@ impl Engine {
             }),
         )
         .await;
-        answer
-            .await
-            .unwrap_or_else(|_| reject("The session stopped unexpectedly; retry.".to_owned()))
+        answer.await.unwrap_or_else(|_| {
+            DispatchOutcome::Rejected(Refusal::new(
+                RefusalKind::Unavailable,
+                "The session stopped unexpectedly; retry.",
+            ))
+        })
     }
 
     async fn dispatch_root(&self, origin: Option<Origin>, action: Value) -> DispatchOutcome {
@@ -421,7 +490,7 @@ impl Engine {
             Err(reason) => {
                 return self
                     .ctx
-                    .reject(origin.as_ref(), ROOT, &action, reason)
+                    .reject(origin.as_ref(), ROOT, &action, reason.into())
                     .await;
             }
         }
@@ -440,17 +509,17 @@ impl Engine {
         &self,
         action: Value,
         origin: Option<Origin>,
-    ) -> Result<DispatchOutcome, String> {
+    ) -> Result<DispatchOutcome, Refusal> {
         let mut root = self.ctx.root.lock().await;
         let typed = typed_action(&action);
         let mut trial = root.state.clone();
         match apply_action_to_root(&mut trial, &typed) {
             ReduceOutcome::Applied | ReduceOutcome::NoOp => {}
             other => {
-                return Err(format!(
+                return Err(Refusal::from(format!(
                     "Action {} does not apply to the root channel ({other:?}).",
                     tether_protocol::actions::action_type(&action).unwrap_or("?")
-                ));
+                )));
             }
         }
         let outcome = self
@@ -481,9 +550,9 @@ impl Engine {
                 Ok(actor::retry_outcome(&original, &action))
             }
             Some(CommitOutcome::Duplicate(crate::store::OriginOutcome::Rejected(first))) => {
-                Ok(DispatchOutcome::Rejected(first.reason))
+                Ok(DispatchOutcome::Rejected(first.reason.into()))
             }
-            None => Err("Storage unavailable: the action was not recorded; retry it.".to_owned()),
+            None => Err(Refusal::new(RefusalKind::Unavailable, STORAGE_UNAVAILABLE)),
         }
     }
 
@@ -581,7 +650,12 @@ impl Engine {
         match tokio::time::timeout(timeout, self.ctx.effects.check_directories(&directories)).await
         {
             Ok(Ok(())) => {}
-            Ok(Err(reason)) => return Err(EngineError::InvalidParams(reason)),
+            Ok(Err(crate::effects::EffectError::Refused(reason))) => {
+                return Err(EngineError::InvalidParams(reason));
+            }
+            Ok(Err(crate::effects::EffectError::Unavailable(reason))) => {
+                return Err(EngineError::Unavailable(reason));
+            }
             Err(_) => {
                 return Err(EngineError::Unavailable(
                     "The side-effect backend did not answer in time; try again later.".into(),
@@ -648,7 +722,7 @@ impl Engine {
             .unwrap_or(0);
         let action = json!({"type": "root/activeSessionsChanged", "activeSessions": (current + delta).max(0)});
         if let Err(err) = self.commit_root(action, None).await {
-            tracing::warn!(error = %err, "active session count not recorded");
+            tracing::warn!(error = %err.reason, "active session count not recorded");
         }
     }
 
@@ -703,7 +777,12 @@ impl Engine {
         added.retain(|d| d != &cwd);
         match tokio::time::timeout(timeout, self.ctx.effects.check_directories(&added)).await {
             Ok(Ok(())) => {}
-            Ok(Err(reason)) => return Err(EngineError::InvalidParams(reason)),
+            Ok(Err(crate::effects::EffectError::Refused(reason))) => {
+                return Err(EngineError::InvalidParams(reason));
+            }
+            Ok(Err(crate::effects::EffectError::Unavailable(reason))) => {
+                return Err(EngineError::Unavailable(reason));
+            }
             Err(_) => {
                 return Err(EngineError::Unavailable(
                     "The side-effect backend did not answer in time; try again later.".into(),

@@ -25,7 +25,7 @@ use super::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::engine::fanout::envelope_json;
-use crate::engine::{CreateSession, DispatchOutcome, rfc3339};
+use crate::engine::{CreateSession, DispatchOutcome, Refusal, RefusalKind, rfc3339};
 use crate::store::{Origin, SessionFilter, SessionRow};
 
 /// Largest page a caller may ask for.
@@ -361,20 +361,24 @@ pub async fn dispatch(
                 envelope: frame.get("params").cloned().unwrap_or_default(),
             }))
         }
-        DispatchOutcome::Rejected(reason) => Err(rejection(reason)),
+        DispatchOutcome::Rejected(refusal) => Err(rejection(refusal)),
     }
 }
 
 /// The status of a refused dispatch: 503 when storage or a backend was
-/// unavailable (retry), 409 when the session's state forbids it, else 422.
-fn rejection(reason: String) -> ApiError {
-    let lower = reason.to_lowercase();
-    if lower.contains("unavailable") {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", reason)
-    } else if lower.contains("has ended") || lower.contains("already used") {
-        ApiError::new(StatusCode::CONFLICT, "rejected", reason)
-    } else {
-        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "rejected", reason)
+/// unavailable (retry), 409 when the session's state forbids it or the
+/// sequence number was reused, else 422.
+fn rejection(refusal: Refusal) -> ApiError {
+    match refusal.kind {
+        RefusalKind::Unavailable => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            refusal.reason,
+        ),
+        RefusalKind::Conflict => ApiError::new(StatusCode::CONFLICT, "rejected", refusal.reason),
+        RefusalKind::Invalid => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "rejected", refusal.reason)
+        }
     }
 }
 

@@ -739,7 +739,8 @@ impl Connection {
                     return Err(RpcError::invalid("outbound queue full"));
                 }
             }
-            DispatchOutcome::Rejected(reason) => {
+            DispatchOutcome::Rejected(refusal) => {
+                let reason = refusal.reason;
                 let frame = action_frame(
                     self.cursor,
                     &channel,
