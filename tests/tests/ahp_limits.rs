@@ -30,6 +30,11 @@ backend_tests!(
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// These tests measure behaviour under load (who keeps up, who is cut off,
+/// what commits together), so they run one at a time: on two cores, a
+/// neighbour's burst would make a "fast" client slow.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn create(client: &Client, id: &str) {
     let _: Value = client
         .request(
@@ -87,12 +92,13 @@ async fn raw_small_buffer(server: &TestServer, client_id: &str, subscribe: &[&st
 }
 
 async fn a_slow_subscriber_is_closed_and_catches_up_without_delaying_others(db: TestDb) {
+    let _serial = SERIAL.lock().await;
     const WRITERS: usize = 8;
     const EACH: usize = 250;
     let config = ServeConfig {
         ws: WsLimits {
-            max_outbound_bytes: 256 * 1024,
-            max_replay_bytes: 64 * 1024 * 1024,
+            max_outbound_bytes: 2 * 1024 * 1024,
+            max_replay_bytes: 15 * 1024 * 1024,
             ..Default::default()
         },
         ..ServeConfig::default()
@@ -119,15 +125,20 @@ async fn a_slow_subscriber_is_closed_and_catches_up_without_delaying_others(db: 
     // The slow one subscribes, then stops reading.
     let mut slow = raw_small_buffer(&server, "slow", &["ahp-session:/busy"]).await;
 
-    // About 8 MiB in 4 KiB titles: more than the server's socket buffer and
-    // the slow connection's 256 KiB queue can hold.
-    let pad = "p".repeat(4 * 1024);
+    // About 16 MiB in 8 KiB titles: more than the server's socket buffer
+    // (at most 4 MiB here) and the slow connection's 2 MiB queue can hold.
+    let pad = "p".repeat(8 * 1024);
     let mut senders = Vec::new();
     for w in 0..WRITERS {
         let writer = server.initialized(&format!("writer-{w}")).await;
         let pad = pad.clone();
         senders.push(tokio::spawn(async move {
             for i in 0..EACH {
+                // A steady rate (about 4,000 envelopes/s in all), not a
+                // flood: the fast subscriber must keep up, the slow one not.
+                if i % 5 == 4 {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
                 writer
                     .dispatch(
                         "ahp-session:/busy".into(),
@@ -239,6 +250,7 @@ async fn a_slow_subscriber_is_closed_and_catches_up_without_delaying_others(db: 
 }
 
 async fn silent_connections_are_closed_after_the_ping_deadline(db: TestDb) {
+    let _serial = SERIAL.lock().await;
     let config = ServeConfig {
         ws: WsLimits {
             ping_interval: Duration::from_millis(200),
@@ -268,6 +280,7 @@ async fn silent_connections_are_closed_after_the_ping_deadline(db: TestDb) {
 }
 
 async fn connection_and_subscription_limits_answer_clearly(db: TestDb) {
+    let _serial = SERIAL.lock().await;
     let config = ServeConfig {
         ws: WsLimits {
             max_connections: 2,
@@ -316,6 +329,7 @@ async fn metric(server: &TestServer, name: &str) -> u64 {
 }
 
 async fn actions_ready_together_commit_together(db: TestDb) {
+    let _serial = SERIAL.lock().await;
     const SESSIONS: usize = 20;
     const EACH: usize = 25;
     let server = TestServer::start(&db).await;
@@ -359,6 +373,7 @@ async fn actions_ready_together_commit_together(db: TestDb) {
 }
 
 async fn the_webhook_backend_accepts_refuses_and_times_out(db: TestDb) {
+    let _serial = SERIAL.lock().await;
     use axum::Json;
     use axum::routing::post;
     let calls = Arc::new(AtomicUsize::new(0));
@@ -491,6 +506,7 @@ async fn session_state(client: &Client, channel: &str) -> Value {
 }
 
 async fn an_evicted_or_restarted_session_rebuilds_the_same_state(db: TestDb) {
+    let _serial = SERIAL.lock().await;
     let config = || ServeConfig {
         engine: EngineConfig {
             actor_idle: Duration::from_millis(300),
@@ -552,6 +568,7 @@ async fn an_evicted_or_restarted_session_rebuilds_the_same_state(db: TestDb) {
 }
 
 async fn nothing_reaches_a_subscriber_before_it_is_committed(db: TestDb) {
+    let _serial = SERIAL.lock().await;
     let store = db.open().await;
     let server = TestServer::start_with(store.clone(), ServeConfig::default()).await;
     let client = server.initialized("auditor").await;

@@ -166,6 +166,30 @@ pub struct Metrics {
     pub slow_closes: AtomicU64,
 }
 
+/// A submitted dispatch: answered already, or waiting for its session.
+#[derive(Debug)]
+pub enum Submitted {
+    /// Refused (or answered) before reaching a session.
+    Done(DispatchOutcome),
+    /// In its session's queue; the outcome arrives here.
+    Pending(oneshot::Receiver<DispatchOutcome>),
+}
+
+impl Submitted {
+    /// Waits for the outcome.
+    pub async fn outcome(self) -> DispatchOutcome {
+        match self {
+            Submitted::Done(outcome) => outcome,
+            Submitted::Pending(answer) => answer.await.unwrap_or_else(|_| {
+                DispatchOutcome::Rejected(Refusal::new(
+                    RefusalKind::Unavailable,
+                    "The session stopped unexpectedly; retry.",
+                ))
+            }),
+        }
+    }
+}
+
 /// A channel's state with the seq it includes.
 #[derive(Debug, Clone)]
 pub struct ChannelSnapshot {
@@ -427,7 +451,8 @@ impl Engine {
         view.ok_or_else(|| EngineError::NotFound(format!("Session {id} does not exist.")))
     }
 
-    /// Dispatches an action through the whole pipeline.
+    /// Dispatches an action through the whole pipeline and waits for its
+    /// outcome.
     pub async fn dispatch(
         &self,
         principal: &Principal,
@@ -435,33 +460,47 @@ impl Engine {
         channel: &str,
         action: Value,
     ) -> DispatchOutcome {
-        let reject = |reason: String| DispatchOutcome::Rejected(reason.into());
+        self.submit(principal, origin, channel, action)
+            .await
+            .outcome()
+            .await
+    }
+
+    /// Hands an action to its session in order and returns without waiting
+    /// for the commit: a connection submits its dispatches one after another
+    /// (so they reach the session in the order sent) and collects the
+    /// outcomes as they come, instead of one commit per round trip.
+    pub async fn submit(
+        &self,
+        principal: &Principal,
+        origin: Option<Origin>,
+        channel: &str,
+        action: Value,
+    ) -> Submitted {
+        let reject = |reason: String| Submitted::Done(DispatchOutcome::Rejected(reason.into()));
         if !principal.can_write() {
-            return self
-                .ctx
-                .reject(
-                    origin.as_ref(),
-                    channel,
-                    &action,
-                    "Viewers cannot dispatch actions.".into(),
-                )
-                .await;
+            let refusal = Refusal::from("Viewers cannot dispatch actions.");
+            return Submitted::Done(
+                self.ctx
+                    .reject(origin.as_ref(), channel, &action, refusal)
+                    .await,
+            );
         }
         let parsed = match Channel::parse(channel) {
             Ok(parsed) => parsed,
             Err(err) => return reject(format!("{}.", capitalise_first(&err.to_string()))),
         };
         if parsed == Channel::Root {
-            return self.dispatch_root(origin, action).await;
+            return Submitted::Done(self.dispatch_root(origin, action).await);
         }
         let session = match self.session_of(&parsed).await {
             Ok(Some(session)) => session,
             Ok(None) => return reject(format!("Channel {channel} does not exist.")),
             Err(err) => {
-                return DispatchOutcome::Rejected(Refusal::new(
+                return Submitted::Done(DispatchOutcome::Rejected(Refusal::new(
                     RefusalKind::Unavailable,
                     err.to_string(),
-                ));
+                )));
             }
         };
         let (reply, answer) = oneshot::channel();
@@ -476,12 +515,7 @@ impl Engine {
             }),
         )
         .await;
-        answer.await.unwrap_or_else(|_| {
-            DispatchOutcome::Rejected(Refusal::new(
-                RefusalKind::Unavailable,
-                "The session stopped unexpectedly; retry.",
-            ))
-        })
+        Submitted::Pending(answer)
     }
 
     async fn dispatch_root(&self, origin: Option<Origin>, action: Value) -> DispatchOutcome {

@@ -46,7 +46,8 @@ pub struct WsLimits {
     pub max_subscriptions: usize,
     /// Most simultaneous connections.
     pub max_connections: usize,
-    /// Bytes queued for a connection before it is closed as too slow.
+    /// Bytes queued for a connection beyond which it is closed as too slow
+    /// when it does not drain within 2 s (at once past 4 times this).
     pub max_outbound_bytes: usize,
     /// How often the server pings.
     pub ping_interval: Duration,
@@ -86,6 +87,10 @@ pub const CLOSE_TOO_BIG: u16 = 1009;
 /// How long a closing connection waits for the client's close frame.
 const CLOSE_LINGER: Duration = Duration::from_secs(2);
 
+/// Dispatches one connection may have waiting for their outcome: enough to
+/// fill a group commit, small enough to bound the memory one client holds.
+const MAX_INFLIGHT_DISPATCHES: usize = 1024;
+
 /// How many envelopes one catch-up read takes.
 const CATCH_UP_PAGE: u32 = 1_000;
 
@@ -121,28 +126,79 @@ enum Outbound {
     Close(u16, String),
 }
 
-/// The sending half: a queue bounded in bytes, drained by the writer task.
-struct Queue {
-    sender: mpsc::UnboundedSender<Outbound>,
-    bytes: Arc<AtomicUsize>,
+/// How long a connection's queue may stay over its byte limit before the
+/// connection counts as unable to drain. A group commit can publish a burst
+/// larger than the limit at once; a client that keeps reading drains it well
+/// within this time, one that does not read never does.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// Past this many times the limit the connection is closed at once.
+const HARD_LIMIT_FACTOR: usize = 4;
+
+/// What the connection task and its writer share about the queue.
+struct Backlog {
+    bytes: AtomicUsize,
+    /// Milliseconds after `epoch` when the queue went over the limit; 0 when
+    /// it is under it.
+    over_since: std::sync::atomic::AtomicU64,
+    epoch: Instant,
     limit: usize,
 }
 
+impl Backlog {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    fn drained(&self, size: usize) {
+        let left = self
+            .bytes
+            .fetch_sub(size, Ordering::AcqRel)
+            .saturating_sub(size);
+        if left <= self.limit {
+            self.over_since.store(0, Ordering::Release);
+        }
+    }
+}
+
+/// The sending half: a queue bounded in bytes, drained by the writer task.
+struct Queue {
+    sender: mpsc::UnboundedSender<Outbound>,
+    backlog: Arc<Backlog>,
+}
+
 impl Queue {
-    /// Queues a frame of the live stream; `false` when the queue is over its
-    /// byte limit (the client is not draining).
+    /// Queues a frame of the live stream; `false` when the client is not
+    /// draining: the queue has been over its byte limit for longer than
+    /// [`DRAIN_GRACE`], or is over [`HARD_LIMIT_FACTOR`] times it.
     fn push(&self, frame: Utf8Bytes) -> bool {
+        let backlog = &self.backlog;
         let size = frame.len();
-        let queued = self.bytes.fetch_add(size, Ordering::AcqRel) + size;
+        let queued = backlog.bytes.fetch_add(size, Ordering::AcqRel) + size;
         let _ = self.sender.send(Outbound::Frame(frame));
-        queued <= self.limit
+        if queued <= backlog.limit {
+            return true;
+        }
+        if queued > backlog.limit.saturating_mul(HARD_LIMIT_FACTOR) {
+            return false;
+        }
+        let now = backlog.now_ms();
+        match backlog
+            .over_since
+            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(since) => now.saturating_sub(since) <= DRAIN_GRACE.as_millis() as u64,
+        }
     }
 
     /// Queues an answer to the client's own request. Answers are bounded by
     /// their own limits (replay size), not by the live-stream allowance, or a
     /// large replay could never be delivered.
     fn reply(&self, frame: Utf8Bytes) {
-        self.bytes.fetch_add(frame.len(), Ordering::AcqRel);
+        self.backlog.bytes.fetch_add(frame.len(), Ordering::AcqRel);
         let _ = self.sender.send(Outbound::Frame(frame));
     }
 
@@ -154,7 +210,7 @@ impl Queue {
 async fn write_loop(
     mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
     mut receiver: mpsc::UnboundedReceiver<Outbound>,
-    bytes: Arc<AtomicUsize>,
+    backlog: Arc<Backlog>,
 ) {
     while let Some(first) = receiver.recv().await {
         let mut next = Some(first);
@@ -164,7 +220,7 @@ async fn write_loop(
                 Outbound::Frame(frame) => {
                     let size = frame.len();
                     let result = sink.feed(Message::Text(frame)).await;
-                    bytes.fetch_sub(size, Ordering::AcqRel);
+                    backlog.drained(size);
                     result
                 }
                 Outbound::Ping => sink.feed(Message::Ping(Default::default())).await,
@@ -202,6 +258,23 @@ struct Connection {
     /// Subscriptions opened by the current request whose gap between
     /// snapshot and cursor is sent from the store after the reply.
     after_reply: Vec<String>,
+    /// Where pipelined dispatch outcomes come back.
+    answers: mpsc::UnboundedSender<Answered>,
+    /// Permits for dispatches awaiting their outcome.
+    inflight: Arc<tokio::sync::Semaphore>,
+}
+
+/// A dispatch's outcome on its way back to the connection that sent it.
+struct Answered {
+    channel: String,
+    action: Value,
+    origin: Origin,
+    /// The connection's cursor when the dispatch was submitted: a fresh
+    /// commit is above it and reaches a subscriber through the hub.
+    cursor: u64,
+    outcome: DispatchOutcome,
+    /// The JSON-RPC id when it was sent as a request.
+    id: Option<Value>,
 }
 
 /// What handling one message decided.
@@ -214,23 +287,27 @@ impl Connection {
     async fn run(socket: WebSocket, state: AppState, _permit: OwnedSemaphorePermit) {
         let (sink, mut stream) = socket.split();
         let (sender, receiver) = mpsc::unbounded_channel();
-        let bytes = Arc::new(AtomicUsize::new(0));
-        let writer = tokio::spawn(write_loop(sink, receiver, bytes.clone()));
+        let backlog = Arc::new(Backlog {
+            bytes: AtomicUsize::new(0),
+            over_since: std::sync::atomic::AtomicU64::new(0),
+            epoch: Instant::now(),
+            limit: state.ws.max_outbound_bytes,
+        });
+        let writer = tokio::spawn(write_loop(sink, receiver, backlog.clone()));
         let (mut hub, cursor) = state.engine.hub().subscribe();
+        let (answers, mut answered) = mpsc::unbounded_channel();
         let mut connection = Connection {
             engine: state.engine.clone(),
             limits: state.ws.clone(),
             principal: Principal::loopback_admin(),
-            queue: Queue {
-                sender,
-                bytes,
-                limit: state.ws.max_outbound_bytes,
-            },
+            queue: Queue { sender, backlog },
             client_id: None,
             subscriptions: HashMap::new(),
             cursor,
             closing: false,
             after_reply: Vec::new(),
+            answers,
+            inflight: Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_DISPATCHES)),
         };
         let mut ping = tokio::time::interval(state.ws.ping_interval);
         ping.tick().await;
@@ -266,6 +343,7 @@ impl Connection {
                     }
                 },
                 item = hub.recv() => connection.on_hub(item, &mut hub).await,
+                Some(reply) = answered.recv() => connection.on_answer(reply),
                 _ = ping.tick() => {
                     if last_heard.elapsed() > connection.limits.ping_timeout {
                         Next::Close(CLOSE_PING_TIMEOUT, "ping timeout: no frame or pong received in time".into())
@@ -477,7 +555,12 @@ impl Connection {
                 }
                 Ok(Value::Null)
             }
-            "dispatchAction" => self.dispatch(params).await,
+            "dispatchAction" => match self.dispatch(params, id.clone()).await {
+                // Answered when the outcome arrives (requests) or never
+                // (notifications).
+                Ok(()) => return Next::Continue,
+                Err(err) => Err(err),
+            },
             "createSession" => self.create_session(params).await,
             "disposeSession" => self.dispose_session(params).await,
             "listSessions" => self.list_sessions(params).await,
@@ -702,7 +785,10 @@ impl Connection {
         Ok(json!({"type": "replay", "actions": actions, "missing": missing}))
     }
 
-    async fn dispatch(&mut self, params: Value) -> Result<Value, RpcError> {
+    /// Submits a dispatch in order and returns at once; its outcome comes
+    /// back through `answers` (see [`Connection::on_answer`]), so a client's
+    /// dispatches are pipelined instead of one commit per round trip.
+    async fn dispatch(&mut self, params: Value, id: Option<Value>) -> Result<(), RpcError> {
         let channel = Self::channel_param(&params)?;
         let client_seq = params
             .get("clientSeq")
@@ -719,39 +805,70 @@ impl Connection {
             client_id: self.client_id.clone().unwrap_or_default(),
             client_seq,
         };
-        let outcome = self
+        // Bounded: past this many unanswered dispatches the connection stops
+        // reading until one is answered.
+        let permit = self
+            .inflight
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| RpcError::unavailable("connection closing"))?;
+        let submitted = self
             .engine
-            .dispatch(
+            .submit(
                 &self.principal,
                 Some(origin.clone()),
                 &channel,
                 action.clone(),
             )
             .await;
-        match outcome {
+        let answers = self.answers.clone();
+        let cursor = self.cursor;
+        tokio::spawn(async move {
+            let outcome = submitted.outcome().await;
+            drop(permit);
+            let _ = answers.send(Answered {
+                channel,
+                action,
+                origin,
+                cursor,
+                outcome,
+                id,
+            });
+        });
+        Ok(())
+    }
+
+    /// Delivers a dispatch's outcome to its sender.
+    fn on_answer(&mut self, answered: Answered) -> Next {
+        let next = match answered.outcome {
             DispatchOutcome::Accepted(published) => {
                 // A subscriber gets its echo from the hub, in seq order; a
                 // retry of an old envelope, or a client not subscribed to
                 // the channel, gets the original envelope directly.
                 let via_hub = self.subscriptions.contains_key(&published.channel)
-                    && published.seq > self.cursor;
-                if !via_hub && !self.queue.push(published.frame.clone()) {
-                    return Err(RpcError::invalid("outbound queue full"));
+                    && published.seq > answered.cursor;
+                if via_hub || self.queue.push(published.frame.clone()) {
+                    Next::Continue
+                } else {
+                    self.overflow()
                 }
             }
             DispatchOutcome::Rejected(refusal) => {
-                let reason = refusal.reason;
                 let frame = action_frame(
                     self.cursor,
-                    &channel,
-                    &action.to_string(),
-                    Some(&origin),
-                    Some(&reason),
+                    &answered.channel,
+                    &answered.action.to_string(),
+                    Some(&answered.origin),
+                    Some(&refusal.reason),
                 );
-                self.queue.push(frame.into());
+                self.send(frame)
             }
+        };
+        match (next, answered.id) {
+            (Next::Continue, Some(id)) => self.send_result(id, Value::Null),
+            (next, _) => next,
         }
-        Ok(Value::Null)
     }
 
     fn session_param(params: &Value) -> Result<String, RpcError> {
