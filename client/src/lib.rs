@@ -8,9 +8,18 @@
 //! # Ok(()) }
 //! ```
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tether_protocol::rest::{Health, Problem, Readiness};
+use tether_protocol::context::{
+    LoadedWorkingContext, SavedWorkingContext, WorkingContext, WorkingContextList,
+};
+use tether_protocol::rest::{
+    CreateSessionRequest, DispatchRequest, DispatchResponse, Health, Problem, Readiness,
+    SessionPage, TranscriptPage,
+};
+use tether_protocol::toolctx::ToolCallContext;
+use tether_protocol::view::SessionView;
 
 /// What can go wrong talking to a Tether server.
 #[derive(Debug, thiserror::Error)]
@@ -82,19 +91,171 @@ impl Client {
         self.get("readyz").await
     }
 
+    /// `GET /v1/sessions`: a page of sessions, newest first.
+    pub async fn sessions(&self, query: &SessionQuery) -> Result<SessionPage, Error> {
+        let mut params = Vec::new();
+        for (key, value) in [
+            ("project", &query.project),
+            ("state", &query.state),
+            ("cursor", &query.cursor),
+        ] {
+            if let Some(value) = value {
+                params.push((key, value.clone()));
+            }
+        }
+        if let Some(limit) = query.limit {
+            params.push(("limit", limit.to_string()));
+        }
+        self.send(Method::GET, "v1/sessions", &params, None::<&()>)
+            .await
+    }
+
+    /// `POST /v1/sessions`: creates a session.
+    pub async fn create_session(
+        &self,
+        request: &CreateSessionRequest,
+    ) -> Result<SessionView, Error> {
+        self.send(Method::POST, "v1/sessions", &[], Some(request))
+            .await
+    }
+
+    /// `GET /v1/sessions/{id}`: a session's projection.
+    pub async fn session(&self, id: &str) -> Result<SessionView, Error> {
+        let path = format!("v1/sessions/{}", segment(id));
+        self.send(Method::GET, &path, &[], None::<&()>).await
+    }
+
+    /// `DELETE /v1/sessions/{id}`: settles the session (closed or ended).
+    pub async fn delete_session(&self, id: &str) -> Result<SessionView, Error> {
+        let path = format!("v1/sessions/{}", segment(id));
+        self.send(Method::DELETE, &path, &[], None::<&()>).await
+    }
+
+    /// `GET /v1/sessions/{id}/transcript`: envelopes after `after`, oldest first.
+    pub async fn transcript(
+        &self,
+        id: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<TranscriptPage, Error> {
+        let params = [("after", after.to_string()), ("limit", limit.to_string())];
+        let path = format!("v1/sessions/{}/transcript", segment(id));
+        self.send(Method::GET, &path, &params, None::<&()>).await
+    }
+
+    /// `POST /v1/sessions/{id}/actions`: dispatches an action. Retrying with
+    /// the same `clientId` and `clientSeq` is safe: it answers the original
+    /// outcome and applies nothing again.
+    pub async fn dispatch(
+        &self,
+        id: &str,
+        request: &DispatchRequest,
+    ) -> Result<DispatchResponse, Error> {
+        let path = format!("v1/sessions/{}/actions", segment(id));
+        self.send(Method::POST, &path, &[], Some(request)).await
+    }
+
+    /// `POST /v1/sessions/{id}/resume` with an ACP `ResumeSessionRequest`
+    /// (as JSON); answers the ACP `ResumeSessionResponse`.
+    pub async fn resume(
+        &self,
+        id: &str,
+        request: &serde_json::Value,
+    ) -> Result<serde_json::Value, Error> {
+        let path = format!("v1/sessions/{}/resume", segment(id));
+        self.send(Method::POST, &path, &[], Some(request)).await
+    }
+
+    /// `GET /v1/sessions/{id}/tool-context`.
+    pub async fn tool_context(&self, id: &str) -> Result<ToolCallContext, Error> {
+        let path = format!("v1/sessions/{}/tool-context", segment(id));
+        self.send(Method::GET, &path, &[], None::<&()>).await
+    }
+
+    /// `GET /v1/projects/{project}/sessions/{session}/working-context`.
+    pub async fn working_context(
+        &self,
+        project: &str,
+        session: &str,
+    ) -> Result<LoadedWorkingContext, Error> {
+        let path = context_path(project, session);
+        self.send(Method::GET, &path, &[], None::<&()>).await
+    }
+
+    /// `PUT /v1/projects/{project}/sessions/{session}/working-context`.
+    pub async fn save_working_context(
+        &self,
+        project: &str,
+        session: &str,
+        context: &WorkingContext,
+    ) -> Result<SavedWorkingContext, Error> {
+        let path = context_path(project, session);
+        self.send(Method::PUT, &path, &[], Some(context)).await
+    }
+
+    /// `GET /v1/projects/{project}/working-contexts`.
+    pub async fn working_contexts(&self, project: &str) -> Result<WorkingContextList, Error> {
+        let path = format!("v1/projects/{}/working-contexts", segment(project));
+        self.send(Method::GET, &path, &[], None::<&()>).await
+    }
+
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
+        self.send(Method::GET, path, &[], None::<&()>).await
+    }
+
+    async fn send<T: DeserializeOwned, B: Serialize + ?Sized>(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&B>,
+    ) -> Result<T, Error> {
         let url = self.base.join(path).map_err(|e| Error::InvalidUrl {
             url: path.to_owned(),
             reason: e.to_string(),
         })?;
-        let response = self
-            .http
-            .get(url)
-            .send()
-            .await
-            .map_err(Error::Unreachable)?;
+        let mut request = self.http.request(method, url).query(query);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.map_err(Error::Unreachable)?;
         decode(response).await
     }
+}
+
+/// Filters and paging of [`Client::sessions`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionQuery {
+    /// Only this project's sessions.
+    pub project: Option<String>,
+    /// Only sessions in this state (`live`, `dormant`, `closed`, `ended`).
+    pub state: Option<String>,
+    /// Page size, 1 to 1000.
+    pub limit: Option<u32>,
+    /// The previous page's `nextCursor`.
+    pub cursor: Option<String>,
+}
+
+fn context_path(project: &str, session: &str) -> String {
+    format!(
+        "v1/projects/{}/sessions/{}/working-context",
+        segment(project),
+        segment(session)
+    )
+}
+
+/// Percent-encodes one path segment (ids are validated by the server; this
+/// keeps a bad one from changing the path).
+fn segment(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for byte in value.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~' | b':') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
 }
 
 async fn decode<T: DeserializeOwned>(response: reqwest::Response) -> Result<T, Error> {
