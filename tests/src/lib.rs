@@ -74,10 +74,17 @@ impl TestDb {
             if std::env::var(REQUIRE_POSTGRES_ENV).as_deref() == Ok("1") {
                 panic!("{POSTGRES_URL_ENV} is not set but {REQUIRE_POSTGRES_ENV}=1");
             }
-            eprintln!(
-                "\n*** SKIPPED: Postgres half of this test: set {POSTGRES_URL_ENV} \
-                 (e.g. postgres://postgres@127.0.0.1:5432/postgres) to run it ***\n"
-            );
+            // Written to stderr directly: libtest captures `eprintln!` of
+            // passing tests, and a skip must be seen. Once per test binary.
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                use std::io::Write as _;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "\n*** SKIPPED: the Postgres half of these tests: set {POSTGRES_URL_ENV} \
+                     (e.g. postgres://postgres@127.0.0.1:5432/postgres) to run it ***\n"
+                );
+            });
             return None;
         };
         let name = format!("tether_t_{}", uuid::Uuid::new_v4().simple());
