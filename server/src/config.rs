@@ -34,10 +34,11 @@ pub enum Command {
     RebuildProjections(DatabaseArgs),
 }
 
-/// Flags of commands that only need the database.
+/// Database flags, shared by every command that opens the store.
 #[derive(Clone, Args)]
 pub struct DatabaseArgs {
-    /// The database (as for `tether serve`).
+    /// The database: `sqlite:PATH` (or a plain path) for embedded SQLite, or
+    /// `postgres://USER:PASSWORD@HOST/DB`.
     #[arg(
         long,
         env = "TETHER_DATABASE_URL",
@@ -45,13 +46,17 @@ pub struct DatabaseArgs {
     )]
     pub database_url: String,
 
-    /// Seconds to wait for a database connection.
+    /// Seconds to wait for a database connection, also at start-up.
     #[arg(
         long,
         env = "TETHER_DATABASE_CONNECT_TIMEOUT_SECS",
         default_value_t = 5
     )]
     pub database_connect_timeout_secs: u64,
+
+    /// Largest number of database connections (read pool for SQLite).
+    #[arg(long, env = "TETHER_DATABASE_MAX_CONNECTIONS", default_value_t = 8)]
+    pub database_max_connections: u32,
 }
 
 impl fmt::Debug for DatabaseArgs {
@@ -67,7 +72,7 @@ impl DatabaseArgs {
     pub fn store_options(&self) -> StoreOptions {
         StoreOptions {
             connect_timeout: Duration::from_secs(self.database_connect_timeout_secs),
-            ..StoreOptions::default()
+            max_connections: self.database_max_connections,
         }
     }
 }
@@ -94,26 +99,9 @@ pub struct ServeArgs {
     #[arg(long, env = "TETHER_INSECURE_ALLOW_REMOTE", default_value_t = false)]
     pub insecure_allow_remote: bool,
 
-    /// The database: `sqlite:PATH` (or a plain path) for embedded SQLite, or
-    /// `postgres://USER:PASSWORD@HOST/DB`.
-    #[arg(
-        long,
-        env = "TETHER_DATABASE_URL",
-        default_value = "sqlite:./tether.db"
-    )]
-    pub database_url: String,
-
-    /// Seconds to wait for a database connection, also at start-up.
-    #[arg(
-        long,
-        env = "TETHER_DATABASE_CONNECT_TIMEOUT_SECS",
-        default_value_t = 5
-    )]
-    pub database_connect_timeout_secs: u64,
-
-    /// Largest number of database connections (read pool for SQLite).
-    #[arg(long, env = "TETHER_DATABASE_MAX_CONNECTIONS", default_value_t = 8)]
-    pub database_max_connections: u32,
+    /// Where the data lives.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
 
     /// Largest accepted HTTP request body, in bytes. Larger bodies get 413.
     /// The default leaves room for a 1 MiB working context plus JSON framing.
@@ -208,12 +196,7 @@ impl fmt::Debug for ServeArgs {
         f.debug_struct("ServeArgs")
             .field("bind", &self.bind)
             .field("insecure_allow_remote", &self.insecure_allow_remote)
-            .field("database_url", &redact_url(&self.database_url))
-            .field(
-                "database_connect_timeout_secs",
-                &self.database_connect_timeout_secs,
-            )
-            .field("database_max_connections", &self.database_max_connections)
+            .field("database", &self.database)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("shutdown_grace_secs", &self.shutdown_grace_secs)
             .field("log_format", &self.log_format)
@@ -294,14 +277,6 @@ impl ServeArgs {
             Ok(())
         } else {
             Err(ConfigError::RemoteBindRefused(self.bind))
-        }
-    }
-
-    /// The store connection settings.
-    pub fn store_options(&self) -> StoreOptions {
-        StoreOptions {
-            connect_timeout: Duration::from_secs(self.database_connect_timeout_secs),
-            max_connections: self.database_max_connections,
         }
     }
 

@@ -60,7 +60,8 @@ async fn run_serve(args: ServeArgs) -> ExitCode {
              this port can read and drive every session"
         );
     }
-    let store = match store::open(&args.database_url, &args.store_options()).await {
+    let store = match store::open(&args.database.database_url, &args.database.store_options()).await
+    {
         Ok(store) => store,
         Err(err) => return fail(err.to_string()),
     };
@@ -77,7 +78,7 @@ async fn run_serve(args: ServeArgs) -> ExitCode {
     tracing::info!(
         %addr,
         backend = store.backend().as_str(),
-        database = %store::redact_url(&args.database_url),
+        database = %store::redact_url(&args.database.database_url),
         "tether is serving"
     );
     let config = match args.serve_config() {
