@@ -254,7 +254,9 @@ enum Target {
 
 /// Parses an action object into AHP's typed action.
 pub fn typed_action(action: &Value) -> StateAction {
-    serde_json::from_value(action.clone()).unwrap_or(StateAction::Unknown(action.clone()))
+    // Deserialises from the borrowed value: no copy of the action on the
+    // dispatch path.
+    StateAction::deserialize(action).unwrap_or_else(|_| StateAction::Unknown(action.clone()))
 }
 
 #[cfg(test)]

@@ -20,8 +20,9 @@ pub struct EffectRequest<'a> {
     pub channel: &'a str,
     /// The action (working-directory URIs already canonical).
     pub action: &'a Value,
-    /// The session's state before the action, as JSON.
-    pub state: &'a Value,
+    /// The session's state before the action (serialised only by backends
+    /// that send it, not on every dispatch).
+    pub state: &'a ahp_types::state::SessionState,
     /// `(clientId, clientSeq)` of the dispatch, if client-originated.
     pub origin: Option<(&'a str, u64)>,
 }

@@ -774,11 +774,10 @@ async fn check_dispatch(
         }
     };
     if let Some(origin) = &d.origin {
-        let state = serde_json::to_value(&model.session).unwrap_or(Value::Null);
         let request = EffectRequest {
             channel: &d.channel,
             action: &d.action,
-            state: &state,
+            state: &model.session,
             origin: Some((&origin.client_id, origin.client_seq)),
         };
         let timeout = ctx.config.effect_timeout;

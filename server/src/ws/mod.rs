@@ -621,6 +621,14 @@ impl Connection {
             .ok_or_else(|| RpcError::invalid("params.clientId (1 to 256 characters) is required."))
     }
 
+    fn u64_param(params: &Value, name: &str) -> Result<u64, RpcError> {
+        params.get(name).and_then(Value::as_u64).ok_or_else(|| {
+            RpcError::invalid(&format!(
+                "params.{name} (a non-negative integer) is required."
+            ))
+        })
+    }
+
     fn channel_param(params: &Value) -> Result<String, RpcError> {
         params
             .get("channel")
@@ -711,12 +719,7 @@ impl Connection {
 
     async fn reconnect(&mut self, params: Value) -> Result<Value, RpcError> {
         let client_id = Self::client_id_param(&params)?;
-        let last_seen = params
-            .get("lastSeenServerSeq")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| {
-                RpcError::invalid("params.lastSeenServerSeq (a non-negative integer) is required.")
-            })?;
+        let last_seen = Self::u64_param(&params, "lastSeenServerSeq")?;
         let wanted: Vec<String> = params
             .get("subscriptions")
             .cloned()
@@ -790,12 +793,7 @@ impl Connection {
     /// dispatches are pipelined instead of one commit per round trip.
     async fn dispatch(&mut self, params: Value, id: Option<Value>) -> Result<(), RpcError> {
         let channel = Self::channel_param(&params)?;
-        let client_seq = params
-            .get("clientSeq")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| {
-                RpcError::invalid("params.clientSeq (a non-negative integer) is required.")
-            })?;
+        let client_seq = Self::u64_param(&params, "clientSeq")?;
         let action = params
             .get("action")
             .cloned()
