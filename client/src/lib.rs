@@ -1,4 +1,6 @@
-//! A Rust client for Tether's REST API.
+//! A Rust client for Tether: typed calls for every REST endpoint
+//! ([`Client`]) and the resumable AHP session stream
+//! ([`stream::SessionStream`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tether_client::Error> {
@@ -7,6 +9,12 @@
 //! println!("{} at serverSeq {}", ready.backend, ready.server_seq);
 //! # Ok(()) }
 //! ```
+
+pub mod identity;
+pub mod stream;
+
+pub use identity::ClientIdentity;
+pub use stream::{Dispatched, SessionStream, Start, StreamConfig, StreamEvent};
 
 use reqwest::{Method, StatusCode};
 use serde::Serialize;
@@ -44,6 +52,36 @@ pub enum Error {
         code: String,
         /// The problem's detail, if any.
         detail: Option<String>,
+    },
+    /// The AHP WebSocket could not be opened.
+    #[error("cannot reach the server at {url}: {reason}")]
+    Connect {
+        /// The WebSocket URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// The server answered an AHP request with a JSON-RPC error.
+    #[error("the server refused: {message} (JSON-RPC error {code})")]
+    Rpc {
+        /// The JSON-RPC error code (AHP codes: -32001 not found, and so on).
+        code: i32,
+        /// The server's message.
+        message: String,
+    },
+    /// The AHP connection broke during a request.
+    #[error("disconnected: {0}")]
+    Disconnected(String),
+    /// The session stream has ended (it gave up reconnecting).
+    #[error("the session stream has ended")]
+    StreamClosed,
+    /// The client identity file could not be used.
+    #[error("client identity {path}: {reason}")]
+    Identity {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        reason: String,
     },
     /// The server answered with something that is not the expected JSON.
     #[error("unexpected response ({status}): {reason}")]
