@@ -118,7 +118,8 @@ impl ClientIdentity {
 /// Runs `change` on the identity saved at `path` (creating it first if
 /// needed) while holding an exclusive lock, and saves what it leaves.
 fn with_locked<T>(path: &Path, change: impl FnOnce(&mut Saved) -> T) -> Result<T, Error> {
-    let fail = |what: &str, err: std::io::Error| identity_error(Some(path), &format!("{what}: {err}"));
+    let fail =
+        |what: &str, err: std::io::Error| identity_error(Some(path), &format!("{what}: {err}"));
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| fail("cannot create its directory", e))?;
     }
@@ -132,7 +133,10 @@ fn with_locked<T>(path: &Path, change: impl FnOnce(&mut Saved) -> T) -> Result<T
     lock.lock().map_err(|e| fail("cannot lock it", e))?;
     let mut saved = match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice::<Saved>(&bytes).map_err(|e| {
-            identity_error(Some(path), &format!("it is not a client identity file: {e}"))
+            identity_error(
+                Some(path),
+                &format!("it is not a client identity file: {e}"),
+            )
         })?,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Saved {
             client_id: format!("tether-client-{}", uuid::Uuid::new_v4()),
@@ -144,9 +148,8 @@ fn with_locked<T>(path: &Path, change: impl FnOnce(&mut Saved) -> T) -> Result<T
     // Written beside and renamed over, so a crash leaves the old or the new
     // file, never half of one.
     let temp = sibling(path, "tmp");
-    let body = serde_json::to_vec_pretty(&saved).map_err(|e| {
-        identity_error(Some(path), &format!("cannot encode it: {e}"))
-    })?;
+    let body = serde_json::to_vec_pretty(&saved)
+        .map_err(|e| identity_error(Some(path), &format!("cannot encode it: {e}")))?;
     let write = || -> std::io::Result<()> {
         let mut file = File::create(&temp)?;
         file.write_all(&body)?;

@@ -395,11 +395,7 @@ impl Driver {
     async fn reconnect(&mut self, mut reason: String) -> Option<Connection> {
         let mut attempt: u32 = 0;
         loop {
-            if self
-                .config
-                .max_attempts
-                .is_some_and(|max| attempt >= max)
-            {
+            if self.config.max_attempts.is_some_and(|max| attempt >= max) {
                 let error = format!("gave up after {attempt} reconnect attempts: {reason}");
                 for (_, pending) in std::mem::take(&mut self.pending) {
                     let _ = pending.reply.send(Err(Error::Disconnected(error.clone())));
@@ -488,7 +484,11 @@ impl Driver {
     /// Resumes every channel on a fresh connection from what the consumer
     /// has, then resends unanswered dispatches.
     async fn resume(&mut self, connection: &Connection) -> Result<(), Error> {
-        if let Some(last_seen) = self.channels.iter().filter_map(|c| self.covered.get(c)).min()
+        if let Some(last_seen) = self
+            .channels
+            .iter()
+            .filter_map(|c| self.covered.get(c))
+            .min()
         {
             let result = connection
                 .client
@@ -720,6 +720,123 @@ pub fn ws_url(url: &str) -> Result<String, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn driver(channels: &[(&str, u64)]) -> (Driver, mpsc::UnboundedReceiver<StreamEvent>) {
+        let (events, events_rx) = mpsc::unbounded_channel();
+        let (_, commands) = mpsc::unbounded_channel();
+        let driver = Driver {
+            url: String::new(),
+            config: StreamConfig::new("http://h")
+                .with_identity(Arc::new(ClientIdentity::in_memory("me"))),
+            channels: channels.iter().map(|(c, _)| (*c).to_owned()).collect(),
+            covered: channels
+                .iter()
+                .map(|(c, s)| ((*c).to_owned(), *s))
+                .collect(),
+            aligned: false,
+            pending: BTreeMap::new(),
+            events,
+            commands,
+        };
+        (driver, events_rx)
+    }
+
+    fn envelope(
+        channel: &str,
+        seq: u64,
+        origin: Option<(&str, i64)>,
+        rejected: bool,
+    ) -> ActionEnvelope {
+        serde_json::from_value(json!({
+            "channel": channel,
+            "serverSeq": seq,
+            "action": {"type": "session/titleChanged", "title": format!("t{seq}")},
+            "origin": origin.map(|(id, seq)| json!({"clientId": id, "clientSeq": seq})),
+            "rejectionReason": rejected.then_some("no"),
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn duplicates_and_rejections_are_never_yielded() {
+        let (mut driver, _events) = driver(&[("a", 10), ("b", 3)]);
+        assert!(
+            driver.accept(envelope("a", 10, None, false)).is_none(),
+            "covered by the snapshot"
+        );
+        assert!(driver.accept(envelope("a", 11, None, false)).is_some());
+        assert!(
+            driver.accept(envelope("a", 11, None, false)).is_none(),
+            "twice"
+        );
+        // Not aligned: b's gap below a's seq is still to come, out of order.
+        assert!(driver.accept(envelope("b", 5, None, false)).is_some());
+        assert!(driver.accept(envelope("b", 4, None, false)).is_none());
+        assert!(
+            driver.accept(envelope("c", 50, None, false)).is_none(),
+            "not subscribed"
+        );
+        assert!(
+            driver.accept(envelope("a", 12, None, true)).is_none(),
+            "a rejection"
+        );
+        assert_eq!(driver.covered["a"], 11);
+
+        // Aligned (after a replay): one envelope covers every channel.
+        driver.aligned = true;
+        assert!(driver.accept(envelope("a", 20, None, false)).is_some());
+        assert_eq!(driver.covered["b"], 20);
+        assert!(driver.accept(envelope("b", 19, None, false)).is_none());
+    }
+
+    #[tokio::test]
+    async fn an_envelope_settles_its_dispatch_even_when_it_is_a_duplicate() {
+        let (mut driver, _events) = driver(&[("a", 10)]);
+        let (reply, answer) = oneshot::channel();
+        driver.pending.insert(
+            7,
+            Pending {
+                channel: "a".into(),
+                client_seq: 7,
+                action: json!({}),
+                reply,
+            },
+        );
+        // The consumer already has seq 9 (say, from a replay).
+        assert!(
+            driver
+                .accept(envelope("a", 9, Some(("me", 7)), false))
+                .is_none()
+        );
+        let Ok(Ok(Dispatched::Accepted(accepted))) = answer.await else {
+            panic!("settled")
+        };
+        assert_eq!(accepted.server_seq, 9);
+        assert!(driver.pending.is_empty());
+
+        let (reply, answer) = oneshot::channel();
+        driver.pending.insert(
+            8,
+            Pending {
+                channel: "a".into(),
+                client_seq: 8,
+                action: json!({}),
+                reply,
+            },
+        );
+        // Another client's seq 8 settles nothing.
+        assert!(
+            driver
+                .accept(envelope("a", 11, Some(("other", 8)), false))
+                .is_some()
+        );
+        assert_eq!(driver.pending.len(), 1);
+        driver.accept(envelope("a", 11, Some(("me", 8)), true));
+        assert!(matches!(
+            answer.await,
+            Ok(Ok(Dispatched::Rejected { client_seq: 8, .. }))
+        ));
+    }
 
     #[test]
     fn base_urls_become_ahp_websocket_urls() {

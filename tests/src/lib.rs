@@ -238,6 +238,200 @@ impl TestServer {
     }
 }
 
+/// The real `tether` binary serving a database on a fixed loopback port, so
+/// that it can be killed and started again at the same address.
+#[derive(Debug)]
+pub struct ServerProcess {
+    port: u16,
+    database_url: String,
+    args: Vec<String>,
+    child: Option<tokio::process::Child>,
+}
+
+impl ServerProcess {
+    /// Starts `tether serve` on a free port for `db`, with extra `args`, and
+    /// waits until it is ready.
+    pub async fn start(db: &TestDb, args: &[&str]) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let mut server = Self {
+            port,
+            database_url: db.url().to_owned(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            child: None,
+        };
+        server.restart().await;
+        server
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the process with SIGKILL: no graceful shutdown, no store close.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await.expect("kill the server");
+        }
+    }
+
+    /// Starts the process (again) at the same address and waits until it
+    /// answers `/readyz`.
+    pub async fn restart(&mut self) {
+        self.kill().await;
+        let mut command = tokio::process::Command::new(tether_bin());
+        for (key, _) in std::env::vars() {
+            if key.starts_with("TETHER_") {
+                command.env_remove(key);
+            }
+        }
+        let child = command
+            .args(["serve", "--bind", &format!("127.0.0.1:{}", self.port)])
+            .args(["--database-url", &self.database_url])
+            .args(&self.args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start tether serve");
+        self.child = Some(child);
+        let client = reqwest::Client::new();
+        let ready = format!("{}/readyz", self.base_url());
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            if let Ok(answer) = client.get(&ready).send().await
+                && answer.status().is_success()
+            {
+                return;
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("tether serve exited during start-up: {status}");
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "tether serve did not become ready on port {}",
+                self.port
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A TCP proxy in front of a server, whose connections a test can cut.
+#[derive(Debug)]
+pub struct Proxy {
+    addr: SocketAddr,
+    cut: tokio::sync::watch::Sender<u64>,
+    /// The generation of connections whose replies are dropped (a cut
+    /// starts a new generation, so muting ends with the connections muted).
+    muted: Arc<std::sync::atomic::AtomicU64>,
+    /// The same, for what clients send.
+    muted_requests: Arc<std::sync::atomic::AtomicU64>,
+    task: JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Listens on a free loopback port and forwards every connection to
+    /// `target`.
+    pub async fn start(target: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("proxy address");
+        let (cut, _) = tokio::sync::watch::channel(0_u64);
+        let muted = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+        let muted_requests = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+        let cuts = cut.clone();
+        let mute = muted.clone();
+        let mute_requests = muted_requests.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((downstream, _)) = listener.accept().await {
+                let mut cut = cuts.subscribe();
+                let generation = *cut.borrow_and_update();
+                let muted = mute.clone();
+                let muted_requests = mute_requests.clone();
+                tokio::spawn(async move {
+                    let Ok(upstream) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let (mut down_read, mut down_write) = downstream.into_split();
+                    let (mut up_read, mut up_write) = upstream.into_split();
+                    let to_server =
+                        forward(&mut down_read, &mut up_write, &muted_requests, generation);
+                    let to_client = forward(&mut up_read, &mut down_write, &muted, generation);
+                    tokio::select! {
+                        _ = to_server => {}
+                        _ = to_client => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            cut,
+            muted,
+            muted_requests,
+            task,
+        }
+    }
+
+    /// `http://<proxy address>`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// From now on, drops what the server sends on open connections (what
+    /// the client sends still arrives), until the next [`Proxy::cut`].
+    pub fn mute_replies(&self) {
+        self.muted
+            .store(*self.cut.borrow(), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// From now on, drops what clients send on open connections (what the
+    /// server sends still arrives), until the next [`Proxy::cut`].
+    pub fn mute_requests(&self) {
+        self.muted_requests
+            .store(*self.cut.borrow(), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Drops every open connection (new ones are forwarded normally).
+    pub fn cut(&self) {
+        self.cut.send_modify(|n| *n += 1);
+    }
+}
+
+/// Copies `from` to `to`, dropping the bytes while `muted` names this
+/// connection's generation.
+async fn forward(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    muted: &std::sync::atomic::AtomicU64,
+    generation: u64,
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buffer = vec![0_u8; 64 * 1024];
+    loop {
+        let n = from.read(&mut buffer).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        if muted.load(std::sync::atomic::Ordering::SeqCst) != generation {
+            to.write_all(&buffer[..n]).await?;
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// The path of the `tether` binary built alongside these tests.
 pub fn tether_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("current test executable");
