@@ -32,6 +32,9 @@ pub enum Command {
     /// Re-fold every session's transcript and rewrite the read-model rows
     /// that differ. Run it with the server stopped.
     RebuildProjections(DatabaseArgs),
+    /// Client commands, talking to a running server at `--url`.
+    #[command(flatten)]
+    Remote(crate::cli::RemoteCommand),
 }
 
 /// Database flags, shared by every command that opens the store.

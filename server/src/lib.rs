@@ -6,6 +6,7 @@
 
 pub mod agents;
 pub mod auth;
+pub mod cli;
 pub mod config;
 pub mod effects;
 pub mod engine;

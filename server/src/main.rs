@@ -20,6 +20,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::RebuildProjections(args) => runtime.block_on(run_rebuild(args)),
+        Command::Remote(command) => runtime.block_on(tether_server::cli::run(command)),
     }
 }
 
