@@ -432,6 +432,29 @@ impl Drop for Proxy {
     }
 }
 
+/// Dispatches `session/titleChanged` with titles `t<i>` for each `i` in
+/// `range`, as client `producer` with `clientSeq` `i`, over REST.
+pub async fn produce_titles(
+    client: &tether_client::Client,
+    session: &str,
+    range: std::ops::Range<u64>,
+) {
+    for i in range {
+        client
+            .dispatch(
+                session,
+                &tether_protocol::rest::DispatchRequest {
+                    client_id: "producer".into(),
+                    client_seq: i,
+                    channel: None,
+                    action: serde_json::json!({"type": "session/titleChanged", "title": format!("t{i}")}),
+                },
+            )
+            .await
+            .expect("dispatch");
+    }
+}
+
 /// The path of the `tether` binary built alongside these tests.
 pub fn tether_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("current test executable");

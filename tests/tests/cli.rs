@@ -5,10 +5,10 @@
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tether_client::Client;
-use tether_protocol::rest::{CreateSessionRequest, DispatchRequest};
-use tether_tests::{ServerProcess, TestDb, TestServer, backend_tests, tether_bin};
+use tether_protocol::rest::CreateSessionRequest;
+use tether_tests::{ServerProcess, TestDb, TestServer, backend_tests, produce_titles, tether_bin};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 backend_tests!(
@@ -334,23 +334,6 @@ async fn read_lines(
     out
 }
 
-async fn produce(client: &Client, session: &str, range: std::ops::Range<u64>) {
-    for i in range {
-        client
-            .dispatch(
-                session,
-                &DispatchRequest {
-                    client_id: "producer".into(),
-                    client_seq: i,
-                    channel: None,
-                    action: json!({"type": "session/titleChanged", "title": format!("t{i}")}),
-                },
-            )
-            .await
-            .unwrap();
-    }
-}
-
 async fn tail_follows_across_a_server_restart(db: TestDb) {
     let mut server = ServerProcess::start(&db, &[]).await;
     let url = server.base_url();
@@ -372,11 +355,11 @@ async fn tail_follows_across_a_server_restart(db: TestDb) {
         "the session snapshot first: {first:?}"
     );
 
-    produce(&client, "tailed", 0..30).await;
+    produce_titles(&client, "tailed", 0..30).await;
     let mut seen = read_lines(&mut lines, 10).await;
     server.kill().await;
     server.restart().await;
-    produce(&client, "tailed", 30..60).await;
+    produce_titles(&client, "tailed", 30..60).await;
     seen.extend(read_lines(&mut lines, 50).await);
     let status = tokio::time::timeout(Duration::from_secs(30), tail.wait())
         .await
@@ -404,7 +387,7 @@ async fn tail_from_start_prints_the_whole_transcript(db: TestDb) {
     let state = tempfile::tempdir().unwrap();
     let client = server.client();
     create(&client, "history", "web", &[]).await;
-    produce(&client, "history", 0..5).await;
+    produce_titles(&client, "history", 0..5).await;
     let transcript = client.transcript("history", 0, 1000).await.unwrap();
     let total = transcript.envelopes.len();
 
@@ -427,7 +410,7 @@ async fn tail_from_start_prints_the_whole_transcript(db: TestDb) {
     for _ in 0..total {
         text.push(lines.next_line().await.unwrap().unwrap());
     }
-    produce(&client, "history", 5..7).await;
+    produce_titles(&client, "history", 5..7).await;
     while let Some(line) = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
         .await
         .unwrap()

@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde_json::json;
 use tether_client::stream::{Dispatched, SessionStream, Start, StreamConfig, StreamEvent};
 use tether_client::{Client, ClientIdentity};
-use tether_protocol::rest::{CreateSessionRequest, DispatchRequest};
-use tether_tests::{Proxy, ServerProcess, TestDb, TestServer, backend_tests};
+use tether_protocol::rest::CreateSessionRequest;
+use tether_tests::{Proxy, ServerProcess, TestDb, TestServer, backend_tests, produce_titles};
 
 backend_tests!(
     the_stream_survives_forced_disconnects,
@@ -37,24 +37,6 @@ async fn create(client: &Client, id: &str) {
         })
         .await
         .expect("create the session");
-}
-
-/// Dispatches titles `from..to` as client `producer` over REST.
-async fn produce(client: &Client, session: &str, from: u64, to: u64) {
-    for i in from..to {
-        client
-            .dispatch(
-                session,
-                &DispatchRequest {
-                    client_id: "producer".into(),
-                    client_seq: i,
-                    channel: None,
-                    action: json!({"type": "session/titleChanged", "title": format!("t{i}")}),
-                },
-            )
-            .await
-            .expect("dispatch");
-    }
 }
 
 /// What a consumer saw.
@@ -133,7 +115,7 @@ async fn the_stream_survives_forced_disconnects(db: TestDb) {
     const COUNT: u64 = 300;
     let producer = {
         let client = client.clone();
-        tokio::spawn(async move { produce(&client, "cut", 0, COUNT).await })
+        tokio::spawn(async move { produce_titles(&client, "cut", 0..COUNT).await })
     };
     let mut seen = Seen::default();
     for round in 1..=3 {
@@ -163,12 +145,12 @@ async fn the_stream_survives_a_server_restart(db: TestDb) {
     let from = first_snapshot_seq(&mut stream).await;
     let mut seen = Seen::default();
 
-    produce(&client, "phoenix", 0, 40).await;
+    produce_titles(&client, "phoenix", 0..40).await;
     read_titles(&mut stream, &mut seen, 20).await;
     // Killed with 20 envelopes still unread and possibly unsent.
     server.kill().await;
     server.restart().await;
-    produce(&client, "phoenix", 40, 80).await;
+    produce_titles(&client, "phoenix", 40..80).await;
     read_titles(&mut stream, &mut seen, 80).await;
 
     assert_exactly_once(&seen, &stored_seqs(&client, "phoenix", from).await, 80);
