@@ -199,9 +199,23 @@ async fn an_origin_is_accepted_once_and_its_outcome_is_kept(db: TestDb) {
         matches!(&again[2], Appended::Duplicate(OriginOutcome::Accepted(e)) if e.seq == 2),
         "a duplicate inside one batch: {again:?}"
     );
+    // The record rode on a duplicate; it describes the session after the
+    // batch, so it is written with the session's latest fresh envelope.
+    assert_eq!(
+        store.session("s").await.unwrap().map(|row| row.last_seq),
+        Some(2),
+        "the read model follows the batch's last fresh envelope"
+    );
+    let mut alone = envelope("ahp-session:/t", 98);
+    alone.session = Some(record("t", "p", "live"));
+    let only_duplicate = store
+        .append(vec![from_client(alone, "c", 1)])
+        .await
+        .unwrap();
+    assert!(matches!(only_duplicate[0], Appended::Duplicate(_)));
     assert!(
-        store.session("s").await.unwrap().is_none(),
-        "a duplicate writes no read model"
+        store.session("t").await.unwrap().is_none(),
+        "a batch of duplicates writes no read model"
     );
 
     // Rejections: first outcome wins, in both directions.

@@ -16,6 +16,7 @@
 //! * A session's read-model row is written in the same transaction as the log
 //!   row it summarises.
 
+mod plan;
 mod postgres;
 mod rows;
 mod sqlite;

@@ -6,15 +6,18 @@
 //! the log never sees seq N+1 committed while N is still in flight. After each
 //! append the transaction sends `NOTIFY tether_log` so tailing hosts wake up.
 
+use std::collections::HashSet;
+
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 use uuid::Uuid;
 
+use super::plan::{self, Slot};
 use super::{
-    Appended, Backend, HostRecord, NewEnvelope, OriginOutcome, Rejection, SavedContext,
+    Appended, Backend, HostRecord, NewEnvelope, Origin, OriginOutcome, Rejection, SavedContext,
     SessionFilter, SessionPage, SessionRecord, SessionRow, Snapshot, Store, StoreError,
-    StoreOptions, StoredEnvelope, clamp_limit, now_ms, redact_url, rows, seq_to_db,
+    StoreOptions, StoredEnvelope, clamp_limit, now_ms, redact_url, rows, seq_from_db, seq_to_db,
 };
 
 /// The channel `NOTIFY`ed with the new `last_seq` after every append.
@@ -97,36 +100,33 @@ impl PostgresStore {
         )
     }
 
-    async fn upsert_session(
+    /// Which of `origins` already have an outcome (a log row or a
+    /// recorded rejection), in one query.
+    async fn existing_origins(
         tx: &mut Transaction<'static, Postgres>,
-        record: &SessionRecord,
-        seq: i64,
-        at_ms: i64,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO sessions (id, project, provider, title, state, turns, resumable, \
-                                   last_seq, created_ms, updated_ms, projection) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
-             ON CONFLICT (id) DO UPDATE SET project = excluded.project, \
-                 provider = excluded.provider, title = excluded.title, state = excluded.state, \
-                 turns = excluded.turns, resumable = excluded.resumable, \
-                 last_seq = excluded.last_seq, updated_ms = excluded.updated_ms, \
-                 projection = excluded.projection",
+        origins: &[&Origin],
+    ) -> Result<HashSet<(String, u64)>, StoreError> {
+        if origins.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let ids: Vec<&str> = origins.iter().map(|o| o.client_id.as_str()).collect();
+        let seqs: Vec<i64> = origins.iter().map(|o| seq_to_db(o.client_seq)).collect();
+        let found: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT o.client_id, o.client_seq \
+             FROM UNNEST($1::text[], $2::bigint[]) AS o (client_id, client_seq) \
+             WHERE EXISTS (SELECT 1 FROM log l \
+                           WHERE l.client_id = o.client_id AND l.client_seq = o.client_seq) \
+                OR EXISTS (SELECT 1 FROM rejections r \
+                           WHERE r.client_id = o.client_id AND r.client_seq = o.client_seq)",
         )
-        .bind(&record.id)
-        .bind(&record.project)
-        .bind(&record.provider)
-        .bind(&record.title)
-        .bind(&record.state)
-        .bind(seq_to_db(record.turns))
-        .bind(record.resumable)
-        .bind(seq)
-        .bind(record.created_ms)
-        .bind(at_ms)
-        .bind(&record.projection)
-        .execute(&mut **tx)
+        .bind(ids)
+        .bind(seqs)
+        .fetch_all(&mut **tx)
         .await?;
-        Ok(())
+        found
+            .into_iter()
+            .map(|(id, seq)| Ok((id, seq_from_db(seq)?)))
+            .collect()
     }
 }
 
@@ -150,87 +150,139 @@ impl Store for PostgresStore {
 
     async fn append(&self, batch: Vec<NewEnvelope>) -> Result<Vec<Appended>, StoreError> {
         let mut tx = self.pool.begin().await?;
+        // The host lock makes the origin check and the inserts race-free:
+        // every writer of origins holds it.
         let last = Self::lock_host(&mut tx).await?;
         let at_ms = now_ms();
-        let mut next = last;
-        let mut outcomes = Vec::with_capacity(batch.len());
-        for envelope in batch {
-            let seq = next + 1;
-            let inserted = match &envelope.origin {
-                None => sqlx::query(
-                    "INSERT INTO log (seq, channel, session_id, action, at_ms) \
-                     VALUES ($1, $2, $3, $4, $5)",
-                )
-                .bind(seq)
-                .bind(&envelope.channel)
-                .bind(&envelope.session_id)
-                .bind(&envelope.action)
-                .bind(at_ms)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected(),
-                // The host lock makes this check-then-insert race-free: every
-                // writer of origins holds it.
-                Some(origin) => sqlx::query(
-                    "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, at_ms) \
-                     SELECT $1, $2, $3, $4, $5, $6, $7 WHERE NOT EXISTS \
-                         (SELECT 1 FROM rejections WHERE client_id = $5 AND client_seq = $6) \
-                     ON CONFLICT (client_id, client_seq) DO NOTHING",
-                )
-                .bind(seq)
-                .bind(&envelope.channel)
-                .bind(&envelope.session_id)
-                .bind(&envelope.action)
-                .bind(&origin.client_id)
-                .bind(seq_to_db(origin.client_seq))
-                .bind(at_ms)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected(),
-            };
-            if inserted == 0 {
-                let origin = envelope.origin.as_ref().ok_or_else(|| {
-                    StoreError::Corrupt("host-originated insert was ignored".into())
-                })?;
-                let outcome = Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq)
-                    .await?
-                    .ok_or_else(|| {
-                        StoreError::Corrupt("origin conflict without a recorded outcome".into())
-                    })?;
-                outcomes.push(Appended::Duplicate(outcome));
-                continue;
+        let existing = Self::existing_origins(&mut tx, &plan::origins(&batch)).await?;
+        let plan = plan::plan(&batch, last, &existing);
+        // Every statement takes its rows as arrays: a constant number of
+        // round trips per batch.
+        if !plan.rows.is_empty() {
+            let mut seqs = Vec::with_capacity(plan.rows.len());
+            let mut channels = Vec::with_capacity(plan.rows.len());
+            let mut session_ids = Vec::with_capacity(plan.rows.len());
+            let mut actions = Vec::with_capacity(plan.rows.len());
+            let mut client_ids = Vec::with_capacity(plan.rows.len());
+            let mut client_seqs = Vec::with_capacity(plan.rows.len());
+            for row in &plan.rows {
+                let e = row.envelope;
+                seqs.push(row.seq);
+                channels.push(e.channel.as_str());
+                session_ids.push(e.session_id.as_deref());
+                actions.push(e.action.as_str());
+                client_ids.push(e.origin.as_ref().map(|o| o.client_id.as_str()));
+                client_seqs.push(e.origin.as_ref().map(|o| seq_to_db(o.client_seq)));
             }
-            next = seq;
-            if let Some(record) = &envelope.session {
-                Self::upsert_session(&mut tx, record, seq, at_ms).await?;
-            }
-            if let Some(session_id) = &envelope.session_id {
-                for chat in &envelope.chats {
-                    sqlx::query(
-                        "INSERT INTO chats (chat, session_id) VALUES ($1, $2) \
-                         ON CONFLICT (chat) DO NOTHING",
-                    )
-                    .bind(chat)
-                    .bind(session_id)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-            }
-            outcomes.push(Appended::Committed {
-                seq: rows::seq(seq)?,
-                at_ms,
-            });
+            sqlx::query(
+                "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, at_ms) \
+                 SELECT r.*, $7 FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], \
+                                            $5::text[], $6::bigint[]) AS r",
+            )
+            .bind(seqs)
+            .bind(channels)
+            .bind(session_ids)
+            .bind(actions)
+            .bind(client_ids)
+            .bind(client_seqs)
+            .bind(at_ms)
+            .execute(&mut *tx)
+            .await?;
         }
-        if next != last {
+        if !plan.sessions.is_empty() {
+            let n = plan.sessions.len();
+            let (mut ids, mut projects, mut providers, mut titles, mut states) = (
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+            );
+            let (mut turns, mut resumables, mut last_seqs, mut created, mut projections) = (
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+            );
+            for (r, seq) in &plan.sessions {
+                ids.push(r.id.as_str());
+                projects.push(r.project.as_str());
+                providers.push(r.provider.as_str());
+                titles.push(r.title.as_deref());
+                states.push(r.state.as_str());
+                turns.push(seq_to_db(r.turns));
+                resumables.push(r.resumable);
+                last_seqs.push(*seq);
+                created.push(r.created_ms);
+                projections.push(r.projection.as_str());
+            }
+            sqlx::query(
+                "INSERT INTO sessions (id, project, provider, title, state, turns, resumable, \
+                                       last_seq, created_ms, projection, updated_ms) \
+                 SELECT r.*, $11 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], \
+                     $5::text[], $6::bigint[], $7::boolean[], $8::bigint[], $9::bigint[], \
+                     $10::text[]) AS r \
+                 ON CONFLICT (id) DO UPDATE SET project = excluded.project, \
+                     provider = excluded.provider, title = excluded.title, state = excluded.state, \
+                     turns = excluded.turns, resumable = excluded.resumable, \
+                     last_seq = excluded.last_seq, updated_ms = excluded.updated_ms, \
+                     projection = excluded.projection",
+            )
+            .bind(ids)
+            .bind(projects)
+            .bind(providers)
+            .bind(titles)
+            .bind(states)
+            .bind(turns)
+            .bind(resumables)
+            .bind(last_seqs)
+            .bind(created)
+            .bind(projections)
+            .bind(at_ms)
+            .execute(&mut *tx)
+            .await?;
+        }
+        for (chat, session_id) in &plan.chats {
+            sqlx::query(
+                "INSERT INTO chats (chat, session_id) VALUES ($1, $2) \
+                 ON CONFLICT (chat) DO NOTHING",
+            )
+            .bind(chat)
+            .bind(session_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        if plan.last_seq != last {
             sqlx::query("UPDATE host SET last_seq = $1 WHERE id = 1")
-                .bind(next)
+                .bind(plan.last_seq)
                 .execute(&mut *tx)
                 .await?;
             sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(LOG_NOTIFY_CHANNEL)
-                .bind(next.to_string())
+                .bind(plan.last_seq.to_string())
                 .execute(&mut *tx)
                 .await?;
+        }
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for (slot, envelope) in plan.slots.iter().zip(&batch) {
+            outcomes.push(match slot {
+                Slot::Committed(seq) => Appended::Committed {
+                    seq: rows::seq(*seq)?,
+                    at_ms,
+                },
+                Slot::Duplicate => {
+                    let origin = envelope.origin.as_ref().ok_or_else(|| {
+                        StoreError::Corrupt("a duplicate without an origin".into())
+                    })?;
+                    let outcome = Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq)
+                        .await?
+                        .ok_or_else(|| {
+                            StoreError::Corrupt("origin conflict without a recorded outcome".into())
+                        })?;
+                    Appended::Duplicate(outcome)
+                }
+            });
         }
         tx.commit().await?;
         Ok(outcomes)

@@ -6,6 +6,7 @@
 //! FULL` makes a commit durable before it is acknowledged, so an acknowledged
 //! append survives power loss, not only a process crash.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -16,10 +17,11 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Sqlite, Transaction};
 use uuid::Uuid;
 
+use super::plan::{self, Slot};
 use super::{
-    Appended, Backend, HostRecord, NewEnvelope, OriginOutcome, Rejection, SavedContext,
+    Appended, Backend, HostRecord, NewEnvelope, Origin, OriginOutcome, Rejection, SavedContext,
     SessionFilter, SessionPage, SessionRecord, SessionRow, Snapshot, Store, StoreError,
-    StoreOptions, StoredEnvelope, clamp_limit, now_ms, rows, seq_to_db,
+    StoreOptions, StoredEnvelope, clamp_limit, now_ms, rows, seq_from_db, seq_to_db,
 };
 
 /// How long a connection waits on a lock held by another process before
@@ -104,36 +106,33 @@ impl SqliteStore {
             .transpose()
     }
 
-    async fn upsert_session(
+    /// Which of `origins` already have an outcome (a log row or a
+    /// recorded rejection), in one query.
+    async fn existing_origins(
         tx: &mut Transaction<'static, Sqlite>,
-        record: &SessionRecord,
-        seq: i64,
-        at_ms: i64,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO sessions (id, project, provider, title, state, turns, resumable, \
-                                   last_seq, created_ms, updated_ms, projection) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (id) DO UPDATE SET project = excluded.project, \
-                 provider = excluded.provider, title = excluded.title, state = excluded.state, \
-                 turns = excluded.turns, resumable = excluded.resumable, \
-                 last_seq = excluded.last_seq, updated_ms = excluded.updated_ms, \
-                 projection = excluded.projection",
+        origins: &[&Origin],
+    ) -> Result<HashSet<(String, u64)>, StoreError> {
+        if origins.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let list: Vec<serde_json::Value> = origins
+            .iter()
+            .map(|o| serde_json::json!([o.client_id, seq_to_db(o.client_seq)]))
+            .collect();
+        let found: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT value->>0, value->>1 FROM json_each(?1) AS o \
+             WHERE EXISTS (SELECT 1 FROM log \
+                           WHERE client_id = o.value->>0 AND client_seq = o.value->>1) \
+                OR EXISTS (SELECT 1 FROM rejections \
+                           WHERE client_id = o.value->>0 AND client_seq = o.value->>1)",
         )
-        .bind(&record.id)
-        .bind(&record.project)
-        .bind(&record.provider)
-        .bind(&record.title)
-        .bind(&record.state)
-        .bind(seq_to_db(record.turns))
-        .bind(record.resumable)
-        .bind(seq)
-        .bind(record.created_ms)
-        .bind(at_ms)
-        .bind(&record.projection)
-        .execute(&mut **tx)
+        .bind(serde_json::Value::Array(list).to_string())
+        .fetch_all(&mut **tx)
         .await?;
-        Ok(())
+        found
+            .into_iter()
+            .map(|(id, seq)| Ok((id, seq_from_db(seq)?)))
+            .collect()
     }
 }
 
@@ -161,82 +160,107 @@ impl Store for SqliteStore {
             .fetch_one(&mut *tx)
             .await?;
         let at_ms = now_ms();
-        let mut next = last;
-        let mut outcomes = Vec::with_capacity(batch.len());
-        for envelope in batch {
-            let seq = next + 1;
-            let inserted = match &envelope.origin {
-                None => sqlx::query(
-                    "INSERT INTO log (seq, channel, session_id, action, at_ms) \
-                     VALUES (?, ?, ?, ?, ?)",
-                )
-                .bind(seq)
-                .bind(&envelope.channel)
-                .bind(&envelope.session_id)
-                .bind(&envelope.action)
-                .bind(at_ms)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected(),
-                // An origin is taken once: not if the log already holds it
-                // (the unique index) and not if it was already refused.
-                Some(origin) => sqlx::query(
-                    "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, at_ms) \
-                     SELECT ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS \
-                         (SELECT 1 FROM rejections WHERE client_id = ? AND client_seq = ?) \
-                     ON CONFLICT (client_id, client_seq) DO NOTHING",
-                )
-                .bind(seq)
-                .bind(&envelope.channel)
-                .bind(&envelope.session_id)
-                .bind(&envelope.action)
-                .bind(&origin.client_id)
-                .bind(seq_to_db(origin.client_seq))
-                .bind(at_ms)
-                .bind(&origin.client_id)
-                .bind(seq_to_db(origin.client_seq))
-                .execute(&mut *tx)
-                .await?
-                .rows_affected(),
-            };
-            if inserted == 0 {
-                let origin = envelope.origin.as_ref().ok_or_else(|| {
-                    StoreError::Corrupt("host-originated insert was ignored".into())
-                })?;
-                let outcome = Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq)
-                    .await?
-                    .ok_or_else(|| {
-                        StoreError::Corrupt("origin conflict without a recorded outcome".into())
-                    })?;
-                outcomes.push(Appended::Duplicate(outcome));
-                continue;
-            }
-            next = seq;
-            if let Some(record) = &envelope.session {
-                Self::upsert_session(&mut tx, record, seq, at_ms).await?;
-            }
-            if let Some(session_id) = &envelope.session_id {
-                for chat in &envelope.chats {
-                    sqlx::query(
-                        "INSERT INTO chats (chat, session_id) VALUES (?, ?) \
-                         ON CONFLICT (chat) DO NOTHING",
-                    )
-                    .bind(chat)
-                    .bind(session_id)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-            }
-            outcomes.push(Appended::Committed {
-                seq: rows::seq(seq)?,
-                at_ms,
-            });
+        let existing = Self::existing_origins(&mut tx, &plan::origins(&batch)).await?;
+        let plan = plan::plan(&batch, last, &existing);
+        // Every statement takes its rows as one JSON array: a constant number
+        // of round trips to the SQLite thread per batch.
+        if !plan.rows.is_empty() {
+            let rows: Vec<serde_json::Value> = plan
+                .rows
+                .iter()
+                .map(|row| {
+                    let e = row.envelope;
+                    let origin = e.origin.as_ref();
+                    serde_json::json!([
+                        row.seq,
+                        e.channel,
+                        e.session_id,
+                        e.action,
+                        origin.map(|o| &o.client_id),
+                        origin.map(|o| seq_to_db(o.client_seq)),
+                    ])
+                })
+                .collect();
+            sqlx::query(
+                "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, at_ms) \
+                 SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, ?2 \
+                 FROM json_each(?1)",
+            )
+            .bind(serde_json::Value::Array(rows).to_string())
+            .bind(at_ms)
+            .execute(&mut *tx)
+            .await?;
         }
-        if next != last {
+        if !plan.sessions.is_empty() {
+            let records: Vec<serde_json::Value> = plan
+                .sessions
+                .iter()
+                .map(|(r, seq)| {
+                    serde_json::json!([
+                        r.id,
+                        r.project,
+                        r.provider,
+                        r.title,
+                        r.state,
+                        seq_to_db(r.turns),
+                        r.resumable,
+                        seq,
+                        r.created_ms,
+                        r.projection,
+                    ])
+                })
+                .collect();
+            sqlx::query(
+                "INSERT INTO sessions (id, project, provider, title, state, turns, resumable, \
+                                       last_seq, created_ms, updated_ms, projection) \
+                 SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, \
+                        value->>6, value->>7, value->>8, ?2, value->>9 \
+                 FROM json_each(?1) WHERE true \
+                 ON CONFLICT (id) DO UPDATE SET project = excluded.project, \
+                     provider = excluded.provider, title = excluded.title, state = excluded.state, \
+                     turns = excluded.turns, resumable = excluded.resumable, \
+                     last_seq = excluded.last_seq, updated_ms = excluded.updated_ms, \
+                     projection = excluded.projection",
+            )
+            .bind(serde_json::Value::Array(records).to_string())
+            .bind(at_ms)
+            .execute(&mut *tx)
+            .await?;
+        }
+        for (chat, session_id) in &plan.chats {
+            sqlx::query(
+                "INSERT INTO chats (chat, session_id) VALUES (?, ?) ON CONFLICT (chat) DO NOTHING",
+            )
+            .bind(chat)
+            .bind(session_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        if plan.last_seq != last {
             sqlx::query("UPDATE host SET last_seq = ? WHERE id = 1")
-                .bind(next)
+                .bind(plan.last_seq)
                 .execute(&mut *tx)
                 .await?;
+        }
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for (slot, envelope) in plan.slots.iter().zip(&batch) {
+            outcomes.push(match slot {
+                Slot::Committed(seq) => Appended::Committed {
+                    seq: rows::seq(*seq)?,
+                    at_ms,
+                },
+                Slot::Duplicate => {
+                    let origin = envelope.origin.as_ref().ok_or_else(|| {
+                        StoreError::Corrupt("a duplicate without an origin".into())
+                    })?;
+                    let outcome = Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq)
+                        .await?
+                        .ok_or_else(|| {
+                            StoreError::Corrupt("origin conflict without a recorded outcome".into())
+                        })?;
+                    Appended::Duplicate(outcome)
+                }
+            });
         }
         tx.commit().await?;
         Ok(outcomes)

@@ -1,0 +1,178 @@
+//! How a batch of envelopes is written, decided once for both backends.
+//!
+//! A batch is appended with a constant number of statements, not a few per
+//! envelope: one query finds which origins the store already has, then one
+//! statement inserts every fresh row, one upserts every changed session row,
+//! and one moves the host's `last_seq`. Round trips to the database (a thread
+//! hop for SQLite, a network hop for Postgres) were most of the cost of a
+//! group commit when each envelope took its own.
+
+use std::collections::{HashMap, HashSet};
+
+use super::{NewEnvelope, Origin, SessionRecord};
+
+/// One row for the log.
+#[derive(Debug)]
+pub struct LogRow<'a> {
+    /// Its `serverSeq`.
+    pub seq: i64,
+    /// The envelope.
+    pub envelope: &'a NewEnvelope,
+}
+
+/// What becomes of each envelope of the batch, in batch order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// Written with this seq.
+    Committed(i64),
+    /// Its origin already has an outcome (in the store, or earlier in this
+    /// batch); nothing is written for it.
+    Duplicate,
+}
+
+/// The writes a batch makes.
+#[derive(Debug)]
+pub struct Plan<'a> {
+    /// Fresh log rows, in seq order.
+    pub rows: Vec<LogRow<'a>>,
+    /// Read-model rows to write: each changed session's latest record, with
+    /// the seq of its latest fresh envelope in the batch.
+    pub sessions: Vec<(&'a SessionRecord, i64)>,
+    /// Chats to record: (chat URI, owning session).
+    pub chats: Vec<(&'a str, &'a str)>,
+    /// One per envelope.
+    pub slots: Vec<Slot>,
+    /// The host's `last_seq` after the batch.
+    pub last_seq: i64,
+}
+
+/// The origins of a batch, for the query that finds which ones the store
+/// already has.
+pub fn origins(batch: &[NewEnvelope]) -> Vec<&Origin> {
+    batch.iter().filter_map(|e| e.origin.as_ref()).collect()
+}
+
+/// Plans `batch` on top of `last_seq`, given the origins the store already
+/// has (`existing`, as `(clientId, clientSeq)`).
+///
+/// A session's record rides on the last envelope of its actor's batch. When
+/// that envelope turns out to be a duplicate, the record still describes the
+/// session after the batch, so it is written with the session's latest fresh
+/// envelope instead of being dropped.
+pub fn plan<'a>(
+    batch: &'a [NewEnvelope],
+    last_seq: i64,
+    existing: &HashSet<(String, u64)>,
+) -> Plan<'a> {
+    let mut rows = Vec::with_capacity(batch.len());
+    let mut slots = Vec::with_capacity(batch.len());
+    let mut chats = Vec::new();
+    let mut taken: HashSet<(&str, u64)> = HashSet::new();
+    // Session id → its latest fresh seq in this batch, and its latest record.
+    let mut latest_seq: HashMap<&str, i64> = HashMap::new();
+    let mut records: HashMap<&str, &SessionRecord> = HashMap::new();
+    let mut next = last_seq;
+    for envelope in batch {
+        if let Some(record) = &envelope.session {
+            records.insert(&record.id, record);
+        }
+        if let Some(origin) = &envelope.origin {
+            let key = (origin.client_id.as_str(), origin.client_seq);
+            let known = existing.contains(&(origin.client_id.clone(), origin.client_seq));
+            if known || !taken.insert(key) {
+                slots.push(Slot::Duplicate);
+                continue;
+            }
+        }
+        next += 1;
+        rows.push(LogRow {
+            seq: next,
+            envelope,
+        });
+        slots.push(Slot::Committed(next));
+        if let Some(session_id) = &envelope.session_id {
+            latest_seq.insert(session_id, next);
+            chats.extend(
+                envelope
+                    .chats
+                    .iter()
+                    .map(|c| (c.as_str(), session_id.as_str())),
+            );
+        }
+    }
+    let mut sessions: Vec<(&SessionRecord, i64)> = records
+        .into_values()
+        .filter_map(|record| Some((record, *latest_seq.get(record.id.as_str())?)))
+        .collect();
+    sessions.sort_by_key(|(_, seq)| *seq);
+    Plan {
+        rows,
+        sessions,
+        chats,
+        slots,
+        last_seq: next,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn envelope(origin: Option<(&str, u64)>, session: Option<&str>) -> NewEnvelope {
+        NewEnvelope {
+            channel: "ahp-session:/s".into(),
+            session_id: Some("s".into()),
+            action: "{}".into(),
+            origin: origin.map(|(id, seq)| Origin {
+                client_id: id.into(),
+                client_seq: seq,
+            }),
+            session: session.map(|title| SessionRecord {
+                id: "s".into(),
+                project: "p".into(),
+                provider: "echo".into(),
+                title: Some(title.into()),
+                state: "live".into(),
+                turns: 0,
+                resumable: true,
+                created_ms: 0,
+                projection: "{}".into(),
+            }),
+            chats: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn duplicates_take_no_seq_and_the_record_moves_to_the_last_fresh_envelope() {
+        let batch = vec![
+            envelope(Some(("a", 1)), None),
+            envelope(None, None),
+            envelope(Some(("a", 1)), None), // repeated within the batch
+            envelope(Some(("a", 2)), Some("after the batch")), // already stored
+        ];
+        let existing = HashSet::from([("a".to_owned(), 2)]);
+        let plan = plan(&batch, 10, &existing);
+        assert_eq!(
+            plan.slots,
+            [
+                Slot::Committed(11),
+                Slot::Committed(12),
+                Slot::Duplicate,
+                Slot::Duplicate
+            ]
+        );
+        assert_eq!(plan.rows.len(), 2);
+        assert_eq!(plan.last_seq, 12);
+        assert_eq!(plan.sessions.len(), 1);
+        assert_eq!(plan.sessions[0].1, 12, "written with the latest fresh seq");
+        assert_eq!(plan.sessions[0].0.title.as_deref(), Some("after the batch"));
+    }
+
+    #[test]
+    fn a_batch_of_only_duplicates_writes_nothing() {
+        let batch = vec![envelope(Some(("a", 1)), Some("t"))];
+        let plan = plan(&batch, 5, &HashSet::from([("a".to_owned(), 1)]));
+        assert!(plan.rows.is_empty() && plan.sessions.is_empty());
+        assert_eq!(plan.last_seq, 5);
+    }
+}
