@@ -104,6 +104,24 @@ fn reducers(c: &mut Criterion) {
             )
         });
     }
+    // The chat reducer alone on a long chat (the copy is set-up), to tell
+    // the reducer's own cost from the copy the model makes around it.
+    let mut model = created(&[]);
+    for n in 0..1000 {
+        for action in turn(n) {
+            model.apply(CHAT, &action, &typed_action(&action));
+        }
+    }
+    let chat = model.chats[CHAT].clone();
+    let [started, _, _] = turn(1_000_000);
+    let started = typed_action(&started);
+    group.bench_function("chat/turnStarted_after_1000_turns", |b| {
+        b.iter_batched_ref(
+            || chat.clone(),
+            |chat| ahp::reducers::apply_action_to_chat(chat, black_box(&started)),
+            BatchSize::LargeInput,
+        )
+    });
     group.finish();
 }
 
@@ -153,6 +171,25 @@ fn projection(c: &mut Criterion) {
                 .collect::<Vec<StateAction>>()
         })
     });
+    // One more chat action on a chat that already has `turns` turns: the
+    // cost of a dispatch as the history grows (the model is set-up).
+    let [started, _, _] = turn(1_000_000);
+    let next = typed_action(&started);
+    for turns in [0usize, 100, 1000] {
+        let mut model = created(&["file:///projects/a"]);
+        for n in 0..turns {
+            for action in turn(n) {
+                model.apply(CHAT, &action, &typed_action(&action));
+            }
+        }
+        group.bench_function(format!("chat_action_after_{turns}_turns"), |b| {
+            b.iter_batched_ref(
+                || model.clone(),
+                |model| model.apply(CHAT, black_box(&started), &next),
+                BatchSize::LargeInput,
+            )
+        });
+    }
     group.finish();
 }
 
