@@ -46,6 +46,11 @@ pub struct Common {
     /// Print one JSON line with the result instead of the human report.
     #[arg(long, global = true)]
     pub json: bool,
+
+    /// Also append the JSON result line to this file (the human report
+    /// still goes to stdout).
+    #[arg(long, global = true)]
+    pub json_file: Option<std::path::PathBuf>,
 }
 
 /// Which AHP client drives the sockets.

@@ -1,5 +1,7 @@
 //! `tether-load`: see the library crate and `BENCHMARKS.md`.
 
+use std::io::Write as _;
+
 use clap::Parser as _;
 use tether_bench::cli::Cli;
 
@@ -7,15 +9,24 @@ use tether_bench::cli::Cli;
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let json = cli.common.json;
+    let json_file = cli.common.json_file.clone();
     match tether_bench::run(cli).await {
         Ok(report) => {
+            let line = serde_json::to_string(&report).unwrap_or_default();
             if json {
-                match serde_json::to_string(&report) {
-                    Ok(line) => println!("{line}"),
-                    Err(err) => eprintln!("tether-load: error: {err}"),
-                }
+                println!("{line}");
             } else {
                 print!("{}", report.human());
+            }
+            if let Some(path) = json_file {
+                let appended = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .and_then(|mut file| writeln!(file, "{line}"));
+                if let Err(err) = appended {
+                    eprintln!("tether-load: cannot write {}: {err}", path.display());
+                }
             }
             if report.ok() {
                 std::process::ExitCode::SUCCESS
