@@ -41,6 +41,27 @@ pub fn parse_stat_ticks(text: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// CPU time all cores spent busy so far (everything but idle and iowait),
+/// in clock ticks, from the first line of `/proc/stat`.
+pub fn machine_busy_ticks() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/stat")
+        .map_err(|e| Error::msg(format!("cannot read /proc/stat: {e}")))?;
+    parse_proc_stat_busy(&text).ok_or_else(|| Error::msg("/proc/stat has an unexpected format"))
+}
+
+/// `user + nice + system + irq + softirq + steal` of the `cpu` line
+/// (guest time is already counted in user).
+pub fn parse_proc_stat_busy(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    let at = |i: usize| fields.get(i).copied().unwrap_or(0);
+    Some(at(0) + at(1) + at(2) + at(5) + at(6) + at(7))
+}
+
 /// A process's resident set (`VmRSS`), in KiB. `None` reads this process.
 pub fn rss_kib(pid: Option<u32>) -> Result<u64> {
     let path = match pid {
@@ -75,6 +96,9 @@ pub struct CpuShare {
     pub load_tool_cores: f64,
     /// Cores the server kept busy on average; `None` without `--server-pid`.
     pub server_cores: Option<f64>,
+    /// Cores the whole machine kept busy (load tool, server and anything
+    /// else: a compiler running meanwhile shows here).
+    pub machine_busy_cores: f64,
     /// Cores on this machine.
     pub machine_cores: usize,
 }
@@ -97,19 +121,30 @@ impl CpuShare {
                 (Some(a), Some(b)) => Some(weigh(a, b)),
                 _ => None,
             },
+            machine_busy_cores: weigh(self.machine_busy_cores, other.machine_busy_cores),
             machine_cores: self.machine_cores,
         }
     }
 
-    /// One line: `load tool 0.62 cores, server 1.21 cores (of 2)`.
+    /// One line: `load tool 0.62, server 1.21, everything else 0.05 cores
+    /// busy (of 2; over 10.0 s)`.
     pub fn describe(&self) -> String {
-        let server = match self.server_cores {
-            Some(c) => format!("server {c:.2} cores"),
-            None => "server ? (pass --server-pid)".to_owned(),
+        let (server, others) = match self.server_cores {
+            Some(c) => (
+                format!("server {c:.2}"),
+                self.machine_busy_cores - self.load_tool_cores - c,
+            ),
+            None => (
+                "server ? (pass --server-pid)".to_owned(),
+                self.machine_busy_cores - self.load_tool_cores,
+            ),
         };
         format!(
-            "load tool {:.2} cores, {server} (of {}; over {:.1} s)",
-            self.load_tool_cores, self.machine_cores, self.wall_seconds
+            "load tool {:.2}, {server}, everything else {:.2} cores busy (of {}; over {:.1} s)",
+            self.load_tool_cores,
+            others.max(0.0),
+            self.machine_cores,
+            self.wall_seconds
         )
     }
 }
@@ -119,6 +154,7 @@ impl CpuShare {
 pub struct CpuWindow {
     started: Instant,
     load_ticks: u64,
+    machine_ticks: u64,
     server: Option<(u32, u64)>,
 }
 
@@ -133,6 +169,7 @@ impl CpuWindow {
         Ok(Self {
             started: Instant::now(),
             load_ticks: cpu_ticks(None)?,
+            machine_ticks: machine_busy_ticks()?,
             server,
         })
     }
@@ -146,10 +183,12 @@ impl CpuWindow {
             Some((pid, before)) => Some(share(cpu_ticks(Some(pid))?.saturating_sub(before))),
             None => None,
         };
+        let machine = machine_busy_ticks()?.saturating_sub(self.machine_ticks);
         Ok(CpuShare {
             wall_seconds: wall,
             load_tool_cores: share(load),
             server_cores: server,
+            machine_busy_cores: share(machine),
             machine_cores: cores(),
         })
     }
@@ -328,6 +367,12 @@ mod tests {
         let text = "Name:\ttether\nVmPeak:\t  9000 kB\nVmRSS:\t  1234 kB\n";
         assert_eq!(parse_status_kib(text, "VmRSS:"), Some(1234));
         assert_eq!(parse_status_kib(text, "VmSwap:"), None);
+    }
+
+    #[test]
+    fn machine_busy_time_leaves_out_idle_and_iowait() {
+        let text = "cpu  100 5 50 9000 300 7 3 2 0 0\ncpu0 50 2 25 4500 150 3 1 1 0 0\n";
+        assert_eq!(parse_proc_stat_busy(text), Some(167));
     }
 
     #[test]
