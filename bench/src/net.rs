@@ -18,6 +18,11 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::error::{Error, Result};
 
+/// How long a WebSocket upgrade may take. The kernel completes the TCP
+/// handshake for a server that cannot accept (out of files), so without a
+/// bound a connect would wait forever.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// A client WebSocket, in the type the upstream `ahp-ws` transport wraps.
 pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -108,13 +113,22 @@ impl Target {
     /// A WebSocket to `/ahp` from the `index`-th source address.
     pub async fn ws(&self, index: usize, config: WebSocketConfig) -> Result<Ws> {
         let stream = self.tcp(index).await.map_err(|e| Error::msg(e.explain()))?;
-        let (ws, _) = tokio_tungstenite::client_async_with_config(
+        let handshake = tokio_tungstenite::client_async_with_config(
             self.ws_url.as_str(),
             MaybeTlsStream::Plain(stream),
             Some(config),
-        )
-        .await
-        .map_err(|e| Error::msg(explain_handshake(&e)))?;
+        );
+        let (ws, _) = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
+            .await
+            .map_err(|_| {
+                Error::msg(format!(
+                    "no answer to the WebSocket upgrade in {HANDSHAKE_TIMEOUT:?}: the kernel \
+                     accepted the connection but the server did not; it is likely out of open \
+                     files (its log says `accept error: Too many open files`; start it after \
+                     raising `ulimit -n`) or overloaded"
+                ))
+            })?
+            .map_err(|e| Error::msg(explain_handshake(&e)))?;
         Ok(ws)
     }
 
