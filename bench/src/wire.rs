@@ -5,19 +5,20 @@
 //! * the upstream client decodes every inbound frame twice (into a JSON
 //!   value, then into typed structs that own every string) and copies it
 //!   into a per-subscription broadcast ring, which silently skips what a
-//!   slow reader missed; at 200,000 deliveries/s on the same two cores as
-//!   the server that is most of a core, and a skipped envelope would be
-//!   blamed on the server;
+//!   slow reader missed. In trials it took 1.6 to 2 times the CPU per
+//!   delivery of this client, on the two cores the server shares; and a
+//!   skipped envelope would be blamed on the server;
 //! * its `dispatch` re-serialises the typed action for every call;
 //! * its 16 MiB frame limit cannot take a 100,000-envelope `reconnect`
-//!   reply, and the double decode of that reply would be timed as replay.
+//!   reply (about 20 MiB in one frame), and its double decode of that
+//!   reply would be timed as replay.
 //!
 //! It speaks the same protocol: JSON-RPC 2.0 text frames, `initialize`
 //! (with `initialSubscriptions`), `subscribe`, `dispatchAction` as a
 //! notification and `reconnect`; inbound envelopes are read only as far as
 //! their head (`channel`, `serverSeq`, `origin`, `rejectionReason`) and the
-//! action is skipped unparsed. Every scenario can also run on the upstream
-//! client (`--client ahp`) to compare.
+//! action is skipped unparsed. `ingest` and `fanout` can run on the
+//! upstream client instead (`--client ahp`) to compare.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -25,7 +26,7 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 
 use crate::error::{Error, Result};
 use crate::net::Ws;
@@ -125,10 +126,10 @@ impl RawConn {
     }
 
     /// The next text frame (pings are answered by tungstenite as it reads).
-    pub async fn next_text(&mut self) -> Result<String, Ended> {
+    pub async fn next_text(&mut self) -> Result<Utf8Bytes, Ended> {
         loop {
             match self.ws.next().await {
-                Some(Ok(Message::Text(text))) => return Ok(text.as_str().to_owned()),
+                Some(Ok(Message::Text(text))) => return Ok(text),
                 Some(Ok(Message::Close(frame))) => {
                     let (code, reason) = frame
                         .map(|f| (u16::from(f.code), f.reason.to_string()))

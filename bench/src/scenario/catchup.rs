@@ -10,7 +10,7 @@
 //! the flags to raise.
 //!
 //! Raw socket, not the upstream client: a 100,000-envelope reply is about
-//! 15 MiB in one frame, near the upstream client's 16 MiB frame limit, and
+//! 20 MiB in one frame, over the upstream client's 16 MiB frame limit, and
 //! its double decode of the reply would be timed as replay.
 
 use std::time::Instant;

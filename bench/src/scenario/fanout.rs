@@ -212,10 +212,11 @@ pub async fn run(ctx: &Ctx, args: &FanoutArgs) -> Result<Report> {
             let client_id = ctx.id("subscriber", i);
             Ok::<_, Error>(match client {
                 ClientKind::Raw => {
-                    // A modest read buffer: a thousand idle 128 KiB buffers
-                    // would only cost the load tool memory.
-                    let config = crate::net::small_buffers().read_buffer_size(16 * 1024);
-                    let mut conn = RawConn::new(ctx.target.ws(i + 1, config).await?);
+                    // Small buffers: tungstenite zero-fills its whole read
+                    // buffer before every read, so 128 KiB would cost the
+                    // load tool CPU on every delivery.
+                    let mut conn =
+                        RawConn::new(ctx.target.ws(i + 1, crate::net::small_buffers()).await?);
                     conn.initialize(&client_id, &[&channel]).await?;
                     Subscriber::Raw(Box::new(conn))
                 }
