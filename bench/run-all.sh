@@ -11,7 +11,8 @@
 #   --quick              small scale (seconds, not minutes)
 #   --backends "LIST"    sqlite and/or postgres (default: both)
 #   --only "LIST"        case names to run (see CASES below; default: all)
-#   --out FILE           JSON result lines (default: bench-results-<time>.jsonl)
+#   --out FILE           JSON result lines (default:
+#                        <target dir>/bench-results-<time>.jsonl)
 #
 # Environment:
 #   TETHER_BIN, TETHER_LOAD_BIN   the binaries (default: the release build in
@@ -31,20 +32,21 @@ cd "$(dirname "$0")/.."
 quick=0
 backends="sqlite postgres"
 only=""
-out="bench-results-$(date +%Y%m%d-%H%M%S).jsonl"
+out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
     --backends) backends="$2"; shift ;;
     --only) only="$2"; shift ;;
     --out) out="$2"; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 
 target="${CARGO_TARGET_DIR:-target}"
+out="${out:-$target/bench-results-$(date +%Y%m%d-%H%M%S).jsonl}"
 tether="${TETHER_BIN:-$target/release/tether}"
 load="${TETHER_LOAD_BIN:-$target/release/tether-load}"
 pg_admin="${TETHER_BENCH_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
