@@ -97,6 +97,13 @@ pub async fn serve(
     let tasks = state.tasks.clone();
     let app = http::router(state);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    // Small frames (acknowledgements, envelopes) go out at once instead of
+    // waiting for Nagle's algorithm to fill a segment.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %err, "cannot set TCP_NODELAY");
+        }
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown.await;
         tracing::info!("shutdown requested; draining in-flight requests and connections");

@@ -26,6 +26,7 @@ backend_tests!(
     the_webhook_backend_accepts_refuses_and_times_out,
     an_evicted_or_restarted_session_rebuilds_the_same_state,
     nothing_reaches_a_subscriber_before_it_is_committed,
+    a_subscriber_whose_inbox_overflows_catches_up_from_the_store,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -596,5 +597,95 @@ async fn nothing_reaches_a_subscriber_before_it_is_committed(db: TestDb) {
         by_seq.insert(envelope.server_seq, title_of(&envelope));
     }
     assert_eq!(by_seq.len(), 30);
+    server.stop().await;
+}
+
+/// The hub's per-connection inbox is bounded; one that overflows drops
+/// envelopes, and its connection must then deliver them from the store: the
+/// subscriber still sees every envelope once, in order.
+async fn a_subscriber_whose_inbox_overflows_catches_up_from_the_store(db: TestDb) {
+    let _serial = SERIAL.lock().await;
+    let store = db.open().await;
+    let config = ServeConfig {
+        engine: EngineConfig {
+            hub_buffer: 16,
+            ..EngineConfig::default()
+        },
+        ..ServeConfig::default()
+    };
+    let server = TestServer::start_with(store.clone(), config).await;
+    let transport = ahp_ws::WebSocketTransport::connect(&server.ws_url())
+        .await
+        .unwrap();
+    // A client-side buffer far larger than anything sent, so every loss
+    // would be the server's.
+    let reader = Client::connect(
+        transport,
+        ahp::ClientConfig {
+            subscription_buffer: 1 << 16,
+            ..ahp::ClientConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    reader
+        .initialize("reader".into(), vec![PROTOCOL_VERSION.into()], Vec::new())
+        .await
+        .unwrap();
+    create(&reader, "burst").await;
+    let (subscribed, mut sub) = reader.subscribe("ahp-session:/burst".into()).await.unwrap();
+    let from = u64::try_from(subscribed.snapshot.unwrap().from_seq).unwrap();
+    let writer = server.initialized("writer").await;
+    let http = reqwest::Client::new();
+    let catch_ups = || async {
+        let text = http
+            .get(format!("{}/metrics", server.base_url()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("tether_catch_ups_total "))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap()
+    };
+
+    // Bursts of pipelined dispatches commit together and are published in
+    // one tight loop, far past the 16-item inbox, until one overflowed.
+    let mut seen = Vec::new();
+    let mut sent = 0;
+    for _round in 0..20 {
+        for _ in 0..300 {
+            writer
+                .dispatch(
+                    "ahp-session:/burst".into(),
+                    action(json!({"type": "session/titleChanged", "title": format!("b{sent}")})),
+                )
+                .await
+                .unwrap();
+            sent += 1;
+        }
+        while seen.len() < sent {
+            seen.push(next_envelope(&mut sub).await);
+        }
+        if catch_ups().await > 0 {
+            break;
+        }
+    }
+    assert!(catch_ups().await > 0, "no inbox ever overflowed");
+    let titles: Vec<String> = seen.iter().map(title_of).collect();
+    let expected: Vec<String> = (0..sent).map(|i| format!("b{i}")).collect();
+    assert_eq!(titles, expected, "every envelope once, in order");
+    let stored: Vec<u64> = store
+        .read_after(from, Some(&["ahp-session:/burst".to_owned()]), 100_000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    let delivered: Vec<u64> = seen.iter().map(|e| e.server_seq).collect();
+    assert_eq!(delivered, stored);
     server.stop().await;
 }

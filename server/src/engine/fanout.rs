@@ -2,16 +2,22 @@
 //! connections, in `serverSeq` order.
 //!
 //! Each envelope is serialised once, into the exact text frame every
-//! subscriber receives; connections filter by channel and never re-encode. A
-//! connection whose receiver lags behind the hub's buffer is told so
-//! (`Lagged`) and catches up from the store, which holds everything the hub
-//! ever carried (commit happens before publish).
+//! subscriber receives; connections never re-encode. The hub routes by
+//! channel: a connection's inbox receives only the channels it has routed,
+//! so the work of a publish is proportional to the subscribers of that
+//! channel, not to every connection of the host.
+//!
+//! An inbox is bounded. When it is full the envelope is not queued and the
+//! inbox is marked lagged (and woken); its connection then catches up from
+//! the store, which holds everything the hub ever carried (commit happens
+//! before publish).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use axum::extract::ws::Utf8Bytes;
-use tokio::sync::broadcast;
+use tokio::sync::{Notify, mpsc};
 
 use crate::store::{Origin, StoredEnvelope};
 
@@ -41,28 +47,68 @@ pub enum HubItem {
     },
 }
 
-/// The broadcast hub.
+/// The sending side of one connection's inbox.
+#[derive(Debug)]
+struct Inbox {
+    id: u64,
+    sender: mpsc::Sender<HubItem>,
+    lagged: AtomicBool,
+    wake: Notify,
+}
+
+impl Inbox {
+    fn offer(&self, item: HubItem) {
+        if self.sender.try_send(item).is_err() && !self.lagged.swap(true, Ordering::AcqRel) {
+            self.wake.notify_one();
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Routes {
+    next_id: u64,
+    by_channel: HashMap<String, Vec<Arc<Inbox>>>,
+}
+
+/// The routing hub.
 #[derive(Debug)]
 pub struct Hub {
-    sender: broadcast::Sender<HubItem>,
+    routes: Mutex<Routes>,
     published: AtomicU64,
+    capacity: usize,
 }
 
 impl Hub {
-    /// A hub that buffers `capacity` items for slow receivers.
+    /// A hub whose inboxes hold `capacity` items each.
     pub fn new(capacity: usize, last_seq: u64) -> Self {
-        let (sender, _) = broadcast::channel(capacity.max(16));
         Self {
-            sender,
+            routes: Mutex::new(Routes::default()),
             published: AtomicU64::new(last_seq),
+            capacity: capacity.max(16),
         }
     }
 
-    /// A receiver and the highest seq published before it: every envelope
-    /// above that seq will reach the receiver (or make it lag).
-    pub fn subscribe(&self) -> (broadcast::Receiver<HubItem>, u64) {
-        let receiver = self.sender.subscribe();
-        (receiver, self.published.load(Ordering::Acquire))
+    /// A new, unrouted inbox for one connection: the handle that routes
+    /// channels to it, and its receiving end.
+    pub fn subscribe(self: &Arc<Self>) -> (Routing, InboxReceiver) {
+        let (sender, receiver) = mpsc::channel(self.capacity);
+        let id = {
+            let mut routes = self.routes();
+            routes.next_id += 1;
+            routes.next_id
+        };
+        let inbox = Arc::new(Inbox {
+            id,
+            sender,
+            lagged: AtomicBool::new(false),
+            wake: Notify::new(),
+        });
+        let routing = Routing {
+            hub: self.clone(),
+            inbox: inbox.clone(),
+            channels: HashSet::new(),
+        };
+        (routing, InboxReceiver { inbox, receiver })
     }
 
     /// The highest seq published.
@@ -70,24 +116,145 @@ impl Hub {
         self.published.load(Ordering::Acquire)
     }
 
-    /// Publishes committed envelopes; callers publish in seq order.
+    /// Publishes a committed envelope; callers publish in seq order.
     pub fn publish(&self, item: Arc<Published>) {
+        let routes = self.routes();
+        // Under the lock, so a route taken concurrently either sees this seq
+        // as published (and bridges it from the store) or receives it.
         self.published.fetch_max(item.seq, Ordering::AcqRel);
-        // No receivers is fine: nobody is subscribed.
-        let _ = self.sender.send(HubItem::Envelope(item));
+        if let Some(inboxes) = routes.by_channel.get(&item.channel) {
+            for inbox in inboxes {
+                inbox.offer(HubItem::Envelope(item.clone()));
+            }
+        }
     }
 
     /// Publishes a notification to a channel's subscribers.
     pub fn notify(&self, channel: &str, frame: String) {
-        let _ = self.sender.send(HubItem::Notice {
-            channel: channel.into(),
-            frame: frame.into(),
-        });
+        let routes = self.routes();
+        if let Some(inboxes) = routes.by_channel.get(channel) {
+            let channel: Arc<str> = channel.into();
+            let frame: Utf8Bytes = frame.into();
+            for inbox in inboxes {
+                inbox.offer(HubItem::Notice {
+                    channel: channel.clone(),
+                    frame: frame.clone(),
+                });
+            }
+        }
+    }
+
+    fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
+        // Nothing panics while holding it; recover the data if it ever did.
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Which channels the hub routes to one connection's inbox. Dropping it
+/// removes every route.
+#[derive(Debug)]
+pub struct Routing {
+    hub: Arc<Hub>,
+    inbox: Arc<Inbox>,
+    channels: HashSet<String>,
+}
+
+impl Routing {
+    /// Routes `channel` here and returns the highest seq published before:
+    /// every envelope of the channel above it arrives in the inbox (or
+    /// marks it lagged).
+    pub fn route(&mut self, channel: &str) -> u64 {
+        let mut routes = self.hub.routes();
+        if self.channels.insert(channel.to_owned()) {
+            routes
+                .by_channel
+                .entry(channel.to_owned())
+                .or_default()
+                .push(self.inbox.clone());
+        }
+        self.hub.published()
+    }
+
+    /// Stops routing `channel` here.
+    pub fn unroute(&mut self, channel: &str) {
+        if self.channels.remove(channel) {
+            let mut routes = self.hub.routes();
+            remove_inbox(&mut routes, channel, self.inbox.id);
+        }
+    }
+}
+
+impl Drop for Routing {
+    fn drop(&mut self) {
+        let mut routes = self.hub.routes();
+        for channel in &self.channels {
+            remove_inbox(&mut routes, channel, self.inbox.id);
+        }
+    }
+}
+
+/// A connection's inbox: what the hub routes to it, in publish order.
+#[derive(Debug)]
+pub struct InboxReceiver {
+    inbox: Arc<Inbox>,
+    receiver: mpsc::Receiver<HubItem>,
+}
+
+impl InboxReceiver {
+    /// The next item routed here, in publish order (never `None`: the
+    /// receiver keeps its own sender alive).
+    pub async fn recv(&mut self) -> Option<HubItem> {
+        self.receiver.recv().await
+    }
+
+    /// The inbox's lag signal, to await beside [`InboxReceiver::recv`].
+    pub fn lag_signal(&self) -> LagSignal {
+        LagSignal(self.inbox.clone())
+    }
+}
+
+/// Tells a connection that its inbox dropped items.
+#[derive(Debug)]
+pub struct LagSignal(Arc<Inbox>);
+
+impl LagSignal {
+    /// Resolves when the inbox has dropped an item since the last call;
+    /// the caller must then catch up from the store.
+    pub async fn lagged(&self) {
+        loop {
+            if self.0.lagged.swap(false, Ordering::AcqRel) {
+                return;
+            }
+            self.0.wake.notified().await;
+        }
+    }
+}
+
+fn remove_inbox(routes: &mut Routes, channel: &str, id: u64) {
+    if let Some(inboxes) = routes.by_channel.get_mut(channel) {
+        inboxes.retain(|inbox| inbox.id != id);
+        if inboxes.is_empty() {
+            routes.by_channel.remove(channel);
+        }
     }
 }
 
 /// The `action` notification text of an envelope. `action` is JSON text.
 pub fn action_frame(
+    seq: u64,
+    channel: &str,
+    action: &str,
+    origin: Option<&Origin>,
+    rejection: Option<&str>,
+) -> String {
+    let params = envelope_text(seq, channel, action, origin, rejection);
+    format!(r#"{{"jsonrpc":"2.0","method":"action","params":{params}}}"#)
+}
+
+/// The envelope object as JSON text (the `params` of an `action`
+/// notification). The stored action text is spliced in as-is: it is JSON the
+/// host wrote, re-sent byte for byte and never parsed again.
+pub fn envelope_text(
     seq: u64,
     channel: &str,
     action: &str,
@@ -105,14 +272,12 @@ pub fn action_frame(
     if let Some(reason) = rejection {
         params["rejectionReason"] = serde_json::Value::String(reason.to_owned());
     }
-    let mut params = serde_json::to_string(&params).unwrap_or_default();
-    // Splice the stored action text in as-is: it is JSON the host wrote, and
-    // it is re-sent byte for byte.
-    params.pop();
-    params.push_str(",\"action\":");
-    params.push_str(action);
-    params.push('}');
-    format!(r#"{{"jsonrpc":"2.0","method":"action","params":{params}}}"#)
+    let mut text = serde_json::to_string(&params).unwrap_or_default();
+    text.pop();
+    text.push_str(",\"action\":");
+    text.push_str(action);
+    text.push('}');
+    text
 }
 
 /// The envelope object (`params` of an `action` notification) of a stored

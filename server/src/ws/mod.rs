@@ -5,11 +5,15 @@
 //! a writer task draining its outbound queue to the socket. The queue is
 //! bounded in bytes: a client that cannot keep up is closed with code 4000
 //! and a reason telling it to reconnect and replay, never silently dropped.
-//! A connection whose hub receiver lags catches up from the store.
+//! The hub routes only the channels a connection subscribes to into its
+//! inbox; an inbox that overflows is marked lagged and its connection
+//! catches up from the store.
 //!
-//! Delivery bookkeeping: `cursor` is the highest hub seq this connection has
-//! looked at; each subscription remembers the seq its snapshot or replay
-//! already covers, and gets exactly the envelopes above it, in seq order.
+//! Delivery bookkeeping: each subscription remembers the seq its subscriber
+//! already has everything up to (its snapshot's, its replay's, then each
+//! envelope's) and the hub seq it was routed at; it gets exactly the
+//! envelopes above the first, from the store up to the second and from the
+//! inbox after it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,11 +31,11 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tether_protocol::channel::Channel;
 use tether_protocol::view::SessionView;
-use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::AppState;
 use crate::auth::Principal;
-use crate::engine::fanout::{HubItem, action_frame, envelope_json, published_from_store};
+use crate::engine::fanout::{HubItem, Routing, action_frame, envelope_text, published_from_store};
 use crate::engine::{CreateSession, DispatchOutcome, Engine, EngineError, summary};
 use crate::http::error::problem;
 use crate::store::{Origin, SessionFilter};
@@ -260,8 +264,9 @@ struct Connection {
     queue: Queue,
     client_id: Option<String>,
     /// Channel → the seq its subscriber already has everything up to.
-    subscriptions: HashMap<String, u64>,
-    cursor: u64,
+    subscriptions: HashMap<String, Subscription>,
+    /// Which channels the hub routes to this connection.
+    routing: Routing,
     closing: bool,
     /// Subscriptions opened by the current request whose gap between
     /// snapshot and cursor is sent from the store after the reply.
@@ -277,12 +282,31 @@ struct Answered {
     channel: String,
     action: Value,
     origin: Origin,
-    /// The connection's cursor when the dispatch was submitted: a fresh
-    /// commit is above it and reaches a subscriber through the hub.
-    cursor: u64,
+    /// The hub seq its channel was routed here at, if it was subscribed
+    /// when the dispatch was submitted: a fresh commit is above it and
+    /// reaches the subscriber through the inbox.
+    routed_at: Option<u64>,
     outcome: DispatchOutcome,
     /// The JSON-RPC id when it was sent as a request.
     id: Option<Value>,
+}
+
+/// A subscription's delivery state.
+#[derive(Debug, Clone, Copy)]
+struct Subscription {
+    /// The subscriber has every envelope of the channel up to this seq.
+    after: u64,
+    /// The hub seq the channel was routed to this connection at: envelopes
+    /// above it arrive in the inbox, those at or below it come from the store.
+    routed_at: u64,
+}
+
+/// A successful answer.
+enum Reply {
+    /// A value to serialise.
+    Json(Value),
+    /// Result JSON already rendered.
+    Raw(String),
 }
 
 /// What handling one message decided.
@@ -302,7 +326,8 @@ impl Connection {
             limit: state.ws.max_outbound_bytes,
         });
         let writer = tokio::spawn(write_loop(sink, receiver, backlog.clone()));
-        let (mut hub, cursor) = state.engine.hub().subscribe();
+        let (routing, mut inbox) = state.engine.hub().subscribe();
+        let lag = inbox.lag_signal();
         let (answers, mut answered) = mpsc::unbounded_channel();
         let mut connection = Connection {
             engine: state.engine.clone(),
@@ -311,7 +336,7 @@ impl Connection {
             queue: Queue { sender, backlog },
             client_id: None,
             subscriptions: HashMap::new(),
-            cursor,
+            routing,
             closing: false,
             after_reply: Vec::new(),
             answers,
@@ -350,7 +375,8 @@ impl Connection {
                         }
                     }
                 },
-                item = hub.recv() => connection.on_hub(item, &mut hub).await,
+                Some(item) = inbox.recv() => connection.on_hub(item),
+                () = lag.lagged() => connection.catch_up_all().await,
                 Some(reply) = answered.recv() => connection.on_answer(reply),
                 _ = ping.tick() => {
                     if last_heard.elapsed() > connection.limits.ping_timeout {
@@ -425,59 +451,49 @@ impl Connection {
         self.send(json!({"jsonrpc": "2.0", "id": id, "error": error}).to_string())
     }
 
-    async fn on_hub(
-        &mut self,
-        item: Result<HubItem, broadcast::error::RecvError>,
-        hub: &mut broadcast::Receiver<HubItem>,
-    ) -> Next {
+    fn on_hub(&mut self, item: HubItem) -> Next {
         match item {
-            Ok(HubItem::Envelope(published)) => {
-                if published.seq <= self.cursor {
-                    return Next::Continue;
-                }
-                self.cursor = published.seq;
-                match self.subscriptions.get(&published.channel) {
-                    Some(after) if published.seq > *after => {
-                        if !self.queue.push(published.frame.clone()) {
-                            return self.overflow();
-                        }
+            HubItem::Envelope(published) => match self.subscriptions.get_mut(&published.channel) {
+                Some(subscription) if published.seq > subscription.after => {
+                    subscription.after = published.seq;
+                    if self.queue.push(published.frame.clone()) {
                         Next::Continue
+                    } else {
+                        self.overflow()
                     }
-                    _ => Next::Continue,
                 }
-            }
-            Ok(HubItem::Notice { channel, frame }) => {
+                _ => Next::Continue,
+            },
+            HubItem::Notice { channel, frame } => {
                 if self.subscriptions.contains_key(&*channel) && !self.queue.push(frame) {
                     return self.overflow();
                 }
                 Next::Continue
             }
-            Err(broadcast::error::RecvError::Lagged(skipped)) => {
-                tracing::debug!(
-                    skipped,
-                    "connection lagged behind the hub; catching up from the store"
-                );
-                self.catch_up_all().await
-            }
-            Err(broadcast::error::RecvError::Closed) => {
-                let _ = hub;
-                Next::Close(1001, "server shutting down".into())
-            }
         }
     }
 
-    /// Delivers, from the store, every envelope of the subscribed channels
-    /// above the cursor, up to what the store holds now.
+    /// After the inbox dropped items: delivers, from the store, every
+    /// envelope of the subscribed channels their subscriptions do not have,
+    /// up to what the store holds now.
     async fn catch_up_all(&mut self) -> Next {
+        tracing::debug!("connection lagged behind the hub; catching up from the store");
+        self.engine
+            .metrics()
+            .catch_ups
+            .fetch_add(1, Ordering::Relaxed);
         let Ok(host) = self.engine.store().host().await else {
             return Next::Close(1011, "storage unavailable; reconnect".into());
         };
         let channels: Vec<String> = self.subscriptions.keys().cloned().collect();
-        let next = self
-            .deliver_from_store(&channels, self.cursor, host.last_seq)
-            .await;
-        self.cursor = self.cursor.max(host.last_seq);
-        next
+        let from = self
+            .subscriptions
+            .values()
+            .map(|s| s.after)
+            .min()
+            .unwrap_or(host.last_seq);
+        self.deliver_from_store(&channels, from, host.last_seq)
+            .await
     }
 
     /// Sends stored envelopes of `channels` in `(after, upto]` that their
@@ -500,7 +516,7 @@ impl Connection {
                 let wanted = self
                     .subscriptions
                     .get(&envelope.channel)
-                    .is_some_and(|have| envelope.seq > *have);
+                    .is_some_and(|have| envelope.seq > have.after);
                 if wanted {
                     let frame = published_from_store(envelope).frame;
                     if !self.queue.push(frame) {
@@ -511,7 +527,7 @@ impl Connection {
         }
         for channel in channels {
             if let Some(have) = self.subscriptions.get_mut(channel) {
-                *have = (*have).max(upto);
+                have.after = have.after.max(upto);
             }
         }
         Next::Continue
@@ -554,37 +570,24 @@ impl Connection {
             };
         }
         let result = match method.as_str() {
-            "initialize" => self.initialize(params).await,
             "reconnect" => self.reconnect(params).await,
-            "subscribe" => self.subscribe(params).await,
-            "unsubscribe" => {
-                if let Some(channel) = params.get("channel").and_then(Value::as_str) {
-                    self.subscriptions.remove(channel);
-                }
-                Ok(Value::Null)
-            }
-            "dispatchAction" => match self.dispatch(params, id.clone()).await {
-                // Answered when the outcome arrives (requests) or never
-                // (notifications).
-                Ok(()) => return Next::Continue,
+            other => match self.call(other, params, &id).await {
+                Ok(Some(value)) => Ok(Reply::Json(value)),
+                // A dispatch: answered when its outcome arrives (requests)
+                // or never (notifications).
+                Ok(None) => return Next::Continue,
                 Err(err) => Err(err),
             },
-            "createSession" => self.create_session(params).await,
-            "disposeSession" => self.dispose_session(params).await,
-            "listSessions" => self.list_sessions(params).await,
-            "createChat" => self.create_chat(params).await,
-            "ping" => Ok(Value::Null),
-            other => Err(RpcError::new(
-                json_rpc_error_codes::METHOD_NOT_FOUND,
-                format!("Unknown method {other:?}."),
-            )),
         };
         // Notifications (no id) get no answer, errors included.
         let Some(id) = id else {
             return self.bridge().await;
         };
         let next = match result {
-            Ok(value) => self.send_result(id, value),
+            Ok(Reply::Json(value)) => self.send_result(id, value),
+            Ok(Reply::Raw(result)) => self.send(format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#
+            )),
             Err(err) => {
                 let closing = err.code == ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION;
                 let next = self.send_error(id, err.code, &err.message, err.data);
@@ -600,21 +603,54 @@ impl Connection {
         }
     }
 
+    /// Runs one method other than `reconnect`; `None` for a dispatch, which
+    /// is answered later (see [`Connection::on_answer`]).
+    async fn call(
+        &mut self,
+        method: &str,
+        params: Value,
+        id: &Option<Value>,
+    ) -> Result<Option<Value>, RpcError> {
+        if method == "dispatchAction" {
+            return self.dispatch(params, id.clone()).await.map(|()| None);
+        }
+        let value = match method {
+            "initialize" => self.initialize(params).await,
+            "subscribe" => self.subscribe(params).await,
+            "unsubscribe" => {
+                if let Some(channel) = params.get("channel").and_then(Value::as_str) {
+                    self.subscriptions.remove(channel);
+                    self.routing.unroute(channel);
+                }
+                Ok(Value::Null)
+            }
+            "createSession" => self.create_session(params).await,
+            "disposeSession" => self.dispose_session(params).await,
+            "listSessions" => self.list_sessions(params).await,
+            "createChat" => self.create_chat(params).await,
+            "ping" => Ok(Value::Null),
+            other => Err(RpcError::new(
+                json_rpc_error_codes::METHOD_NOT_FOUND,
+                format!("Unknown method {other:?}."),
+            )),
+        };
+        value.map(Some)
+    }
+
     /// Sends, from the store, what subscriptions opened by the last request
-    /// need between their snapshot and the connection's cursor: envelopes
-    /// the hub already carried past this connection before it subscribed.
+    /// need between their snapshot and the hub seq they were routed at:
+    /// envelopes published before the route existed.
     async fn bridge(&mut self) -> Next {
         for channel in std::mem::take(&mut self.after_reply) {
-            let Some(from) = self.subscriptions.get(&channel).copied() else {
+            let Some(subscription) = self.subscriptions.get(&channel).copied() else {
                 continue;
             };
-            if from < self.cursor {
-                let cursor = self.cursor;
-                if let Next::Close(code, reason) =
-                    self.deliver_from_store(&[channel], from, cursor).await
-                {
-                    return Next::Close(code, reason);
-                }
+            if subscription.after < subscription.routed_at
+                && let Next::Close(code, reason) = self
+                    .deliver_from_store(&[channel], subscription.after, subscription.routed_at)
+                    .await
+            {
+                return Next::Close(code, reason);
             }
         }
         Next::Continue
@@ -670,7 +706,7 @@ impl Connection {
             Err(err) => return Err(RpcError::invalid(&format!("Bad protocol version: {err}."))),
         };
         self.client_id = Some(client_id);
-        let server_seq = self.cursor;
+        let server_seq = self.engine.hub().published();
         let mut snapshots = Vec::new();
         let initial: Vec<String> = params
             .get("initialSubscriptions")
@@ -711,8 +747,16 @@ impl Connection {
             .snapshot(&self.principal, channel)
             .await
             .map_err(RpcError::from)?;
-        self.subscriptions
-            .insert(channel.to_owned(), snapshot.from_seq);
+        // Routed after the snapshot succeeded: envelopes published between
+        // the two arrive in the inbox and are skipped as covered.
+        let routed_at = self.routing.route(channel);
+        self.subscriptions.insert(
+            channel.to_owned(),
+            Subscription {
+                after: snapshot.from_seq,
+                routed_at,
+            },
+        );
         self.after_reply.push(channel.to_owned());
         Ok(
             json!({"resource": snapshot.resource, "state": snapshot.state, "fromSeq": snapshot.from_seq}),
@@ -725,7 +769,7 @@ impl Connection {
         Ok(json!({"snapshot": snapshot}))
     }
 
-    async fn reconnect(&mut self, params: Value) -> Result<Value, RpcError> {
+    async fn reconnect(&mut self, params: Value) -> Result<Reply, RpcError> {
         let client_id = Self::client_id_param(&params)?;
         let last_seen = Self::u64_param(&params, "lastSeenServerSeq")?;
         let wanted: Vec<String> = params
@@ -751,15 +795,21 @@ impl Connection {
                 missing.push(channel);
             }
         }
-        // Everything up to `horizon` comes from the store; the hub brings
-        // what is above it (the hub receiver is older than this read).
+        // Routed first, then the store is read: everything up to `horizon`
+        // comes from the store, the inbox brings what is above it (a seq is
+        // published only after it is committed, so `horizon` is at least
+        // every route's seq).
+        let routed: Vec<(String, u64)> = present
+            .iter()
+            .map(|channel| (channel.clone(), self.routing.route(channel)))
+            .collect();
         let host = self
             .engine
             .store()
             .host()
             .await
             .map_err(RpcError::unavailable)?;
-        let horizon = host.last_seq.max(self.cursor);
+        let horizon = host.last_seq;
         let limit = self.limits.max_replay;
         let mut bytes = 0;
         let mut actions = Vec::new();
@@ -775,8 +825,15 @@ impl Connection {
             let Some(last) = page.last() else { break };
             after = last.seq;
             for envelope in page.iter().filter(|e| e.seq <= horizon) {
-                bytes += envelope.action.len() + envelope.channel.len() + 64;
-                actions.push(envelope_json(envelope));
+                let text = envelope_text(
+                    envelope.seq,
+                    &envelope.channel,
+                    &envelope.action,
+                    envelope.origin.as_ref(),
+                    None,
+                );
+                bytes += text.len() + 1;
+                actions.push(text);
             }
             if actions.len() > limit as usize || bytes > self.limits.max_replay_bytes {
                 too_many = true;
@@ -788,12 +845,26 @@ impl Connection {
             for channel in &present {
                 snapshots.push(self.open_subscription(channel).await?);
             }
-            return Ok(json!({"type": "snapshot", "snapshots": snapshots}));
+            return Ok(Reply::Json(
+                json!({"type": "snapshot", "snapshots": snapshots}),
+            ));
         }
-        for channel in present {
-            self.subscriptions.insert(channel, horizon);
+        for (channel, routed_at) in routed {
+            self.subscriptions.insert(
+                channel,
+                Subscription {
+                    after: horizon,
+                    routed_at,
+                },
+            );
         }
-        Ok(json!({"type": "replay", "actions": actions, "missing": missing}))
+        // Rendered as text around the stored actions: a large replay is
+        // never parsed into a value tree and serialised again.
+        let missing = serde_json::to_string(&missing).unwrap_or_else(|_| "[]".into());
+        Ok(Reply::Raw(format!(
+            r#"{{"type":"replay","actions":[{}],"missing":{missing}}}"#,
+            actions.join(",")
+        )))
     }
 
     /// Submits a dispatch in order and returns at once; its outcome comes
@@ -829,7 +900,7 @@ impl Connection {
             )
             .await;
         let answers = self.answers.clone();
-        let cursor = self.cursor;
+        let routed_at = self.subscriptions.get(&channel).map(|s| s.routed_at);
         tokio::spawn(async move {
             let outcome = submitted.outcome().await;
             drop(permit);
@@ -837,7 +908,7 @@ impl Connection {
                 channel,
                 action,
                 origin,
-                cursor,
+                routed_at,
                 outcome,
                 id,
             });
@@ -853,7 +924,7 @@ impl Connection {
                 // retry of an old envelope, or a client not subscribed to
                 // the channel, gets the original envelope directly.
                 let via_hub = self.subscriptions.contains_key(&published.channel)
-                    && published.seq > answered.cursor;
+                    && answered.routed_at.is_some_and(|at| published.seq > at);
                 if via_hub || self.queue.push(published.frame.clone()) {
                     Next::Continue
                 } else {
@@ -862,7 +933,7 @@ impl Connection {
             }
             DispatchOutcome::Rejected(refusal) => {
                 let frame = action_frame(
-                    self.cursor,
+                    self.engine.hub().published(),
                     &answered.channel,
                     &answered.action.to_string(),
                     Some(&answered.origin),
