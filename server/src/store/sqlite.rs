@@ -48,7 +48,11 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(BUSY_TIMEOUT)
-            .foreign_keys(true);
+            .foreign_keys(true)
+            // Each connection caches up to 32 MiB of pages (the default is
+            // 2 MiB): under load the writer otherwise re-reads index pages
+            // from the OS on every commit.
+            .pragma("cache_size", "-32768");
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
