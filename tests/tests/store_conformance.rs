@@ -303,6 +303,15 @@ async fn read_after_returns_exactly_the_suffix_in_order(db: TestDb) {
         .cloned()
         .collect();
     assert_eq!(filtered, expected);
+    // Merged across channels, a page is the lowest seqs of them all; a
+    // channel named twice is read once.
+    let twice = vec![
+        "ahp-chat:/a-1".to_owned(),
+        "ahp-session:/a".to_owned(),
+        "ahp-chat:/a-1".to_owned(),
+    ];
+    let page = store.read_after(20, Some(&twice), 7).await.unwrap();
+    assert_eq!(page, expected[..7].to_vec());
     assert!(
         store
             .read_after(0, Some(&[]), 1000)

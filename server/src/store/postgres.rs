@@ -348,15 +348,32 @@ impl Store for PostgresStore {
                 .await?
             }
             Some(channels) => {
-                sqlx::query_as(
-                    "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
-                     FROM log WHERE seq > $1 AND channel = ANY($2) ORDER BY seq LIMIT $3",
+                // One ordered scan of `log_channel` per channel, merged. With
+                // `channel = ANY($2) ... ORDER BY seq`, or with statistics
+                // not yet gathered on a freshly filled log, Postgres picks a
+                // bitmap scan that reads every row of the channel above
+                // `after` and sorts them, on every page: a long catch-up
+                // became quadratic. Bitmap scans are off for this read.
+                let mut tx = self.pool.begin().await?;
+                sqlx::query("SET LOCAL enable_bitmapscan = off")
+                    .execute(&mut *tx)
+                    .await?;
+                let found = sqlx::query_as(
+                    "SELECT l.seq, l.channel, l.session_id, l.action, l.client_id, l.client_seq, \
+                            l.at_ms \
+                     FROM (SELECT DISTINCT UNNEST($2::text[]) AS channel) AS c \
+                     CROSS JOIN LATERAL (SELECT * FROM log \
+                                         WHERE log.channel = c.channel AND log.seq > $1 \
+                                         ORDER BY log.seq LIMIT $3) AS l \
+                     ORDER BY l.seq LIMIT $3",
                 )
                 .bind(seq_to_db(after))
                 .bind(channels)
                 .bind(clamp_limit(limit))
-                .fetch_all(&self.pool)
-                .await?
+                .fetch_all(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                found
             }
         };
         found.into_iter().map(TryInto::try_into).collect()
