@@ -510,6 +510,48 @@ async fn snapshots_return_the_newest(db: TestDb) {
         .unwrap();
     assert_eq!(latest.seq, 12);
     assert_eq!(latest.state, r#"{"at":12}"#);
+
+    // Written with a group commit: in the same transaction as its envelopes.
+    let appended = store
+        .append_with_snapshots(
+            vec![envelope("ahp-session:/s", 1)],
+            vec![Snapshot {
+                channel: "ahp-session:/s".into(),
+                seq: 20,
+                state: r#"{"at":20}"#.into(),
+                at_ms: 2,
+            }],
+        )
+        .await
+        .unwrap();
+    assert_eq!(committed(&appended).len(), 1);
+    let latest = store
+        .latest_snapshot("ahp-session:/s")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((latest.seq, latest.state.as_str()), (20, r#"{"at":20}"#));
+    // A snapshot alone is a transaction too.
+    store
+        .append_with_snapshots(
+            Vec::new(),
+            vec![Snapshot {
+                channel: "ahp-root://".into(),
+                seq: 101,
+                state: "{}".into(),
+                at_ms: 3,
+            }],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .latest_snapshot("ahp-root://")
+            .await
+            .unwrap()
+            .map(|s| s.seq),
+        Some(101)
+    );
     store.close().await;
 }
 

@@ -683,7 +683,8 @@ impl SessionActor {
             state,
             at_ms: now_ms(),
         };
-        match self.ctx.store.put_snapshot(snapshot).await {
+        // Written with the next group commit, not in a transaction of its own.
+        match self.ctx.committer.snapshot(snapshot).await {
             Ok(()) => self.since_snapshot = 0,
             Err(err) => tracing::warn!(session = %self.id, error = %err, "snapshot not written"),
         }

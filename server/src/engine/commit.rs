@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::Metrics;
 use super::fanout::{Hub, Published, action_frame};
-use crate::store::{Appended, NewEnvelope, OriginOutcome, Store};
+use crate::store::{Appended, NewEnvelope, OriginOutcome, Snapshot, Store};
 
 /// The outcome of one appended envelope.
 #[derive(Debug, Clone)]
@@ -27,7 +27,10 @@ pub struct CommitError(pub String);
 
 struct Request {
     envelopes: Vec<NewEnvelope>,
-    reply: oneshot::Sender<Result<Vec<CommitOutcome>, CommitError>>,
+    /// Written in the same transaction.
+    snapshots: Vec<Snapshot>,
+    /// `None` for a snapshot nobody waits for.
+    reply: Option<oneshot::Sender<Result<Vec<CommitOutcome>, CommitError>>>,
 }
 
 /// The handle sessions append through.
@@ -69,12 +72,32 @@ impl Committer {
         }
         let (reply, answer) = oneshot::channel();
         self.sender
-            .send(Request { envelopes, reply })
+            .send(Request {
+                envelopes,
+                snapshots: Vec::new(),
+                reply: Some(reply),
+            })
             .await
             .map_err(|_| CommitError("the writer has stopped".to_owned()))?;
         answer
             .await
             .map_err(|_| CommitError("the writer has stopped".to_owned()))?
+    }
+}
+
+impl Committer {
+    /// Queues a snapshot for the next group commit and returns at once. A
+    /// snapshot is a cache (the transcript is the truth), so nobody waits
+    /// for it; a failed write is logged by the writer.
+    pub async fn snapshot(&self, snapshot: Snapshot) -> Result<(), CommitError> {
+        self.sender
+            .send(Request {
+                envelopes: Vec::new(),
+                snapshots: vec![snapshot],
+                reply: None,
+            })
+            .await
+            .map_err(|_| CommitError("the writer has stopped".to_owned()))
     }
 }
 
@@ -99,18 +122,21 @@ async fn run(
             }
         }
         let mut all = Vec::with_capacity(size);
+        let mut snapshots = Vec::new();
         let mut counts = Vec::with_capacity(requests.len());
         let mut replies = Vec::with_capacity(requests.len());
         for request in requests {
             counts.push(request.envelopes.len());
             all.extend(request.envelopes);
+            snapshots.extend(request.snapshots);
             replies.push(request.reply);
         }
+        let snapshot_count = snapshots.len();
         let frames: Vec<_> = all
             .iter()
             .map(|e| (e.channel.clone(), e.action.clone(), e.origin.clone()))
             .collect();
-        match store.append(all).await {
+        match store.append_with_snapshots(all, snapshots).await {
             Ok(appended) => {
                 metrics.commits.fetch_add(1, Ordering::Relaxed);
                 metrics
@@ -136,13 +162,16 @@ async fn run(
                         });
                 for (count, reply) in counts.into_iter().zip(replies) {
                     let mine: Vec<_> = outcomes.by_ref().take(count).collect();
-                    let _ = reply.send(Ok(mine));
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Ok(mine));
+                    }
                 }
             }
             Err(err) => {
-                tracing::error!(error = %err, envelopes = size, "group commit failed");
+                tracing::error!(error = %err, envelopes = size, snapshots = snapshot_count,
+                    "group commit failed");
                 let err = CommitError(err.to_string());
-                for reply in replies {
+                for reply in replies.into_iter().flatten() {
                     let _ = reply.send(Err(err.clone()));
                 }
             }

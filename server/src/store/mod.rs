@@ -271,7 +271,18 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// envelope, in order. Committed envelopes get consecutive seqs; an
     /// envelope whose origin already has an outcome is skipped and reported.
     /// Returns only once the transaction is durable.
-    async fn append(&self, batch: Vec<NewEnvelope>) -> Result<Vec<Appended>, StoreError>;
+    async fn append(&self, batch: Vec<NewEnvelope>) -> Result<Vec<Appended>, StoreError> {
+        self.append_with_snapshots(batch, Vec::new()).await
+    }
+
+    /// [`Store::append`], writing `snapshots` (as [`Store::put_snapshot`]
+    /// does) in the same transaction: under load, snapshots in transactions
+    /// of their own cost the single SQLite writer a commit and an fsync each.
+    async fn append_with_snapshots(
+        &self,
+        batch: Vec<NewEnvelope>,
+        snapshots: Vec<Snapshot>,
+    ) -> Result<Vec<Appended>, StoreError>;
 
     /// Records a refused dispatch. The first outcome recorded for an origin
     /// wins: the returned outcome is the one that holds, which is an earlier

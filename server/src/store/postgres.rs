@@ -100,6 +100,32 @@ impl PostgresStore {
         )
     }
 
+    /// Writes a snapshot and prunes all but the newest few, inside `tx`.
+    async fn write_snapshot_in(
+        tx: &mut Transaction<'static, Postgres>,
+        snapshot: &Snapshot,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO snapshots (channel, seq, state, at_ms) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (channel, seq) DO UPDATE SET state = excluded.state, at_ms = excluded.at_ms",
+        )
+        .bind(&snapshot.channel)
+        .bind(seq_to_db(snapshot.seq))
+        .bind(&snapshot.state)
+        .bind(snapshot.at_ms)
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query(
+            "DELETE FROM snapshots WHERE channel = $1 AND seq NOT IN \
+                 (SELECT seq FROM snapshots WHERE channel = $1 ORDER BY seq DESC LIMIT $2)",
+        )
+        .bind(&snapshot.channel)
+        .bind(super::SNAPSHOTS_KEPT)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
     /// Which of `origins` already have an outcome (a log row or a
     /// recorded rejection), in one query.
     async fn existing_origins(
@@ -148,7 +174,11 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    async fn append(&self, batch: Vec<NewEnvelope>) -> Result<Vec<Appended>, StoreError> {
+    async fn append_with_snapshots(
+        &self,
+        batch: Vec<NewEnvelope>,
+        snapshots: Vec<Snapshot>,
+    ) -> Result<Vec<Appended>, StoreError> {
         let mut tx = self.pool.begin().await?;
         // The host lock makes the origin check and the inserts race-free:
         // every writer of origins holds it.
@@ -263,6 +293,9 @@ impl Store for PostgresStore {
                 .bind(plan.last_seq.to_string())
                 .execute(&mut *tx)
                 .await?;
+        }
+        for snapshot in &snapshots {
+            Self::write_snapshot_in(&mut tx, snapshot).await?;
         }
         let mut outcomes = Vec::with_capacity(batch.len());
         for (slot, envelope) in plan.slots.iter().zip(&batch) {
@@ -459,24 +492,7 @@ impl Store for PostgresStore {
 
     async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO snapshots (channel, seq, state, at_ms) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (channel, seq) DO UPDATE SET state = excluded.state, at_ms = excluded.at_ms",
-        )
-        .bind(&snapshot.channel)
-        .bind(seq_to_db(snapshot.seq))
-        .bind(&snapshot.state)
-        .bind(snapshot.at_ms)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "DELETE FROM snapshots WHERE channel = $1 AND seq NOT IN \
-                 (SELECT seq FROM snapshots WHERE channel = $1 ORDER BY seq DESC LIMIT $2)",
-        )
-        .bind(&snapshot.channel)
-        .bind(super::SNAPSHOTS_KEPT)
-        .execute(&mut *tx)
-        .await?;
+        Self::write_snapshot_in(&mut tx, &snapshot).await?;
         tx.commit().await?;
         Ok(())
     }

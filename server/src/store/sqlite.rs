@@ -110,6 +110,33 @@ impl SqliteStore {
             .transpose()
     }
 
+    /// Writes a snapshot and prunes all but the newest few, inside `tx`.
+    async fn write_snapshot_in(
+        tx: &mut Transaction<'static, Sqlite>,
+        snapshot: &Snapshot,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO snapshots (channel, seq, state, at_ms) VALUES (?, ?, ?, ?) \
+             ON CONFLICT (channel, seq) DO UPDATE SET state = excluded.state, at_ms = excluded.at_ms",
+        )
+        .bind(&snapshot.channel)
+        .bind(seq_to_db(snapshot.seq))
+        .bind(&snapshot.state)
+        .bind(snapshot.at_ms)
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query(
+            "DELETE FROM snapshots WHERE channel = ? AND seq NOT IN \
+                 (SELECT seq FROM snapshots WHERE channel = ? ORDER BY seq DESC LIMIT ?)",
+        )
+        .bind(&snapshot.channel)
+        .bind(&snapshot.channel)
+        .bind(super::SNAPSHOTS_KEPT)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
     /// Which of `origins` already have an outcome (a log row or a
     /// recorded rejection), in one query.
     async fn existing_origins(
@@ -158,7 +185,11 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn append(&self, batch: Vec<NewEnvelope>) -> Result<Vec<Appended>, StoreError> {
+    async fn append_with_snapshots(
+        &self,
+        batch: Vec<NewEnvelope>,
+        snapshots: Vec<Snapshot>,
+    ) -> Result<Vec<Appended>, StoreError> {
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         let last: i64 = sqlx::query_scalar("SELECT last_seq FROM host WHERE id = 1")
             .fetch_one(&mut *tx)
@@ -245,6 +276,9 @@ impl Store for SqliteStore {
                 .bind(plan.last_seq)
                 .execute(&mut *tx)
                 .await?;
+        }
+        for snapshot in &snapshots {
+            Self::write_snapshot_in(&mut tx, snapshot).await?;
         }
         let mut outcomes = Vec::with_capacity(batch.len());
         for (slot, envelope) in plan.slots.iter().zip(&batch) {
@@ -421,25 +455,7 @@ impl Store for SqliteStore {
 
     async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), StoreError> {
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query(
-            "INSERT INTO snapshots (channel, seq, state, at_ms) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (channel, seq) DO UPDATE SET state = excluded.state, at_ms = excluded.at_ms",
-        )
-        .bind(&snapshot.channel)
-        .bind(seq_to_db(snapshot.seq))
-        .bind(&snapshot.state)
-        .bind(snapshot.at_ms)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "DELETE FROM snapshots WHERE channel = ? AND seq NOT IN \
-                 (SELECT seq FROM snapshots WHERE channel = ? ORDER BY seq DESC LIMIT ?)",
-        )
-        .bind(&snapshot.channel)
-        .bind(&snapshot.channel)
-        .bind(super::SNAPSHOTS_KEPT)
-        .execute(&mut *tx)
-        .await?;
+        Self::write_snapshot_in(&mut tx, &snapshot).await?;
         tx.commit().await?;
         Ok(())
     }
