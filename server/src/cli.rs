@@ -510,7 +510,9 @@ async fn tail(args: TailArgs) -> Outcome {
         Start::Now
     };
 
-    let mut stream = SessionStream::open(args.remote.stream_config()?, channels, start).await?;
+    // Tail only reads: an ephemeral identity, no identity file.
+    let config = StreamConfig::new(args.remote.url.clone());
+    let mut stream = SessionStream::open(config, channels, start).await?;
     while let Some(event) = stream.next().await {
         match event {
             StreamEvent::Snapshot(snapshot) => printer.snapshot(&snapshot)?,
