@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{NewEnvelope, Origin, SessionRecord};
+use super::{Appended, NewEnvelope, Origin, OriginOutcome, SessionRecord, StoreError, rows};
 
 /// One row for the log.
 #[derive(Debug)]
@@ -112,6 +112,44 @@ pub fn plan<'a>(
         slots,
         last_seq: next,
     }
+}
+
+/// The origins of the batch's duplicates, in batch order: the store looks
+/// each one's outcome up (inside the append's transaction, so a duplicate of
+/// an envelope earlier in the batch finds that one) for [`outcomes`].
+pub fn duplicates<'a>(plan: &Plan<'_>, batch: &'a [NewEnvelope]) -> Vec<&'a Origin> {
+    plan.slots
+        .iter()
+        .zip(batch)
+        .filter(|(slot, _)| **slot == Slot::Duplicate)
+        .filter_map(|(_, envelope)| envelope.origin.as_ref())
+        .collect()
+}
+
+/// Each envelope's outcome once the plan is written: committed ones with
+/// their seq, duplicates with the outcomes found for [`duplicates`], in order.
+pub fn outcomes(
+    plan: &Plan<'_>,
+    at_ms: i64,
+    found: Vec<Option<OriginOutcome>>,
+) -> Result<Vec<Appended>, StoreError> {
+    let mut found = found.into_iter();
+    plan.slots
+        .iter()
+        .map(|slot| match slot {
+            Slot::Committed(seq) => Ok(Appended::Committed {
+                seq: rows::seq(*seq)?,
+                at_ms,
+            }),
+            Slot::Duplicate => found
+                .next()
+                .flatten()
+                .map(Appended::Duplicate)
+                .ok_or_else(|| {
+                    StoreError::Corrupt("origin conflict without a recorded outcome".into())
+                }),
+        })
+        .collect()
 }
 
 #[cfg(test)]

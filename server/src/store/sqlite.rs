@@ -17,7 +17,7 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Sqlite, Transaction};
 use uuid::Uuid;
 
-use super::plan::{self, Slot};
+use super::plan;
 use super::{
     Appended, Backend, HostRecord, NewEnvelope, Origin, OriginOutcome, Rejection, SavedContext,
     SessionFilter, SessionPage, SessionRecord, SessionRow, Snapshot, Store, StoreError,
@@ -280,26 +280,11 @@ impl Store for SqliteStore {
         for snapshot in &snapshots {
             Self::write_snapshot_in(&mut tx, snapshot).await?;
         }
-        let mut outcomes = Vec::with_capacity(batch.len());
-        for (slot, envelope) in plan.slots.iter().zip(&batch) {
-            outcomes.push(match slot {
-                Slot::Committed(seq) => Appended::Committed {
-                    seq: rows::seq(*seq)?,
-                    at_ms,
-                },
-                Slot::Duplicate => {
-                    let origin = envelope.origin.as_ref().ok_or_else(|| {
-                        StoreError::Corrupt("a duplicate without an origin".into())
-                    })?;
-                    let outcome = Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq)
-                        .await?
-                        .ok_or_else(|| {
-                            StoreError::Corrupt("origin conflict without a recorded outcome".into())
-                        })?;
-                    Appended::Duplicate(outcome)
-                }
-            });
+        let mut found = Vec::new();
+        for origin in plan::duplicates(&plan, &batch) {
+            found.push(Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq).await?);
         }
+        let outcomes = plan::outcomes(&plan, at_ms, found)?;
         tx.commit().await?;
         Ok(outcomes)
     }
