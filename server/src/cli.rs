@@ -519,6 +519,12 @@ async fn tail(args: TailArgs) -> Outcome {
             StreamEvent::Envelope(envelope) => {
                 let value = serde_json::to_value(&*envelope)
                     .map_err(|e| Failed::new(Exit::Failure, e.to_string()))?;
+                // A chat the session gains is followed from then on.
+                if let Some(chat) = added_chat(&value, &printer.session)
+                    && let Err(err) = stream.subscribe(chat).await
+                {
+                    eprintln!("tether: cannot follow the new chat {chat}: {err}");
+                }
                 if printer.envelope(&value)? {
                     return Ok(());
                 }
@@ -545,6 +551,14 @@ async fn tail(args: TailArgs) -> Outcome {
         }
     }
     Err(Failed::new(Exit::Unreachable, "the session stream ended"))
+}
+
+/// The chat a `session/chatAdded` envelope on `session` brings.
+fn added_chat<'a>(envelope: &'a Value, session: &str) -> Option<&'a str> {
+    let action = &envelope["action"];
+    (envelope["channel"] == session && action["type"] == "session/chatAdded")
+        .then(|| action["summary"]["resource"].as_str())
+        .flatten()
 }
 
 struct TailPrinter {

@@ -18,6 +18,7 @@ backend_tests!(
     context_round_trips_through_stdin,
     tail_follows_across_a_server_restart,
     tail_from_start_prints_the_whole_transcript,
+    tail_follows_chats_created_while_it_runs,
 );
 
 /// A `tether` command against `url`, with its own state directory.
@@ -439,5 +440,46 @@ async fn tail_from_start_prints_the_whole_transcript(db: TestDb) {
         3,
         "does not exist",
     );
+    server.stop().await;
+}
+
+async fn tail_follows_chats_created_while_it_runs(db: TestDb) {
+    let server = TestServer::start(&db).await;
+    let url = server.base_url();
+    let state = tempfile::tempdir().unwrap();
+    create(&server.client(), "grows", "web", &[]).await;
+    let mut tail = tether(
+        &url,
+        state.path(),
+        &["tail", "grows", "--json", "--count", "2"],
+    )
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(tail.stdout.take().unwrap()).lines();
+    read_lines(&mut lines, 2).await; // the session's and the main chat's snapshots
+
+    let ahp = server.initialized("maker").await;
+    let _: Value = ahp
+        .request(
+            "createChat",
+            serde_json::json!({"channel": "ahp-session:/grows", "chat": "ahp-chat:/grows.side"}),
+        )
+        .await
+        .unwrap();
+    let turn = serde_json::json!({"type": "chat/turnStarted", "turnId": "s1",
+        "startedAt": "2026-11-29T10:00:00.000Z",
+        "message": {"text": "on the side", "origin": {"kind": "user"}}});
+    // Dispatched once tail has had time to subscribe to the new chat.
+    let mut seen = read_lines(&mut lines, 1).await;
+    assert_eq!(seen[0]["action"]["type"], "session/chatAdded", "{seen:?}");
+    let snapshot = read_lines(&mut lines, 1).await;
+    assert_eq!(snapshot[0]["snapshot"]["resource"], "ahp-chat:/grows.side");
+    ahp.dispatch("ahp-chat:/grows.side".into(), tether_tests::action(turn))
+        .await
+        .unwrap();
+    seen.extend(read_lines(&mut lines, 1).await);
+    assert_eq!(seen[1]["channel"], "ahp-chat:/grows.side");
+    assert_eq!(seen[1]["action"]["message"]["text"], "on the side");
+    assert!(tail.wait().await.unwrap().success());
     server.stop().await;
 }
