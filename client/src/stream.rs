@@ -193,7 +193,6 @@ impl SessionStream {
         let mut driver = Driver {
             url: config.ws_url()?,
             config,
-            channels: Vec::new(),
             covered: HashMap::new(),
             aligned: false,
             pending: BTreeMap::new(),
@@ -209,8 +208,7 @@ impl SessionStream {
             }
             Start::After(seq) => {
                 for channel in channels {
-                    driver.covered.insert(channel.clone(), seq);
-                    driver.channels.push(channel);
+                    driver.covered.insert(channel, seq);
                 }
                 driver.resume(&connection).await?;
             }
@@ -307,9 +305,7 @@ enum Lost {
 struct Driver {
     config: StreamConfig,
     url: String,
-    /// Subscribed channels, in subscription order.
-    channels: Vec<String>,
-    /// Per channel, the highest `serverSeq` the consumer has been given
+    /// Per subscribed channel, the highest `serverSeq` the consumer has been given
     /// (an envelope's, or its snapshot's `fromSeq`): anything at or below
     /// it is a duplicate.
     covered: HashMap<String, u64>,
@@ -484,18 +480,13 @@ impl Driver {
     /// Resumes every channel on a fresh connection from what the consumer
     /// has, then resends unanswered dispatches.
     async fn resume(&mut self, connection: &Connection) -> Result<(), Error> {
-        if let Some(last_seen) = self
-            .channels
-            .iter()
-            .filter_map(|c| self.covered.get(c))
-            .min()
-        {
+        if let Some(last_seen) = self.covered.values().copied().min() {
             let result = connection
                 .client
                 .reconnect(
                     self.config.identity.client_id().to_owned(),
-                    i64::try_from(*last_seen).unwrap_or(i64::MAX),
-                    self.channels.clone(),
+                    i64::try_from(last_seen).unwrap_or(i64::MAX),
+                    self.covered.keys().cloned().collect(),
                 )
                 .await
                 .map_err(rpc_error)?;
@@ -516,7 +507,6 @@ impl Driver {
                         self.emit(StreamEvent::Envelope(Box::new(envelope)));
                     }
                     if !replay.missing.is_empty() {
-                        self.channels.retain(|c| !replay.missing.contains(c));
                         for channel in &replay.missing {
                             self.covered.remove(channel);
                         }
@@ -555,10 +545,7 @@ impl Driver {
         // The server bridges this channel's gap after its reply, behind
         // envelopes of other channels with higher seqs.
         self.aligned = false;
-        self.covered.insert(channel.clone(), from);
-        if !self.channels.contains(&channel) {
-            self.channels.push(channel);
-        }
+        self.covered.insert(channel, from);
         if let Some(snapshot) = result.snapshot {
             self.emit(StreamEvent::Snapshot(snapshot));
         }
@@ -728,7 +715,6 @@ mod tests {
             url: String::new(),
             config: StreamConfig::new("http://h")
                 .with_identity(Arc::new(ClientIdentity::in_memory("me"))),
-            channels: channels.iter().map(|(c, _)| (*c).to_owned()).collect(),
             covered: channels
                 .iter()
                 .map(|(c, s)| ((*c).to_owned(), *s))

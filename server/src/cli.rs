@@ -310,11 +310,19 @@ impl Remote {
     }
 }
 
-/// Writes one line to stdout; a closed pipe (`| head`) ends the command
-/// quietly.
+/// Writes one line to stdout.
 fn out(line: &str) -> Outcome {
+    write_stdout(&format!("{line}\n"))
+}
+
+/// Writes to stdout and flushes; a closed pipe (`| head`) ends the command
+/// quietly.
+fn write_stdout(text: &str) -> Outcome {
     let mut stdout = std::io::stdout().lock();
-    match writeln!(stdout, "{line}").and_then(|()| stdout.flush()) {
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
         Ok(()) => Ok(()),
         Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {
             Err(Failed::new(Exit::Ok, String::new()))
@@ -728,7 +736,7 @@ async fn follow_turn(stream: &mut SessionStream, turn_id: &str, json: bool) -> O
         match action["type"].as_str().unwrap_or_default() {
             "chat/responsePart" if !json => {
                 if let Some(content) = action["part"]["content"].as_str() {
-                    print_partial(content)?;
+                    write_stdout(content)?;
                     open_line = !content.ends_with('\n');
                 }
             }
@@ -752,20 +760,6 @@ async fn follow_turn(stream: &mut SessionStream, turn_id: &str, json: bool) -> O
         }
     }
     Err(Failed::new(Exit::Unreachable, "the session stream ended"))
-}
-
-fn print_partial(text: &str) -> Outcome {
-    let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        Ok(()) => Ok(()),
-        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {
-            Err(Failed::new(Exit::Ok, String::new()))
-        }
-        Err(err) => Err(Failed::new(Exit::Failure, format!("cannot write: {err}"))),
-    }
 }
 
 async fn dirs(args: DirsArgs) -> Outcome {

@@ -199,10 +199,24 @@ impl TestServer {
 
     /// An upstream AHP client connected to this server (not yet initialized).
     pub async fn ahp(&self) -> ahp::Client {
+        self.ahp_with(ahp::ClientConfig::default()).await
+    }
+
+    /// An upstream AHP client whose event ring holds `buffer` events (not yet
+    /// initialized): large enough, every loss a test sees is the server's.
+    pub async fn ahp_buffered(&self, buffer: usize) -> ahp::Client {
+        self.ahp_with(ahp::ClientConfig {
+            subscription_buffer: buffer,
+            ..ahp::ClientConfig::default()
+        })
+        .await
+    }
+
+    async fn ahp_with(&self, config: ahp::ClientConfig) -> ahp::Client {
         let transport = ahp_ws::WebSocketTransport::connect(&self.ws_url())
             .await
             .expect("connect the AHP WebSocket");
-        ahp::Client::connect(transport, ahp::ClientConfig::default())
+        ahp::Client::connect(transport, config)
             .await
             .expect("start the AHP client")
     }

@@ -107,18 +107,7 @@ async fn a_slow_subscriber_is_closed_and_catches_up_without_delaying_others(db: 
     let server = TestServer::start_with(db.open().await, config).await;
     let setup = server.initialized("setup").await;
     create(&setup, "busy").await;
-    let transport = ahp_ws::WebSocketTransport::connect(&server.ws_url())
-        .await
-        .unwrap();
-    let fast = Client::connect(
-        transport,
-        ahp::ClientConfig {
-            subscription_buffer: 100_000,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let fast = server.ahp_buffered(100_000).await;
     fast.initialize("fast".into(), vec![PROTOCOL_VERSION.into()], Vec::new())
         .await
         .unwrap();
@@ -614,20 +603,9 @@ async fn a_subscriber_whose_inbox_overflows_catches_up_from_the_store(db: TestDb
         ..ServeConfig::default()
     };
     let server = TestServer::start_with(store.clone(), config).await;
-    let transport = ahp_ws::WebSocketTransport::connect(&server.ws_url())
-        .await
-        .unwrap();
     // A client-side buffer far larger than anything sent, so every loss
     // would be the server's.
-    let reader = Client::connect(
-        transport,
-        ahp::ClientConfig {
-            subscription_buffer: 1 << 16,
-            ..ahp::ClientConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let reader = server.ahp_buffered(1 << 16).await;
     reader
         .initialize("reader".into(), vec![PROTOCOL_VERSION.into()], Vec::new())
         .await

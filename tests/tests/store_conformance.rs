@@ -514,8 +514,8 @@ async fn snapshots_return_the_newest(db: TestDb) {
     // Written with a group commit: in the same transaction as its envelopes.
     let appended = store
         .append_with_snapshots(
-            vec![envelope("ahp-session:/s", 1)],
-            vec![Snapshot {
+            &[envelope("ahp-session:/s", 1)],
+            &[Snapshot {
                 channel: "ahp-session:/s".into(),
                 seq: 20,
                 state: r#"{"at":20}"#.into(),
@@ -534,8 +534,8 @@ async fn snapshots_return_the_newest(db: TestDb) {
     // A snapshot alone is a transaction too.
     store
         .append_with_snapshots(
-            Vec::new(),
-            vec![Snapshot {
+            &[],
+            &[Snapshot {
                 channel: "ahp-root://".into(),
                 seq: 101,
                 state: "{}".into(),

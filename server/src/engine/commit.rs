@@ -132,11 +132,9 @@ async fn run(
             replies.push(request.reply);
         }
         let snapshot_count = snapshots.len();
-        let frames: Vec<_> = all
-            .iter()
-            .map(|e| (e.channel.clone(), e.action.clone(), e.origin.clone()))
-            .collect();
-        match store.append_with_snapshots(all, snapshots).await {
+        // The store borrows the batch, so the frames below are built from
+        // the same envelopes without copying every action first.
+        match store.append_with_snapshots(&all, &snapshots).await {
             Ok(appended) => {
                 metrics.commits.fetch_add(1, Ordering::Relaxed);
                 metrics
@@ -145,14 +143,19 @@ async fn run(
                 let mut outcomes =
                     appended
                         .into_iter()
-                        .zip(frames)
-                        .map(|(result, (channel, action, origin))| match result {
+                        .zip(all)
+                        .map(|(result, envelope)| match result {
                             Appended::Committed { seq, .. } => {
-                                let frame =
-                                    action_frame(seq, &channel, &action, origin.as_ref(), None);
+                                let frame = action_frame(
+                                    seq,
+                                    &envelope.channel,
+                                    &envelope.action,
+                                    envelope.origin.as_ref(),
+                                    None,
+                                );
                                 let published = Arc::new(Published {
                                     seq,
-                                    channel,
+                                    channel: envelope.channel,
                                     frame: frame.into(),
                                 });
                                 hub.publish(published.clone());

@@ -66,7 +66,6 @@ impl Inbox {
 
 #[derive(Debug, Default)]
 struct Routes {
-    next_id: u64,
     by_channel: HashMap<String, Vec<Arc<Inbox>>>,
 }
 
@@ -74,6 +73,7 @@ struct Routes {
 #[derive(Debug)]
 pub struct Hub {
     routes: Mutex<Routes>,
+    next_inbox: AtomicU64,
     published: AtomicU64,
     capacity: usize,
 }
@@ -83,6 +83,7 @@ impl Hub {
     pub fn new(capacity: usize, last_seq: u64) -> Self {
         Self {
             routes: Mutex::new(Routes::default()),
+            next_inbox: AtomicU64::new(1),
             published: AtomicU64::new(last_seq),
             capacity: capacity.max(16),
         }
@@ -92,11 +93,7 @@ impl Hub {
     /// channels to it, and its receiving end.
     pub fn subscribe(self: &Arc<Self>) -> (Routing, InboxReceiver) {
         let (sender, receiver) = mpsc::channel(self.capacity);
-        let id = {
-            let mut routes = self.routes();
-            routes.next_id += 1;
-            routes.next_id
-        };
+        let id = self.next_inbox.fetch_add(1, Ordering::Relaxed);
         let inbox = Arc::new(Inbox {
             id,
             sender,

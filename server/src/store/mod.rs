@@ -272,7 +272,7 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// envelope whose origin already has an outcome is skipped and reported.
     /// Returns only once the transaction is durable.
     async fn append(&self, batch: Vec<NewEnvelope>) -> Result<Vec<Appended>, StoreError> {
-        self.append_with_snapshots(batch, Vec::new()).await
+        self.append_with_snapshots(&batch, &[]).await
     }
 
     /// [`Store::append`], writing `snapshots` (as [`Store::put_snapshot`]
@@ -280,8 +280,8 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// of their own cost the single SQLite writer a commit and an fsync each.
     async fn append_with_snapshots(
         &self,
-        batch: Vec<NewEnvelope>,
-        snapshots: Vec<Snapshot>,
+        batch: &[NewEnvelope],
+        snapshots: &[Snapshot],
     ) -> Result<Vec<Appended>, StoreError>;
 
     /// Records a refused dispatch. The first outcome recorded for an origin

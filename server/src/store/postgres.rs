@@ -176,34 +176,34 @@ impl Store for PostgresStore {
 
     async fn append_with_snapshots(
         &self,
-        batch: Vec<NewEnvelope>,
-        snapshots: Vec<Snapshot>,
+        batch: &[NewEnvelope],
+        snapshots: &[Snapshot],
     ) -> Result<Vec<Appended>, StoreError> {
         let mut tx = self.pool.begin().await?;
         // The host lock makes the origin check and the inserts race-free:
         // every writer of origins holds it.
         let last = Self::lock_host(&mut tx).await?;
         let at_ms = now_ms();
-        let existing = Self::existing_origins(&mut tx, &plan::origins(&batch)).await?;
-        let plan = plan::plan(&batch, last, &existing);
+        let existing = Self::existing_origins(&mut tx, &plan::origins(batch)).await?;
+        let plan = plan::plan(batch, last, &existing);
         // Every statement takes its rows as arrays: a constant number of
         // round trips per batch.
         if !plan.rows.is_empty() {
-            let mut seqs = Vec::with_capacity(plan.rows.len());
-            let mut channels = Vec::with_capacity(plan.rows.len());
-            let mut session_ids = Vec::with_capacity(plan.rows.len());
-            let mut actions = Vec::with_capacity(plan.rows.len());
-            let mut client_ids = Vec::with_capacity(plan.rows.len());
-            let mut client_seqs = Vec::with_capacity(plan.rows.len());
-            for row in &plan.rows {
-                let e = row.envelope;
-                seqs.push(row.seq);
-                channels.push(e.channel.as_str());
-                session_ids.push(e.session_id.as_deref());
-                actions.push(e.action.as_str());
-                client_ids.push(e.origin.as_ref().map(|o| o.client_id.as_str()));
-                client_seqs.push(e.origin.as_ref().map(|o| seq_to_db(o.client_seq)));
-            }
+            // One array per column.
+            let rows = &plan.rows;
+            let column =
+                |f: for<'r> fn(&'r plan::LogRow<'r>) -> Option<&'r str>| -> Vec<Option<&str>> {
+                    rows.iter().map(f).collect()
+                };
+            let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+            let client_seqs: Vec<Option<i64>> = rows
+                .iter()
+                .map(|r| r.envelope.origin.as_ref().map(|o| seq_to_db(o.client_seq)))
+                .collect();
+            let channels = column(|r| Some(&r.envelope.channel));
+            let session_ids = column(|r| r.envelope.session_id.as_deref());
+            let actions = column(|r| Some(&r.envelope.action));
+            let client_ids = column(|r| r.envelope.origin.as_ref().map(|o| o.client_id.as_str()));
             sqlx::query(
                 "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, at_ms) \
                  SELECT r.*, $7 FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], \
@@ -220,33 +220,21 @@ impl Store for PostgresStore {
             .await?;
         }
         if !plan.sessions.is_empty() {
-            let n = plan.sessions.len();
-            let (mut ids, mut projects, mut providers, mut titles, mut states) = (
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-            );
-            let (mut turns, mut resumables, mut last_seqs, mut created, mut projections) = (
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-                Vec::with_capacity(n),
-            );
-            for (r, seq) in &plan.sessions {
-                ids.push(r.id.as_str());
-                projects.push(r.project.as_str());
-                providers.push(r.provider.as_str());
-                titles.push(r.title.as_deref());
-                states.push(r.state.as_str());
-                turns.push(seq_to_db(r.turns));
-                resumables.push(r.resumable);
-                last_seqs.push(*seq);
-                created.push(r.created_ms);
-                projections.push(r.projection.as_str());
-            }
+            // One array per column.
+            let records = &plan.sessions;
+            let text = |f: fn(&SessionRecord) -> Option<&str>| -> Vec<Option<&str>> {
+                records.iter().map(|(r, _)| f(r)).collect()
+            };
+            let ids = text(|r| Some(&r.id));
+            let projects = text(|r| Some(&r.project));
+            let providers = text(|r| Some(&r.provider));
+            let titles = text(|r| r.title.as_deref());
+            let states = text(|r| Some(&r.state));
+            let projections = text(|r| Some(&r.projection));
+            let turns: Vec<i64> = records.iter().map(|(r, _)| seq_to_db(r.turns)).collect();
+            let resumables: Vec<bool> = records.iter().map(|(r, _)| r.resumable).collect();
+            let last_seqs: Vec<i64> = records.iter().map(|(_, seq)| *seq).collect();
+            let created: Vec<i64> = records.iter().map(|(r, _)| r.created_ms).collect();
             sqlx::query(
                 "INSERT INTO sessions (id, project, provider, title, state, turns, resumable, \
                                        last_seq, created_ms, projection, updated_ms) \
@@ -294,11 +282,11 @@ impl Store for PostgresStore {
                 .execute(&mut *tx)
                 .await?;
         }
-        for snapshot in &snapshots {
+        for snapshot in snapshots {
             Self::write_snapshot_in(&mut tx, snapshot).await?;
         }
         let mut found = Vec::new();
-        for origin in plan::duplicates(&plan, &batch) {
+        for origin in plan::duplicates(&plan, batch) {
             found.push(Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq).await?);
         }
         let outcomes = plan::outcomes(&plan, at_ms, found)?;

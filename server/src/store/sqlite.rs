@@ -146,10 +146,11 @@ impl SqliteStore {
         if origins.is_empty() {
             return Ok(HashSet::new());
         }
-        let list: Vec<serde_json::Value> = origins
-            .iter()
-            .map(|o| serde_json::json!([o.client_id, seq_to_db(o.client_seq)]))
-            .collect();
+        let list = json_rows(
+            origins
+                .iter()
+                .map(|o| (&o.client_id, seq_to_db(o.client_seq))),
+        )?;
         let found: Vec<(String, i64)> = sqlx::query_as(
             "SELECT value->>0, value->>1 FROM json_each(?1) AS o \
              WHERE EXISTS (SELECT 1 FROM log \
@@ -157,7 +158,7 @@ impl SqliteStore {
                 OR EXISTS (SELECT 1 FROM rejections \
                            WHERE client_id = o.value->>0 AND client_seq = o.value->>1)",
         )
-        .bind(serde_json::Value::Array(list).to_string())
+        .bind(list)
         .fetch_all(&mut **tx)
         .await?;
         found
@@ -187,64 +188,56 @@ impl Store for SqliteStore {
 
     async fn append_with_snapshots(
         &self,
-        batch: Vec<NewEnvelope>,
-        snapshots: Vec<Snapshot>,
+        batch: &[NewEnvelope],
+        snapshots: &[Snapshot],
     ) -> Result<Vec<Appended>, StoreError> {
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         let last: i64 = sqlx::query_scalar("SELECT last_seq FROM host WHERE id = 1")
             .fetch_one(&mut *tx)
             .await?;
         let at_ms = now_ms();
-        let existing = Self::existing_origins(&mut tx, &plan::origins(&batch)).await?;
-        let plan = plan::plan(&batch, last, &existing);
+        let existing = Self::existing_origins(&mut tx, &plan::origins(batch)).await?;
+        let plan = plan::plan(batch, last, &existing);
         // Every statement takes its rows as one JSON array: a constant number
         // of round trips to the SQLite thread per batch.
         if !plan.rows.is_empty() {
-            let rows: Vec<serde_json::Value> = plan
-                .rows
-                .iter()
-                .map(|row| {
-                    let e = row.envelope;
-                    let origin = e.origin.as_ref();
-                    serde_json::json!([
-                        row.seq,
-                        e.channel,
-                        e.session_id,
-                        e.action,
-                        origin.map(|o| &o.client_id),
-                        origin.map(|o| seq_to_db(o.client_seq)),
-                    ])
-                })
-                .collect();
+            let rows = json_rows(plan.rows.iter().map(|row| {
+                let e = row.envelope;
+                let origin = e.origin.as_ref();
+                (
+                    row.seq,
+                    &e.channel,
+                    &e.session_id,
+                    &e.action,
+                    origin.map(|o| &o.client_id),
+                    origin.map(|o| seq_to_db(o.client_seq)),
+                )
+            }))?;
             sqlx::query(
                 "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, at_ms) \
                  SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, ?2 \
                  FROM json_each(?1)",
             )
-            .bind(serde_json::Value::Array(rows).to_string())
+            .bind(rows)
             .bind(at_ms)
             .execute(&mut *tx)
             .await?;
         }
         if !plan.sessions.is_empty() {
-            let records: Vec<serde_json::Value> = plan
-                .sessions
-                .iter()
-                .map(|(r, seq)| {
-                    serde_json::json!([
-                        r.id,
-                        r.project,
-                        r.provider,
-                        r.title,
-                        r.state,
-                        seq_to_db(r.turns),
-                        r.resumable,
-                        seq,
-                        r.created_ms,
-                        r.projection,
-                    ])
-                })
-                .collect();
+            let records = json_rows(plan.sessions.iter().map(|(r, seq)| {
+                (
+                    &r.id,
+                    &r.project,
+                    &r.provider,
+                    &r.title,
+                    &r.state,
+                    seq_to_db(r.turns),
+                    r.resumable,
+                    seq,
+                    r.created_ms,
+                    &r.projection,
+                )
+            }))?;
             sqlx::query(
                 "INSERT INTO sessions (id, project, provider, title, state, turns, resumable, \
                                        last_seq, created_ms, updated_ms, projection) \
@@ -257,7 +250,7 @@ impl Store for SqliteStore {
                      last_seq = excluded.last_seq, updated_ms = excluded.updated_ms, \
                      projection = excluded.projection",
             )
-            .bind(serde_json::Value::Array(records).to_string())
+            .bind(records)
             .bind(at_ms)
             .execute(&mut *tx)
             .await?;
@@ -277,11 +270,11 @@ impl Store for SqliteStore {
                 .execute(&mut *tx)
                 .await?;
         }
-        for snapshot in &snapshots {
+        for snapshot in snapshots {
             Self::write_snapshot_in(&mut tx, snapshot).await?;
         }
         let mut found = Vec::new();
-        for origin in plan::duplicates(&plan, &batch) {
+        for origin in plan::duplicates(&plan, batch) {
             found.push(Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq).await?);
         }
         let outcomes = plan::outcomes(&plan, at_ms, found)?;
@@ -510,4 +503,11 @@ impl Store for SqliteStore {
         self.readers.close().await;
         self.writer.close().await;
     }
+}
+
+/// Rows as one JSON array of arrays, the parameter of a `json_each` insert.
+/// Each row is serialised straight from borrowed fields, never copied.
+fn json_rows<T: serde::Serialize>(rows: impl Iterator<Item = T>) -> Result<String, StoreError> {
+    serde_json::to_string(&rows.collect::<Vec<T>>())
+        .map_err(|e| StoreError::Corrupt(format!("cannot encode a batch: {e}")))
 }

@@ -35,7 +35,7 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::AppState;
 use crate::auth::Principal;
-use crate::engine::fanout::{HubItem, Routing, action_frame, envelope_text, published_from_store};
+use crate::engine::fanout::{HubItem, Routing, action_frame, envelope_text};
 use crate::engine::{CreateSession, DispatchOutcome, Engine, EngineError, summary};
 use crate::http::error::problem;
 use crate::store::{Origin, SessionFilter};
@@ -518,8 +518,14 @@ impl Connection {
                     .get(&envelope.channel)
                     .is_some_and(|have| envelope.seq > have.after);
                 if wanted {
-                    let frame = published_from_store(envelope).frame;
-                    if !self.queue.push(frame) {
+                    let frame = action_frame(
+                        envelope.seq,
+                        &envelope.channel,
+                        &envelope.action,
+                        envelope.origin.as_ref(),
+                        None,
+                    );
+                    if !self.queue.push(frame.into()) {
                         return self.overflow();
                     }
                 }
