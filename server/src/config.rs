@@ -180,6 +180,11 @@ pub struct ServeArgs {
     /// Envelopes between two snapshots of a session.
     #[arg(long, env = "TETHER_SNAPSHOT_EVERY", default_value_t = 256)]
     pub snapshot_every: u64,
+
+    /// Committed envelopes one connection's inbox holds before it counts as
+    /// lagging and catches up from the store instead.
+    #[arg(long, env = "TETHER_INBOX_CAPACITY", default_value_t = 16_384)]
+    pub inbox_capacity: usize,
 }
 
 /// Which side-effect backend runs.
@@ -303,6 +308,7 @@ impl ServeArgs {
             engine: EngineConfig {
                 actor_idle: Duration::from_secs(self.actor_idle_secs.max(1)),
                 snapshot_every: self.snapshot_every.max(1),
+                hub_buffer: self.inbox_capacity.max(16),
                 effect_timeout: Duration::from_millis(self.effect_timeout_ms.max(1)),
                 ..EngineConfig::default()
             },
@@ -366,6 +372,14 @@ mod tests {
                 .check_bind()
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn the_inbox_capacity_reaches_the_engine_with_a_floor() {
+        let engine = |list: &[&str]| args(list).serve_config().expect("valid").engine;
+        assert_eq!(engine(&[]).hub_buffer, 16_384);
+        assert_eq!(engine(&["--inbox-capacity", "64"]).hub_buffer, 64);
+        assert_eq!(engine(&["--inbox-capacity", "1"]).hub_buffer, 16);
     }
 
     #[test]
