@@ -466,11 +466,18 @@ impl Driver {
         .map_err(rpc_error)?;
         // Taken before any request, so nothing sent after it is missed.
         let events = client.events();
-        client
-            .initialize(
-                self.config.identity.client_id().to_owned(),
-                vec![ahp_types::PROTOCOL_VERSION.to_owned()],
-                Vec::new(),
+        // Durable origins: this stream numbers dispatches from its identity
+        // and resends unanswered ones on a new connection, so the server
+        // must key them across connections, not per connection.
+        let _: ahp_types::commands::InitializeResult = client
+            .request(
+                "initialize",
+                json!({
+                    "channel": ahp_types::ROOT_RESOURCE_URI,
+                    "clientId": self.config.identity.client_id(),
+                    "protocolVersions": [ahp_types::PROTOCOL_VERSION],
+                    "_meta": {DURABLE_ORIGINS: true},
+                }),
             )
             .await
             .map_err(rpc_error)?;
@@ -481,12 +488,17 @@ impl Driver {
     /// has, then resends unanswered dispatches.
     async fn resume(&mut self, connection: &Connection) -> Result<(), Error> {
         if let Some(last_seen) = self.covered.values().copied().min() {
-            let result = connection
+            let result: ReconnectResult = connection
                 .client
-                .reconnect(
-                    self.config.identity.client_id().to_owned(),
-                    i64::try_from(last_seen).unwrap_or(i64::MAX),
-                    self.covered.keys().cloned().collect(),
+                .request(
+                    "reconnect",
+                    json!({
+                        "channel": ahp_types::ROOT_RESOURCE_URI,
+                        "clientId": self.config.identity.client_id(),
+                        "lastSeenServerSeq": last_seen,
+                        "subscriptions": self.covered.keys().collect::<Vec<_>>(),
+                        "_meta": {DURABLE_ORIGINS: true},
+                    }),
                 )
                 .await
                 .map_err(rpc_error)?;
@@ -630,6 +642,10 @@ impl Driver {
         let _ = self.events.send(event);
     }
 }
+
+/// The `_meta` key with which the stream asks the server for durable
+/// origins in `initialize` and `reconnect`.
+const DURABLE_ORIGINS: &str = "tether/durableOrigins";
 
 async fn send_dispatch(connection: &Connection, pending: &Pending) -> Result<(), Error> {
     connection

@@ -229,6 +229,26 @@ impl SessionModel {
         }
     }
 
+    /// The session's status bits as its summary shows them: the session's
+    /// own flags (read, archived, error, its input queue) with the busiest
+    /// activity of any of its chats (input needed, then in progress), as
+    /// the chat reducers keep them on each chat.
+    pub fn summary_status(&self) -> u32 {
+        let busiest = self
+            .chats
+            .values()
+            .map(|chat| chat.status)
+            .chain([self.session.status])
+            .map(|status| status & STATUS_ACTIVITY)
+            .max_by_key(|activity| activity_rank(*activity))
+            .unwrap_or(IDLE);
+        match activity_rank(busiest) {
+            // No chat is busy: the session's own activity bits stand.
+            0 => self.session.status,
+            _ => (self.session.status & !STATUS_ACTIVITY) | busiest,
+        }
+    }
+
     /// The primary (index 0) working directory, if any.
     pub fn primary_directory(&self) -> Option<&str> {
         self.session
@@ -236,6 +256,24 @@ impl SessionModel {
             .as_ref()
             .and_then(|dirs| dirs.first())
             .map(String::as_str)
+    }
+}
+
+/// The activity bits of an AHP status (the low five, as the `ahp` reducers
+/// mask them): idle, error, in progress, input needed.
+const STATUS_ACTIVITY: u32 = (1 << 5) - 1;
+const IDLE: u32 = 1;
+const IN_PROGRESS: u32 = 8;
+const INPUT_NEEDED: u32 = 24;
+
+/// How busy an activity is: input needed over in progress over the rest.
+fn activity_rank(activity: u32) -> u8 {
+    if activity & INPUT_NEEDED == INPUT_NEEDED {
+        2
+    } else if activity & IN_PROGRESS == IN_PROGRESS {
+        1
+    } else {
+        0
     }
 }
 

@@ -31,7 +31,8 @@ pub struct SessionView {
     pub resumable: bool,
     /// Turns started.
     pub turns: u64,
-    /// AHP status bits.
+    /// AHP status bits, as the session summary shows them (the busiest
+    /// chat's activity with the session's own flags).
     pub status: u32,
     /// Working directories (canonical `file:` URIs); index 0 is the primary.
     pub working_directories: Vec<String>,
@@ -62,7 +63,7 @@ impl SessionView {
             cause,
             resumable: model.projection.resumable(),
             turns: model.projection.turns,
-            status: model.session.status,
+            status: model.summary_status(),
             working_directories: model
                 .session
                 .working_directories

@@ -235,6 +235,26 @@ impl TestServer {
         client
     }
 
+    /// An upstream AHP client initialized as `client_id` with durable
+    /// origins (`_meta: {"tether/durableOrigins": true}`): its
+    /// `(clientId, clientSeq)` pairs keep their outcome across connections.
+    pub async fn initialized_durable(&self, client_id: &str) -> ahp::Client {
+        let client = self.ahp().await;
+        let _: serde_json::Value = client
+            .request(
+                "initialize",
+                serde_json::json!({
+                    "channel": ahp_types::ROOT_RESOURCE_URI,
+                    "clientId": client_id,
+                    "protocolVersions": [ahp_types::PROTOCOL_VERSION],
+                    "_meta": {"tether/durableOrigins": true},
+                }),
+            )
+            .await
+            .expect("initialize with durable origins");
+        client
+    }
+
     /// A REST client for this server.
     pub fn client(&self) -> tether_client::Client {
         tether_client::Client::new(&self.base_url()).expect("valid base URL")

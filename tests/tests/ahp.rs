@@ -539,7 +539,8 @@ async fn reconnect_replays_after_a_disconnect_and_after_a_restart(db: TestDb) {
 
 async fn a_retried_dispatch_is_applied_once(db: TestDb) {
     let server = TestServer::start(&db).await;
-    let first = server.initialized("retrier").await;
+    // A client that asks for durable origins (as Tether's SDK does).
+    let first = server.initialized_durable("retrier").await;
     create_session(&first, "once", "echo", &[]).await.unwrap();
     let mut sub = first.subscribe("ahp-session:/once".into()).await.unwrap().1;
     let params = |seq: u64, value: Value| json!({"channel": "ahp-session:/once", "clientSeq": seq, "action": value});
@@ -564,7 +565,7 @@ async fn a_retried_dispatch_is_applied_once(db: TestDb) {
     first.shutdown().await;
 
     // Same client id on a new connection retries both.
-    let again = server.initialized("retrier").await;
+    let again = server.initialized_durable("retrier").await;
     let mut sub = again.subscribe("ahp-session:/once".into()).await.unwrap().1;
     again
         .notify(
@@ -595,6 +596,21 @@ async fn a_retried_dispatch_is_applied_once(db: TestDb) {
     let reuse = next_envelope(&mut sub).await;
     let why = reuse.rejection_reason.expect("reuse refused");
     assert!(why.contains("already used"), "{why}");
+    // A refused origin retried gets the same refusal; its number reused for
+    // another action is refused as a reuse, and nothing is applied.
+    again
+        .notify(
+            "dispatchAction",
+            params(78, json!({"type": "session/ready"})),
+        )
+        .await
+        .unwrap();
+    let echo = next_envelope(&mut sub).await;
+    assert_eq!(
+        echo.rejection_reason.as_deref(),
+        Some(reason.as_str()),
+        "the same rejection"
+    );
     again
         .notify(
             "dispatchAction",
@@ -606,11 +622,8 @@ async fn a_retried_dispatch_is_applied_once(db: TestDb) {
         .await
         .unwrap();
     let echo = next_envelope(&mut sub).await;
-    assert_eq!(
-        echo.rejection_reason.as_deref(),
-        Some(reason.as_str()),
-        "the same rejection"
-    );
+    let why = echo.rejection_reason.expect("reuse refused");
+    assert!(why.contains("already used"), "{why}");
 
     let fresh = server.ahp().await;
     let ReconnectResult::Replay(all) = fresh

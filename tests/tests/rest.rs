@@ -296,10 +296,21 @@ async fn dispatch_over_rest_is_validated_and_idempotent(db: TestDb) {
             .contains("host-originated")
     );
     let (status, again) = api
-        .post("/v1/sessions/d/actions", act(2, title("valid now")))
+        .post(
+            "/v1/sessions/d/actions",
+            act(2, json!({"type": "session/ready"})),
+        )
         .await;
     assert_eq!(status, 422, "the original rejection stands");
     assert_eq!(again["detail"], refused["detail"]);
+    let (status, reused) = api
+        .post("/v1/sessions/d/actions", act(2, title("valid now")))
+        .await;
+    assert_eq!(status, 409, "a refused number reused for another action");
+    assert!(
+        reused["detail"].as_str().unwrap().contains("already used"),
+        "{reused}"
+    );
     let (status, _) = api
         .post("/v1/sessions/d/actions", act(3, json!("not an object")))
         .await;

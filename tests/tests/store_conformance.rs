@@ -38,10 +38,7 @@ fn envelope(channel: &str, n: u64) -> NewEnvelope {
 }
 
 fn from_client(mut envelope: NewEnvelope, client_id: &str, client_seq: u64) -> NewEnvelope {
-    envelope.origin = Some(Origin {
-        client_id: client_id.to_owned(),
-        client_seq,
-    });
+    envelope.origin = Some(Origin::durable(client_id, client_seq));
     envelope
 }
 
@@ -220,10 +217,7 @@ async fn an_origin_is_accepted_once_and_its_outcome_is_kept(db: TestDb) {
 
     // Rejections: first outcome wins, in both directions.
     let rejection = |seq: u64, reason: &str| Rejection {
-        origin: Origin {
-            client_id: "c".into(),
-            client_seq: seq,
-        },
+        origin: Origin::durable("c", seq),
         channel: "ahp-session:/s".into(),
         action: r#"{"type":"x-test/bad"}"#.into(),
         reason: reason.into(),
@@ -260,16 +254,75 @@ async fn an_origin_is_accepted_once_and_its_outcome_is_kept(db: TestDb) {
         )))]
     );
     assert_eq!(
-        store.origin_outcome("c", 7).await.unwrap(),
+        store
+            .origin_outcome(&Origin::durable("c", 7))
+            .await
+            .unwrap(),
         Some(OriginOutcome::Rejected(rejection(7, "first reason")))
     );
     assert!(matches!(
-        store.origin_outcome("c", 2).await.unwrap(),
+        store.origin_outcome(&Origin::durable("c", 2)).await.unwrap(),
         Some(OriginOutcome::Accepted(e)) if e.seq == 2
     ));
-    assert_eq!(store.origin_outcome("c", 8).await.unwrap(), None);
-    assert_eq!(store.origin_outcome("other", 1).await.unwrap(), None);
+    assert_eq!(
+        store
+            .origin_outcome(&Origin::durable("c", 8))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store
+            .origin_outcome(&Origin::durable("other", 1))
+            .await
+            .unwrap(),
+        None
+    );
     assert_eq!(store.host().await.unwrap().last_seq, 2);
+
+    // Scopes: the same (clientId, clientSeq) in another scope (a plain AHP
+    // client's next connection) is a new origin; within a scope it is a
+    // duplicate, and a rejection in one scope does not bind another.
+    let scoped = |scope: &str, seq: u64| {
+        let mut e = from_client(envelope("ahp-session:/s", 100 + seq), "c", seq);
+        if let Some(origin) = e.origin.as_mut() {
+            origin.scope = scope.to_owned();
+        }
+        e
+    };
+    let first = store
+        .append(vec![
+            scoped("conn-1", 1),
+            scoped("conn-2", 1),
+            scoped("conn-1", 1),
+        ])
+        .await
+        .unwrap();
+    assert!(matches!(first[0], Appended::Committed { seq: 3, .. }));
+    assert!(matches!(first[1], Appended::Committed { seq: 4, .. }));
+    assert!(
+        matches!(&first[2], Appended::Duplicate(OriginOutcome::Accepted(e)) if e.seq == 3),
+        "{first:?}"
+    );
+    let mut stored = store.read_after(2, None, 10).await.unwrap();
+    assert_eq!(stored.len(), 2);
+    assert_eq!(
+        stored
+            .remove(0)
+            .origin
+            .map(|o| (o.client_id, o.client_seq, o.scope)),
+        Some(("c".into(), 1, "conn-1".into()))
+    );
+    let mut scoped_rejection = rejection(7, "scoped");
+    scoped_rejection.origin.scope = "conn-3".into();
+    assert_eq!(
+        store
+            .record_rejection(scoped_rejection.clone())
+            .await
+            .unwrap(),
+        OriginOutcome::Rejected(scoped_rejection),
+        "the durable scope's rejection of clientSeq 7 does not bind conn-3"
+    );
     store.close().await;
 }
 

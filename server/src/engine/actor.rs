@@ -9,6 +9,7 @@
 //! from the store, so its state is always the fold of what was committed.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ahp::reducers::ReduceOutcome;
 use serde_json::Value;
@@ -25,7 +26,7 @@ use super::{Ctx, EngineError, Refusal, RefusalKind};
 use crate::auth::Principal;
 use crate::effects::EffectRequest;
 use crate::store::{
-    NewEnvelope, Origin, OriginOutcome, Rejection, SessionRecord, Snapshot, StoredEnvelope, now_ms,
+    NewEnvelope, Origin, OriginOutcome, Rejection, SessionRecord, Snapshot, now_ms,
 };
 
 /// The answer to a dispatch.
@@ -115,6 +116,35 @@ pub(super) struct SessionActor {
     since_snapshot: u64,
     /// Host-originated actions waiting to be committed (agent answers).
     follow_ups: Vec<(String, Value)>,
+    /// The summary root subscribers last heard of (`listSessions`,
+    /// `root/sessionAdded`, then each `root/sessionSummaryChanged`).
+    announced: Option<Value>,
+    /// When the last `root/sessionSummaryChanged` went out.
+    announced_at: Instant,
+    /// A change of `modifiedAt` alone is waiting for the coalescing window.
+    summary_pending: bool,
+}
+
+/// How often a session's summary changes of `modifiedAt` alone (every
+/// streamed chunk of a turn bumps it) reach root subscribers: at most once
+/// per this window, the last one trailing. Every other change goes at once.
+const SUMMARY_COALESCE: Duration = Duration::from_secs(1);
+
+/// Summary fields that never change and are never carried in
+/// `root/sessionSummaryChanged`.
+const SUMMARY_IDENTITY: [&str; 3] = ["resource", "provider", "createdAt"];
+
+/// The mutable fields of `now` that differ from `before`.
+fn summary_changes(before: &Value, now: &Value) -> serde_json::Map<String, Value> {
+    let mut changes = serde_json::Map::new();
+    if let Value::Object(now) = now {
+        for (key, value) in now {
+            if !SUMMARY_IDENTITY.contains(&key.as_str()) && before.get(key) != Some(value) {
+                changes.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    changes
 }
 
 impl SessionActor {
@@ -128,6 +158,9 @@ impl SessionActor {
             agent_live: false,
             since_snapshot: 0,
             follow_ups: Vec::new(),
+            announced: None,
+            announced_at: Instant::now(),
+            summary_pending: false,
         };
         if let Err(err) = actor.reload().await {
             tracing::error!(session = %actor.id, error = %err, "cannot load session");
@@ -139,12 +172,21 @@ impl SessionActor {
             }
             return;
         }
+        actor.announce(true);
         loop {
-            let idle = actor.ctx.config.actor_idle;
-            let command = match tokio::time::timeout(idle, mailbox.recv()).await {
+            let wait = if actor.summary_pending {
+                SUMMARY_COALESCE
+            } else {
+                actor.ctx.config.actor_idle
+            };
+            let command = match tokio::time::timeout(wait, mailbox.recv()).await {
                 Ok(Some(command)) => command,
                 Ok(None) => break,
                 Err(_) => {
+                    if actor.summary_pending {
+                        actor.announce(true);
+                        continue;
+                    }
                     if actor.ctx.evict_if_idle(&actor.id, &mailbox) {
                         break;
                     }
@@ -174,7 +216,47 @@ impl SessionActor {
                 command => actor.handle(command).await,
             }
         }
+        if actor.summary_pending {
+            actor.announce(true);
+        }
         actor.write_snapshot().await;
+    }
+
+    /// Tells root subscribers which summary fields changed since they last
+    /// heard (`root/sessionSummaryChanged`, only the changed mutable
+    /// fields). A change of `modifiedAt` alone waits for the coalescing
+    /// window unless `now` says it is due. The first call sets the baseline.
+    fn announce(&mut self, now: bool) {
+        let Some(model) = &self.model else { return };
+        let current = super::summary(&self.view(model));
+        let Some(before) = &self.announced else {
+            self.announced = Some(current);
+            return;
+        };
+        let changes = summary_changes(before, &current);
+        if changes.is_empty() {
+            self.summary_pending = false;
+            return;
+        }
+        let only_time = changes.keys().all(|key| key == "modifiedAt");
+        if only_time && !now && self.announced_at.elapsed() < SUMMARY_COALESCE {
+            self.summary_pending = true;
+            return;
+        }
+        self.ctx.hub.notify(
+            tether_protocol::channel::ROOT,
+            super::notification(
+                "root/sessionSummaryChanged",
+                serde_json::json!({
+                    "channel": tether_protocol::channel::ROOT,
+                    "session": self.uri,
+                    "changes": changes,
+                }),
+            ),
+        );
+        self.announced = Some(current);
+        self.announced_at = Instant::now();
+        self.summary_pending = false;
     }
 
     fn fail(&self, command: Command, err: EngineError) {
@@ -542,8 +624,9 @@ impl SessionActor {
     async fn dispatch_batch(&mut self, batch: Vec<Dispatch>) {
         let Some(model) = self.model.as_mut() else {
             for d in batch {
-                let reason = format!("Session {} does not exist.", self.id);
-                reply(d.reply, DispatchOutcome::Rejected(reason.into()));
+                let reason = format!("Channel {} does not exist.", d.channel);
+                let refusal = Refusal::new(RefusalKind::NotFound, reason);
+                reply(d.reply, DispatchOutcome::Rejected(refusal));
             }
             return;
         };
@@ -624,13 +707,9 @@ impl SessionActor {
                             }
                             reply(d.reply, DispatchOutcome::Accepted(published));
                         }
-                        CommitOutcome::Duplicate(OriginOutcome::Accepted(original)) => {
+                        CommitOutcome::Duplicate(known) => {
                             reload = true;
-                            reply(d.reply, retry_outcome(&original, &d.action));
-                        }
-                        CommitOutcome::Duplicate(OriginOutcome::Rejected(rejection)) => {
-                            reload = true;
-                            reply(d.reply, DispatchOutcome::Rejected(rejection.reason.into()));
+                            reply(d.reply, retry_outcome(&known, &d.channel, &d.action));
                         }
                     }
                 }
@@ -639,6 +718,7 @@ impl SessionActor {
         if reload && let Err(err) = self.reload().await {
             tracing::error!(session = %self.id, error = %err, "cannot rebuild session state");
         }
+        self.announce(false);
         if self.since_snapshot >= self.ctx.config.snapshot_every {
             self.write_snapshot().await;
         }
@@ -691,26 +771,47 @@ impl SessionActor {
     }
 }
 
-/// The answer to a dispatch whose origin was already accepted: the original
-/// envelope when it is a true retry (the same action), otherwise a refusal
-/// that names the reused sequence number. Either way nothing is applied.
-pub(super) fn retry_outcome(original: &StoredEnvelope, action: &Value) -> DispatchOutcome {
-    let same = serde_json::from_str::<Value>(&original.action).is_ok_and(|o| &o == action);
-    if same {
-        DispatchOutcome::Accepted(Arc::new(published_from_store(original)))
-    } else {
-        let origin = original.origin.as_ref();
-        DispatchOutcome::Rejected(Refusal::new(
+/// The answer to a dispatch whose origin already has an outcome: that
+/// outcome when it is a true retry (the same channel and the same action),
+/// otherwise a refusal that names the reused sequence number and nothing of
+/// the other dispatch (it may be on a channel the caller cannot see). Either
+/// way nothing is applied.
+pub(super) fn retry_outcome(
+    known: &OriginOutcome,
+    channel: &str,
+    action: &Value,
+) -> DispatchOutcome {
+    let (first_channel, first_action, origin) = match known {
+        OriginOutcome::Accepted(original) => (
+            original.channel.as_str(),
+            original.action.as_str(),
+            original.origin.as_ref(),
+        ),
+        OriginOutcome::Rejected(first) => (
+            first.channel.as_str(),
+            first.action.as_str(),
+            Some(&first.origin),
+        ),
+    };
+    let same = first_channel == channel
+        && serde_json::from_str::<Value>(first_action).is_ok_and(|o| &o == action);
+    match known {
+        OriginOutcome::Accepted(original) if same => {
+            DispatchOutcome::Accepted(Arc::new(published_from_store(original)))
+        }
+        OriginOutcome::Rejected(first) if same => {
+            DispatchOutcome::Rejected(Refusal::new(RefusalKind::Invalid, first.reason.clone()))
+        }
+        _ => DispatchOutcome::Rejected(Refusal::new(
             RefusalKind::Conflict,
             format!(
-                "clientSeq {} of client {:?} was already used for a different action (serverSeq {}); \
-             a client must not reuse sequence numbers: continue above its highest clientSeq or \
-             use a new clientId.",
+                "clientSeq {} of client {:?} was already used for a different dispatch; a client \
+                 must not reuse sequence numbers: continue above its highest clientSeq or use a \
+                 new clientId.",
                 origin.map_or(0, |o| o.client_seq),
                 origin.map_or("", |o| o.client_id.as_str()),
-                original.seq
             ),
-        ))
+        )),
     }
 }
 
@@ -732,9 +833,19 @@ async fn check_dispatch(
     if let Some(principal) = &d.principal
         && !principal.can_see(&model.created.project)
     {
-        return Err(format!("Channel {} does not exist.", d.channel).into());
+        return Err(Refusal::new(
+            RefusalKind::NotFound,
+            format!("Channel {} does not exist.", d.channel),
+        ));
     }
     let channel = Channel::parse(&d.channel).map_err(|e| e.to_string())?;
+    if matches!(channel, Channel::Chat(_)) && !model.chats.contains_key(&d.channel) {
+        // A chat the session removed (or never had).
+        return Err(Refusal::new(
+            RefusalKind::NotFound,
+            format!("Channel {} does not exist.", d.channel),
+        ));
+    }
     let kind = if d.origin.is_some() {
         let kind = check_dispatchable(&channel, &d.action)?.to_owned();
         if matches!(model.projection.settled.as_ref(), Some(s) if s.state == tether_protocol::projection::SessionLifeState::Ended)
@@ -818,7 +929,11 @@ impl Ctx {
             return DispatchOutcome::Rejected(refusal);
         };
         // A transient failure is not the origin's outcome: a retry may pass.
-        if refusal.kind == RefusalKind::Unavailable {
+        // Nor is a missing channel: it may exist by the time of the retry.
+        if matches!(
+            refusal.kind,
+            RefusalKind::Unavailable | RefusalKind::NotFound
+        ) {
             return DispatchOutcome::Rejected(refusal);
         }
         let reason = refusal.reason.clone();
@@ -830,11 +945,10 @@ impl Ctx {
             at_ms: now_ms(),
         };
         match self.store.record_rejection(rejection).await {
-            Ok(OriginOutcome::Accepted(original)) => retry_outcome(&original, action),
             Ok(OriginOutcome::Rejected(first)) if first.reason == refusal.reason => {
                 DispatchOutcome::Rejected(refusal)
             }
-            Ok(OriginOutcome::Rejected(first)) => DispatchOutcome::Rejected(first.reason.into()),
+            Ok(known) => retry_outcome(&known, channel, action),
             Err(err) => {
                 tracing::warn!(error = %err, "rejection not recorded");
                 DispatchOutcome::Rejected(refusal)

@@ -41,6 +41,10 @@ pub enum RefusalKind {
     /// Storage or a side-effect backend was unavailable. Not recorded: the
     /// same dispatch may succeed when retried.
     Unavailable,
+    /// The channel does not exist (or the caller may not see it). AHP
+    /// requires a host to ignore such a dispatch silently, with no echo;
+    /// REST answers 404. Not recorded.
+    NotFound,
 }
 
 /// A refused dispatch.
@@ -477,7 +481,12 @@ impl Engine {
         channel: &str,
         action: Value,
     ) -> Submitted {
-        let reject = |reason: String| Submitted::Done(DispatchOutcome::Rejected(reason.into()));
+        let missing = || {
+            Submitted::Done(DispatchOutcome::Rejected(Refusal::new(
+                RefusalKind::NotFound,
+                format!("Channel {channel} does not exist."),
+            )))
+        };
         if !principal.can_write() {
             let refusal = Refusal::from("Viewers cannot dispatch actions.");
             return Submitted::Done(
@@ -486,16 +495,16 @@ impl Engine {
                     .await,
             );
         }
-        let parsed = match Channel::parse(channel) {
-            Ok(parsed) => parsed,
-            Err(err) => return reject(format!("{}.", capitalise_first(&err.to_string()))),
+        // A channel that is not a URI of this host cannot exist.
+        let Ok(parsed) = Channel::parse(channel) else {
+            return missing();
         };
         if parsed == Channel::Root {
             return Submitted::Done(self.dispatch_root(origin, action).await);
         }
         let session = match self.session_of(&parsed).await {
             Ok(Some(session)) => session,
-            Ok(None) => return reject(format!("Channel {channel} does not exist.")),
+            Ok(None) => return missing(),
             Err(err) => {
                 return Submitted::Done(DispatchOutcome::Rejected(Refusal::new(
                     RefusalKind::Unavailable,
@@ -580,11 +589,8 @@ impl Engine {
                 }
                 Ok(DispatchOutcome::Accepted(published))
             }
-            Some(CommitOutcome::Duplicate(crate::store::OriginOutcome::Accepted(original))) => {
-                Ok(actor::retry_outcome(&original, &action))
-            }
-            Some(CommitOutcome::Duplicate(crate::store::OriginOutcome::Rejected(first))) => {
-                Ok(DispatchOutcome::Rejected(first.reason.into()))
+            Some(CommitOutcome::Duplicate(known)) => {
+                Ok(actor::retry_outcome(&known, ROOT, &action))
             }
             None => Err(Refusal::new(RefusalKind::Unavailable, STORAGE_UNAVAILABLE)),
         }

@@ -345,10 +345,8 @@ pub async fn dispatch(
             )));
         }
     }
-    let origin = Origin {
-        client_id: request.client_id.clone(),
-        client_seq: request.client_seq,
-    };
+    // REST callers name their own origin: it is durable.
+    let origin = Origin::durable(request.client_id.clone(), request.client_seq);
     match state
         .engine
         .dispatch(&principal(), Some(origin), &channel, request.action)
@@ -366,8 +364,8 @@ pub async fn dispatch(
 }
 
 /// The status of a refused dispatch: 503 when storage or a backend was
-/// unavailable (retry), 409 when the session's state forbids it or the
-/// sequence number was reused, else 422.
+/// unavailable (retry), 404 when the channel does not exist, 409 when the
+/// session's state forbids it or the sequence number was reused, else 422.
 fn rejection(refusal: Refusal) -> ApiError {
     match refusal.kind {
         RefusalKind::Unavailable => ApiError::new(
@@ -376,6 +374,7 @@ fn rejection(refusal: Refusal) -> ApiError {
             refusal.reason,
         ),
         RefusalKind::Conflict => ApiError::new(StatusCode::CONFLICT, "rejected", refusal.reason),
+        RefusalKind::NotFound => ApiError::new(StatusCode::NOT_FOUND, "not_found", refusal.reason),
         RefusalKind::Invalid => {
             ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "rejected", refusal.reason)
         }

@@ -11,8 +11,8 @@
 //!   and never reused, also across restarts and hosts sharing one database.
 //! * [`Store::append`] commits a whole batch in one transaction (group commit)
 //!   and returns only once it is durable.
-//! * An origin `(clientId, clientSeq)` is accepted at most once and is never
-//!   both accepted and rejected: the first recorded outcome wins.
+//! * An origin `(clientId, scope, clientSeq)` is accepted at most once and is
+//!   never both accepted and rejected: the first recorded outcome wins.
 //! * A session's read-model row is written in the same transaction as the log
 //!   row it summarises.
 
@@ -93,12 +93,38 @@ pub struct HostRecord {
 }
 
 /// The client that dispatched an action, and its sequence number.
+///
+/// An origin is accepted at most once within its scope (DESIGN.md,
+/// invariant 3). Durable origins (REST callers, the SDK's persistent
+/// identity) have the empty scope and are unique for good; a plain AHP
+/// client numbers `clientSeq` per connection, so each of its connections is
+/// a scope of its own. The scope is never sent: on the wire an origin is
+/// `{clientId, clientSeq}`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Origin {
     /// The AHP client id.
     pub client_id: String,
     /// The client's own sequence number for the dispatch.
     pub client_seq: u64,
+    /// Where `client_seq` is unique: empty for durable origins, a
+    /// connection's own token otherwise.
+    pub scope: String,
+}
+
+impl Origin {
+    /// A durable origin: unique across connections, hosts and restarts.
+    pub fn durable(client_id: impl Into<String>, client_seq: u64) -> Self {
+        Self {
+            client_id: client_id.into(),
+            client_seq,
+            scope: String::new(),
+        }
+    }
+
+    /// Whether this origin keys exactly-once for good.
+    pub fn is_durable(&self) -> bool {
+        self.scope.is_empty()
+    }
 }
 
 /// One envelope to append.
@@ -290,11 +316,7 @@ pub trait Store: Send + Sync + fmt::Debug {
     async fn record_rejection(&self, rejection: Rejection) -> Result<OriginOutcome, StoreError>;
 
     /// What is known about an origin, if anything.
-    async fn origin_outcome(
-        &self,
-        client_id: &str,
-        client_seq: u64,
-    ) -> Result<Option<OriginOutcome>, StoreError>;
+    async fn origin_outcome(&self, origin: &Origin) -> Result<Option<OriginOutcome>, StoreError>;
 
     /// Envelopes with seq above `after`, oldest first, at most `limit`
     /// (capped at [`MAX_READ_LIMIT`]); only those on `channels` when given.

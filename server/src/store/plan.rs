@@ -53,21 +53,17 @@ pub fn origins(batch: &[NewEnvelope]) -> Vec<&Origin> {
 }
 
 /// Plans `batch` on top of `last_seq`, given the origins the store already
-/// has (`existing`, as `(clientId, clientSeq)`).
+/// has (`existing`).
 ///
 /// A session's record rides on the last envelope of its actor's batch. When
 /// that envelope turns out to be a duplicate, the record still describes the
 /// session after the batch, so it is written with the session's latest fresh
 /// envelope instead of being dropped.
-pub fn plan<'a>(
-    batch: &'a [NewEnvelope],
-    last_seq: i64,
-    existing: &HashSet<(String, u64)>,
-) -> Plan<'a> {
+pub fn plan<'a>(batch: &'a [NewEnvelope], last_seq: i64, existing: &HashSet<Origin>) -> Plan<'a> {
     let mut rows = Vec::with_capacity(batch.len());
     let mut slots = Vec::with_capacity(batch.len());
     let mut chats = Vec::new();
-    let mut taken: HashSet<(&str, u64)> = HashSet::new();
+    let mut taken: HashSet<&Origin> = HashSet::new();
     // Session id → its latest fresh seq in this batch, and its latest record.
     let mut latest_seq: HashMap<&str, i64> = HashMap::new();
     let mut records: HashMap<&str, &SessionRecord> = HashMap::new();
@@ -76,13 +72,11 @@ pub fn plan<'a>(
         if let Some(record) = &envelope.session {
             records.insert(&record.id, record);
         }
-        if let Some(origin) = &envelope.origin {
-            let key = (origin.client_id.as_str(), origin.client_seq);
-            let known = existing.contains(&(origin.client_id.clone(), origin.client_seq));
-            if known || !taken.insert(key) {
-                slots.push(Slot::Duplicate);
-                continue;
-            }
+        if let Some(origin) = &envelope.origin
+            && (existing.contains(origin) || !taken.insert(origin))
+        {
+            slots.push(Slot::Duplicate);
+            continue;
         }
         next += 1;
         rows.push(LogRow {
@@ -161,10 +155,7 @@ mod tests {
             channel: "ahp-session:/s".into(),
             session_id: Some("s".into()),
             action: "{}".into(),
-            origin: origin.map(|(id, seq)| Origin {
-                client_id: id.into(),
-                client_seq: seq,
-            }),
+            origin: origin.map(|(id, seq)| Origin::durable(id, seq)),
             session: session.map(|title| SessionRecord {
                 id: "s".into(),
                 project: "p".into(),
@@ -188,7 +179,7 @@ mod tests {
             envelope(Some(("a", 1)), None), // repeated within the batch
             envelope(Some(("a", 2)), Some("after the batch")), // already stored
         ];
-        let existing = HashSet::from([("a".to_owned(), 2)]);
+        let existing = HashSet::from([Origin::durable("a", 2)]);
         let plan = plan(&batch, 10, &existing);
         assert_eq!(
             plan.slots,
@@ -209,7 +200,7 @@ mod tests {
     #[test]
     fn a_batch_of_only_duplicates_writes_nothing() {
         let batch = vec![envelope(Some(("a", 1)), Some("t"))];
-        let plan = plan(&batch, 5, &HashSet::from([("a".to_owned(), 1)]));
+        let plan = plan(&batch, 5, &HashSet::from([Origin::durable("a", 1)]));
         assert!(plan.rows.is_empty() && plan.sessions.is_empty());
         assert_eq!(plan.last_seq, 5);
     }

@@ -62,15 +62,15 @@ impl PostgresStore {
 
     async fn outcome_in(
         tx: &mut Transaction<'static, Postgres>,
-        client_id: &str,
-        client_seq: u64,
+        origin: &Origin,
     ) -> Result<Option<OriginOutcome>, StoreError> {
-        let seq = seq_to_db(client_seq);
+        let seq = seq_to_db(origin.client_seq);
         let accepted: Option<rows::Envelope> = sqlx::query_as(
-            "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
-             FROM log WHERE client_id = $1 AND client_seq = $2",
+            "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
+             FROM log WHERE client_id = $1 AND origin_scope = $2 AND client_seq = $3",
         )
-        .bind(client_id)
+        .bind(&origin.client_id)
+        .bind(&origin.scope)
         .bind(seq)
         .fetch_optional(&mut **tx)
         .await?;
@@ -78,10 +78,11 @@ impl PostgresStore {
             return Ok(Some(OriginOutcome::Accepted(row.try_into()?)));
         }
         let rejected: Option<rows::Rejection> = sqlx::query_as(
-            "SELECT client_id, client_seq, channel, action, reason, at_ms \
-             FROM rejections WHERE client_id = $1 AND client_seq = $2",
+            "SELECT client_id, client_seq, origin_scope, channel, action, reason, at_ms \
+             FROM rejections WHERE client_id = $1 AND origin_scope = $2 AND client_seq = $3",
         )
-        .bind(client_id)
+        .bind(&origin.client_id)
+        .bind(&origin.scope)
         .bind(seq)
         .fetch_optional(&mut **tx)
         .await?;
@@ -131,27 +132,35 @@ impl PostgresStore {
     async fn existing_origins(
         tx: &mut Transaction<'static, Postgres>,
         origins: &[&Origin],
-    ) -> Result<HashSet<(String, u64)>, StoreError> {
+    ) -> Result<HashSet<Origin>, StoreError> {
         if origins.is_empty() {
             return Ok(HashSet::new());
         }
         let ids: Vec<&str> = origins.iter().map(|o| o.client_id.as_str()).collect();
         let seqs: Vec<i64> = origins.iter().map(|o| seq_to_db(o.client_seq)).collect();
-        let found: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT o.client_id, o.client_seq \
-             FROM UNNEST($1::text[], $2::bigint[]) AS o (client_id, client_seq) \
-             WHERE EXISTS (SELECT 1 FROM log l \
-                           WHERE l.client_id = o.client_id AND l.client_seq = o.client_seq) \
-                OR EXISTS (SELECT 1 FROM rejections r \
-                           WHERE r.client_id = o.client_id AND r.client_seq = o.client_seq)",
+        let scopes: Vec<&str> = origins.iter().map(|o| o.scope.as_str()).collect();
+        let found: Vec<(String, i64, String)> = sqlx::query_as(
+            "SELECT o.client_id, o.client_seq, o.scope \
+             FROM UNNEST($1::text[], $2::bigint[], $3::text[]) AS o (client_id, client_seq, scope) \
+             WHERE EXISTS (SELECT 1 FROM log l WHERE l.client_id = o.client_id \
+                           AND l.origin_scope = o.scope AND l.client_seq = o.client_seq) \
+                OR EXISTS (SELECT 1 FROM rejections r WHERE r.client_id = o.client_id \
+                           AND r.origin_scope = o.scope AND r.client_seq = o.client_seq)",
         )
         .bind(ids)
         .bind(seqs)
+        .bind(scopes)
         .fetch_all(&mut **tx)
         .await?;
         found
             .into_iter()
-            .map(|(id, seq)| Ok((id, seq_from_db(seq)?)))
+            .map(|(client_id, seq, scope)| {
+                Ok(Origin {
+                    client_id,
+                    client_seq: seq_from_db(seq)?,
+                    scope,
+                })
+            })
             .collect()
     }
 }
@@ -204,10 +213,12 @@ impl Store for PostgresStore {
             let session_ids = column(|r| r.envelope.session_id.as_deref());
             let actions = column(|r| Some(&r.envelope.action));
             let client_ids = column(|r| r.envelope.origin.as_ref().map(|o| o.client_id.as_str()));
+            let scopes = column(|r| Some(r.envelope.origin.as_ref().map_or("", |o| &o.scope)));
             sqlx::query(
-                "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, at_ms) \
-                 SELECT r.*, $7 FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], \
-                                            $5::text[], $6::bigint[]) AS r",
+                "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, \
+                                  origin_scope, at_ms) \
+                 SELECT r.*, $8 FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], \
+                                            $5::text[], $6::bigint[], $7::text[]) AS r",
             )
             .bind(seqs)
             .bind(channels)
@@ -215,6 +226,7 @@ impl Store for PostgresStore {
             .bind(actions)
             .bind(client_ids)
             .bind(client_seqs)
+            .bind(scopes)
             .bind(at_ms)
             .execute(&mut *tx)
             .await?;
@@ -287,7 +299,7 @@ impl Store for PostgresStore {
         }
         let mut found = Vec::new();
         for origin in plan::duplicates(&plan, batch) {
-            found.push(Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq).await?);
+            found.push(Self::outcome_in(&mut tx, origin).await?);
         }
         let outcomes = plan::outcomes(&plan, at_ms, found)?;
         tx.commit().await?;
@@ -298,18 +310,18 @@ impl Store for PostgresStore {
         let mut tx = self.pool.begin().await?;
         Self::lock_host(&mut tx).await?;
         let origin = &rejection.origin;
-        if let Some(existing) =
-            Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq).await?
-        {
+        if let Some(existing) = Self::outcome_in(&mut tx, origin).await? {
             tx.rollback().await?;
             return Ok(existing);
         }
         sqlx::query(
-            "INSERT INTO rejections (client_id, client_seq, channel, action, reason, at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO rejections (client_id, client_seq, origin_scope, channel, action, \
+                                     reason, at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(&origin.client_id)
         .bind(seq_to_db(origin.client_seq))
+        .bind(&origin.scope)
         .bind(&rejection.channel)
         .bind(&rejection.action)
         .bind(&rejection.reason)
@@ -320,18 +332,14 @@ impl Store for PostgresStore {
         Ok(OriginOutcome::Rejected(rejection))
     }
 
-    async fn origin_outcome(
-        &self,
-        client_id: &str,
-        client_seq: u64,
-    ) -> Result<Option<OriginOutcome>, StoreError> {
+    async fn origin_outcome(&self, origin: &Origin) -> Result<Option<OriginOutcome>, StoreError> {
         // REPEATABLE READ: both lookups see one snapshot, so an outcome
         // committed between them cannot be missed by both.
         let mut tx = self
             .pool
             .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .await?;
-        let outcome = Self::outcome_in(&mut tx, client_id, client_seq).await?;
+        let outcome = Self::outcome_in(&mut tx, origin).await?;
         tx.commit().await?;
         Ok(outcome)
     }
@@ -345,7 +353,7 @@ impl Store for PostgresStore {
         let found: Vec<rows::Envelope> = match channels {
             None => {
                 sqlx::query_as(
-                    "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
+                    "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
                      FROM log WHERE seq > $1 ORDER BY seq LIMIT $2",
                 )
                 .bind(seq_to_db(after))
@@ -366,7 +374,7 @@ impl Store for PostgresStore {
                     .await?;
                 let found = sqlx::query_as(
                     "SELECT l.seq, l.channel, l.session_id, l.action, l.client_id, l.client_seq, \
-                            l.at_ms \
+                            l.origin_scope, l.at_ms \
                      FROM (SELECT DISTINCT UNNEST($2::text[]) AS channel) AS c \
                      CROSS JOIN LATERAL (SELECT * FROM log \
                                          WHERE log.channel = c.channel AND log.seq > $1 \
@@ -392,7 +400,7 @@ impl Store for PostgresStore {
         limit: u32,
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
         let found: Vec<rows::Envelope> = sqlx::query_as(
-            "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
+            "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
              FROM log WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
         )
         .bind(session_id)

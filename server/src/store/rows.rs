@@ -36,11 +36,13 @@ impl TryFrom<Host> for HostRecord {
 fn origin(
     client_id: Option<String>,
     client_seq: Option<i64>,
+    scope: String,
 ) -> Result<Option<Origin>, StoreError> {
     match (client_id, client_seq) {
         (Some(client_id), Some(client_seq)) => Ok(Some(Origin {
             client_id,
             client_seq: seq(client_seq)?,
+            scope,
         })),
         _ => Ok(None),
     }
@@ -54,6 +56,7 @@ pub(super) struct Envelope {
     action: String,
     client_id: Option<String>,
     client_seq: Option<i64>,
+    origin_scope: String,
     at_ms: i64,
 }
 
@@ -66,7 +69,7 @@ impl TryFrom<Envelope> for StoredEnvelope {
             channel: row.channel,
             session_id: row.session_id,
             action: row.action,
-            origin: origin(row.client_id, row.client_seq)?,
+            origin: origin(row.client_id, row.client_seq, row.origin_scope)?,
             at_ms: row.at_ms,
         })
     }
@@ -76,6 +79,7 @@ impl TryFrom<Envelope> for StoredEnvelope {
 pub(super) struct Rejection {
     client_id: String,
     client_seq: i64,
+    origin_scope: String,
     channel: String,
     action: String,
     reason: String,
@@ -90,6 +94,7 @@ impl TryFrom<Rejection> for super::Rejection {
             origin: Origin {
                 client_id: row.client_id,
                 client_seq: seq(row.client_seq)?,
+                scope: row.origin_scope,
             },
             channel: row.channel,
             action: row.action,

@@ -82,15 +82,15 @@ impl SqliteStore {
 
     async fn outcome_in(
         tx: &mut Transaction<'static, Sqlite>,
-        client_id: &str,
-        client_seq: u64,
+        origin: &Origin,
     ) -> Result<Option<OriginOutcome>, StoreError> {
-        let seq = seq_to_db(client_seq);
+        let seq = seq_to_db(origin.client_seq);
         let accepted: Option<rows::Envelope> = sqlx::query_as(
-            "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
-             FROM log WHERE client_id = ? AND client_seq = ?",
+            "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
+             FROM log WHERE client_id = ? AND origin_scope = ? AND client_seq = ?",
         )
-        .bind(client_id)
+        .bind(&origin.client_id)
+        .bind(&origin.scope)
         .bind(seq)
         .fetch_optional(&mut **tx)
         .await?;
@@ -98,10 +98,11 @@ impl SqliteStore {
             return Ok(Some(OriginOutcome::Accepted(row.try_into()?)));
         }
         let rejected: Option<rows::Rejection> = sqlx::query_as(
-            "SELECT client_id, client_seq, channel, action, reason, at_ms \
-             FROM rejections WHERE client_id = ? AND client_seq = ?",
+            "SELECT client_id, client_seq, origin_scope, channel, action, reason, at_ms \
+             FROM rejections WHERE client_id = ? AND origin_scope = ? AND client_seq = ?",
         )
-        .bind(client_id)
+        .bind(&origin.client_id)
+        .bind(&origin.scope)
         .bind(seq)
         .fetch_optional(&mut **tx)
         .await?;
@@ -142,28 +143,34 @@ impl SqliteStore {
     async fn existing_origins(
         tx: &mut Transaction<'static, Sqlite>,
         origins: &[&Origin],
-    ) -> Result<HashSet<(String, u64)>, StoreError> {
+    ) -> Result<HashSet<Origin>, StoreError> {
         if origins.is_empty() {
             return Ok(HashSet::new());
         }
         let list = json_rows(
             origins
                 .iter()
-                .map(|o| (&o.client_id, seq_to_db(o.client_seq))),
+                .map(|o| (&o.client_id, seq_to_db(o.client_seq), &o.scope)),
         )?;
-        let found: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT value->>0, value->>1 FROM json_each(?1) AS o \
-             WHERE EXISTS (SELECT 1 FROM log \
-                           WHERE client_id = o.value->>0 AND client_seq = o.value->>1) \
-                OR EXISTS (SELECT 1 FROM rejections \
-                           WHERE client_id = o.value->>0 AND client_seq = o.value->>1)",
+        let found: Vec<(String, i64, String)> = sqlx::query_as(
+            "SELECT value->>0, value->>1, value->>2 FROM json_each(?1) AS o \
+             WHERE EXISTS (SELECT 1 FROM log WHERE client_id = o.value->>0 \
+                           AND origin_scope = o.value->>2 AND client_seq = o.value->>1) \
+                OR EXISTS (SELECT 1 FROM rejections WHERE client_id = o.value->>0 \
+                           AND origin_scope = o.value->>2 AND client_seq = o.value->>1)",
         )
         .bind(list)
         .fetch_all(&mut **tx)
         .await?;
         found
             .into_iter()
-            .map(|(id, seq)| Ok((id, seq_from_db(seq)?)))
+            .map(|(client_id, seq, scope)| {
+                Ok(Origin {
+                    client_id,
+                    client_seq: seq_from_db(seq)?,
+                    scope,
+                })
+            })
             .collect()
     }
 }
@@ -211,11 +218,14 @@ impl Store for SqliteStore {
                     &e.action,
                     origin.map(|o| &o.client_id),
                     origin.map(|o| seq_to_db(o.client_seq)),
+                    origin.map_or("", |o| o.scope.as_str()),
                 )
             }))?;
             sqlx::query(
-                "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, at_ms) \
-                 SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, ?2 \
+                "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, \
+                                  origin_scope, at_ms) \
+                 SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, \
+                        value->>6, ?2 \
                  FROM json_each(?1)",
             )
             .bind(rows)
@@ -275,7 +285,7 @@ impl Store for SqliteStore {
         }
         let mut found = Vec::new();
         for origin in plan::duplicates(&plan, batch) {
-            found.push(Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq).await?);
+            found.push(Self::outcome_in(&mut tx, origin).await?);
         }
         let outcomes = plan::outcomes(&plan, at_ms, found)?;
         tx.commit().await?;
@@ -285,18 +295,18 @@ impl Store for SqliteStore {
     async fn record_rejection(&self, rejection: Rejection) -> Result<OriginOutcome, StoreError> {
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         let origin = &rejection.origin;
-        if let Some(existing) =
-            Self::outcome_in(&mut tx, &origin.client_id, origin.client_seq).await?
-        {
+        if let Some(existing) = Self::outcome_in(&mut tx, origin).await? {
             tx.rollback().await?;
             return Ok(existing);
         }
         sqlx::query(
-            "INSERT INTO rejections (client_id, client_seq, channel, action, reason, at_ms) \
-             VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO rejections (client_id, client_seq, origin_scope, channel, action, \
+                                     reason, at_ms) \
+             VALUES (?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&origin.client_id)
         .bind(seq_to_db(origin.client_seq))
+        .bind(&origin.scope)
         .bind(&rejection.channel)
         .bind(&rejection.action)
         .bind(&rejection.reason)
@@ -307,13 +317,9 @@ impl Store for SqliteStore {
         Ok(OriginOutcome::Rejected(rejection))
     }
 
-    async fn origin_outcome(
-        &self,
-        client_id: &str,
-        client_seq: u64,
-    ) -> Result<Option<OriginOutcome>, StoreError> {
+    async fn origin_outcome(&self, origin: &Origin) -> Result<Option<OriginOutcome>, StoreError> {
         let mut tx = self.readers.begin().await?;
-        let outcome = Self::outcome_in(&mut tx, client_id, client_seq).await?;
+        let outcome = Self::outcome_in(&mut tx, origin).await?;
         tx.commit().await?;
         Ok(outcome)
     }
@@ -327,7 +333,7 @@ impl Store for SqliteStore {
         let found: Vec<rows::Envelope> = match channels {
             None => {
                 sqlx::query_as(
-                    "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
+                    "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
                      FROM log WHERE seq > ? ORDER BY seq LIMIT ?",
                 )
                 .bind(seq_to_db(after))
@@ -339,7 +345,7 @@ impl Store for SqliteStore {
                 let channels = serde_json::to_string(channels)
                     .map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 sqlx::query_as(
-                    "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
+                    "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
                      FROM log WHERE seq > ? AND channel IN (SELECT value FROM json_each(?)) \
                      ORDER BY seq LIMIT ?",
                 )
@@ -360,7 +366,7 @@ impl Store for SqliteStore {
         limit: u32,
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
         let found: Vec<rows::Envelope> = sqlx::query_as(
-            "SELECT seq, channel, session_id, action, client_id, client_seq, at_ms \
+            "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
              FROM log WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?",
         )
         .bind(session_id)

@@ -1,0 +1,491 @@
+//! One AHP connection: its read loop, its subscriptions and the delivery
+//! of hub items and stored envelopes to it.
+//!
+//! Delivery bookkeeping: each subscription remembers the seq its subscriber
+//! already has everything up to (its snapshot's, its replay's, then each
+//! envelope's) and the hub seq it was routed at; it gets exactly the
+//! envelopes above the first, from the store up to the second and from the
+//! inbox after it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use ahp_types::errors::{ahp_error_codes, json_rpc_error_codes};
+use axum::extract::ws::{Message, WebSocket};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+
+use super::queue::{Backlog, Outbound, Queue, write_loop};
+use super::rpc::RpcError;
+use super::{
+    CATCH_UP_PAGE, CLOSE_LINGER, CLOSE_PING_TIMEOUT, CLOSE_SLOW_CONSUMER, CLOSE_TOO_BIG,
+    CLOSE_UNSUPPORTED_VERSION, MAX_INFLIGHT_DISPATCHES, WsLimits,
+};
+use crate::AppState;
+use crate::auth::Principal;
+use crate::engine::fanout::{HubItem, Routing, action_frame};
+use crate::engine::{DispatchOutcome, Engine};
+use crate::store::Origin;
+
+/// The optional AHP 1.0 commands Tether does not offer. Each is gated by a
+/// capability Tether does not advertise, and the specification answers a
+/// command outside every advertised capability with JSON-RPC -32601.
+pub(super) const NOT_OFFERED: [&str; 22] = [
+    "completions",
+    "authenticate",
+    "resolveSessionConfig",
+    "sessionConfigCompletions",
+    "createTerminal",
+    "disposeTerminal",
+    "disposeChat",
+    "moveChat",
+    "invokeChangesetOperation",
+    "resourceRead",
+    "resourceWrite",
+    "resourceList",
+    "resourceCopy",
+    "resourceDelete",
+    "resourceMove",
+    "resourceResolve",
+    "resourceMkdir",
+    "resourceRequest",
+    "createResourceWatch",
+    "listAutomationTriggerDefinitions",
+    "runAutomation",
+    "fetchAutomationRuns",
+];
+
+/// One connection's state, owned by its task.
+pub(super) struct Connection {
+    pub(super) engine: Engine,
+    pub(super) limits: WsLimits,
+    pub(super) principal: Principal,
+    pub(super) queue: Queue,
+    pub(super) client_id: Option<String>,
+    /// The scope this connection's origins are unique in: its own token
+    /// unless the client asked for durable origins (see `methods::ORIGINS_META`).
+    pub(super) origin_scope: String,
+    /// The token of this connection's own scope.
+    pub(super) connection_scope: String,
+    /// Channel → the seq its subscriber already has everything up to.
+    pub(super) subscriptions: HashMap<String, Subscription>,
+    /// Which channels the hub routes to this connection.
+    pub(super) routing: Routing,
+    pub(super) closing: bool,
+    /// Subscriptions opened by the current request whose gap between
+    /// snapshot and cursor is sent from the store after the reply.
+    pub(super) after_reply: Vec<String>,
+    /// Where pipelined dispatch outcomes come back.
+    pub(super) answers: mpsc::UnboundedSender<Answered>,
+    /// Permits for dispatches awaiting their outcome.
+    pub(super) inflight: Arc<tokio::sync::Semaphore>,
+}
+
+/// A dispatch's outcome on its way back to the connection that sent it.
+pub(super) struct Answered {
+    pub(super) channel: String,
+    pub(super) action: Value,
+    pub(super) origin: Origin,
+    /// The hub seq its channel was routed here at, if it was subscribed
+    /// when the dispatch was submitted: a fresh commit is above it and
+    /// reaches the subscriber through the inbox.
+    pub(super) routed_at: Option<u64>,
+    pub(super) outcome: DispatchOutcome,
+    /// The JSON-RPC id when it was sent as a request.
+    pub(super) id: Option<Value>,
+}
+
+/// A subscription's delivery state.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Subscription {
+    /// The subscriber has every envelope of the channel up to this seq.
+    pub(super) after: u64,
+    /// The hub seq the channel was routed to this connection at: envelopes
+    /// above it arrive in the inbox, those at or below it come from the store.
+    pub(super) routed_at: u64,
+}
+
+/// A successful answer.
+pub(super) enum Reply {
+    /// A value to serialise.
+    Json(Value),
+    /// Result JSON already rendered.
+    Raw(String),
+}
+
+/// What handling one message decided.
+pub(super) enum Next {
+    Continue,
+    Close(u16, String),
+}
+
+impl Connection {
+    pub(super) async fn run(socket: WebSocket, state: AppState, _permit: OwnedSemaphorePermit) {
+        let (sink, mut stream) = socket.split();
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let backlog = Arc::new(Backlog {
+            bytes: AtomicUsize::new(0),
+            over_since: std::sync::atomic::AtomicU64::new(0),
+            epoch: Instant::now(),
+            limit: state.ws.max_outbound_bytes,
+        });
+        let writer = tokio::spawn(write_loop(sink, receiver, backlog.clone()));
+        let (routing, mut inbox) = state.engine.hub().subscribe();
+        let lag = inbox.lag_signal();
+        let (answers, mut answered) = mpsc::unbounded_channel();
+        let mut connection = Connection {
+            engine: state.engine.clone(),
+            limits: state.ws.clone(),
+            principal: Principal::loopback_admin(),
+            queue: Queue { sender, backlog },
+            client_id: None,
+            origin_scope: String::new(),
+            connection_scope: uuid::Uuid::new_v4().simple().to_string(),
+            subscriptions: HashMap::new(),
+            routing,
+            closing: false,
+            after_reply: Vec::new(),
+            answers,
+            inflight: Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_DISPATCHES)),
+        };
+        let mut ping = tokio::time::interval(state.ws.ping_interval);
+        ping.tick().await;
+        let mut last_heard = Instant::now();
+        let shutdown = state.shutdown.clone();
+        let verdict = loop {
+            let next = tokio::select! {
+                incoming = stream.next() => match incoming {
+                    Some(Ok(Message::Text(text))) => {
+                        last_heard = Instant::now();
+                        connection.on_text(text.as_str()).await
+                    }
+                    Some(Ok(Message::Binary(_))) => {
+                        last_heard = Instant::now();
+                        connection.send_error(Value::Null, json_rpc_error_codes::INVALID_REQUEST,
+                            "AHP messages are JSON text frames, not binary frames.", None);
+                        Next::Continue
+                    }
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => {
+                        last_heard = Instant::now();
+                        Next::Continue
+                    }
+                    Some(Ok(Message::Close(_))) | None => break None,
+                    Some(Err(err)) => {
+                        let text = err.to_string();
+                        if text.contains("too long") || text.contains("too big") || text.contains("Space limit") {
+                            Next::Close(CLOSE_TOO_BIG, format!(
+                                "message too big: the limit is {} bytes", connection.limits.max_frame_bytes))
+                        } else {
+                            tracing::debug!(error = %text, "websocket read failed");
+                            break None;
+                        }
+                    }
+                },
+                Some(item) = inbox.recv() => connection.on_hub(item),
+                () = lag.lagged() => connection.catch_up_all().await,
+                Some(reply) = answered.recv() => connection.on_answer(reply),
+                _ = ping.tick() => {
+                    if last_heard.elapsed() > connection.limits.ping_timeout {
+                        Next::Close(CLOSE_PING_TIMEOUT, "ping timeout: no frame or pong received in time".into())
+                    } else {
+                        connection.queue.control(Outbound::Ping);
+                        Next::Continue
+                    }
+                }
+                () = shutdown.cancelled() => Next::Close(1001, "server shutting down".into()),
+            };
+            match next {
+                Next::Continue if connection.closing => {
+                    break Some((
+                        CLOSE_UNSUPPORTED_VERSION,
+                        "unsupported protocol version".to_owned(),
+                    ));
+                }
+                Next::Continue => {}
+                Next::Close(code, reason) => break Some((code, reason)),
+            }
+        };
+        if let Some((code, reason)) = verdict {
+            tracing::info!(code, %reason, client = ?connection.client_id, "closing connection");
+            connection.queue.control(Outbound::Close(code, reason));
+            // The closing handshake: keep reading (and discarding) until the
+            // client answers with its own close, so it reads our close frame
+            // instead of a reset connection. Bounded.
+            let _ = tokio::time::timeout(CLOSE_LINGER, async {
+                while let Some(Ok(message)) = stream.next().await {
+                    if matches!(message, Message::Close(_)) {
+                        break;
+                    }
+                }
+            })
+            .await;
+        }
+        drop(connection);
+        let _ = writer.await;
+    }
+
+    pub(super) fn send(&self, frame: String) -> Next {
+        self.queue.reply(frame.into());
+        Next::Continue
+    }
+
+    /// The verdict for a connection whose queue is over its byte limit.
+    pub(super) fn overflow(&self) -> Next {
+        self.engine
+            .metrics()
+            .slow_closes
+            .fetch_add(1, Ordering::Relaxed);
+        Next::Close(
+            CLOSE_SLOW_CONSUMER,
+            format!(
+                "slow consumer: more than {} bytes queued; reconnect and replay from your \
+                 lastSeenServerSeq",
+                self.limits.max_outbound_bytes
+            ),
+        )
+    }
+
+    pub(super) fn send_result(&self, id: Value, result: Value) -> Next {
+        self.send(json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string())
+    }
+
+    pub(super) fn send_error(
+        &self,
+        id: Value,
+        code: i32,
+        message: &str,
+        data: Option<Value>,
+    ) -> Next {
+        let mut error = json!({"code": code, "message": message});
+        if let Some(data) = data {
+            error["data"] = data;
+        }
+        self.send(json!({"jsonrpc": "2.0", "id": id, "error": error}).to_string())
+    }
+
+    fn on_hub(&mut self, item: HubItem) -> Next {
+        match item {
+            HubItem::Envelope(published) => match self.subscriptions.get_mut(&published.channel) {
+                Some(subscription) if published.seq > subscription.after => {
+                    subscription.after = published.seq;
+                    if self.queue.push(published.frame.clone()) {
+                        Next::Continue
+                    } else {
+                        self.overflow()
+                    }
+                }
+                _ => Next::Continue,
+            },
+            HubItem::Notice { channel, frame } => {
+                if self.subscriptions.contains_key(&*channel) && !self.queue.push(frame) {
+                    return self.overflow();
+                }
+                Next::Continue
+            }
+        }
+    }
+
+    /// After the inbox dropped items: delivers, from the store, every
+    /// envelope of the subscribed channels their subscriptions do not have,
+    /// up to what the store holds now.
+    async fn catch_up_all(&mut self) -> Next {
+        tracing::debug!("connection lagged behind the hub; catching up from the store");
+        self.engine
+            .metrics()
+            .catch_ups
+            .fetch_add(1, Ordering::Relaxed);
+        let Ok(host) = self.engine.store().host().await else {
+            return Next::Close(1011, "storage unavailable; reconnect".into());
+        };
+        let channels: Vec<String> = self.subscriptions.keys().cloned().collect();
+        let from = self
+            .subscriptions
+            .values()
+            .map(|s| s.after)
+            .min()
+            .unwrap_or(host.last_seq);
+        self.deliver_from_store(&channels, from, host.last_seq)
+            .await
+    }
+
+    /// Sends stored envelopes of `channels` in `(after, upto]` that their
+    /// subscriptions do not have yet.
+    pub(super) async fn deliver_from_store(
+        &mut self,
+        channels: &[String],
+        after: u64,
+        upto: u64,
+    ) -> Next {
+        let mut after = after;
+        while after < upto && !channels.is_empty() {
+            let page = match self
+                .engine
+                .store()
+                .read_after(after, Some(channels), CATCH_UP_PAGE)
+                .await
+            {
+                Ok(page) => page,
+                Err(_) => return Next::Close(1011, "storage unavailable; reconnect".into()),
+            };
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            for envelope in page.iter().filter(|e| e.seq <= upto) {
+                let wanted = self
+                    .subscriptions
+                    .get(&envelope.channel)
+                    .is_some_and(|have| envelope.seq > have.after);
+                if wanted {
+                    let frame = action_frame(
+                        envelope.seq,
+                        &envelope.channel,
+                        &envelope.action,
+                        envelope.origin.as_ref(),
+                        None,
+                    );
+                    if !self.queue.push(frame.into()) {
+                        return self.overflow();
+                    }
+                }
+            }
+        }
+        for channel in channels {
+            if let Some(have) = self.subscriptions.get_mut(channel) {
+                have.after = have.after.max(upto);
+            }
+        }
+        Next::Continue
+    }
+
+    async fn on_text(&mut self, text: &str) -> Next {
+        let message: Value = match serde_json::from_str(text) {
+            Ok(message) => message,
+            Err(err) => {
+                return self.send_error(
+                    Value::Null,
+                    json_rpc_error_codes::PARSE_ERROR,
+                    &format!("Malformed JSON: {err}."),
+                    None,
+                );
+            }
+        };
+        let id = message.get("id").cloned();
+        let Some(method) = message.get("method").and_then(Value::as_str) else {
+            return self.send_error(
+                id.unwrap_or(Value::Null),
+                json_rpc_error_codes::INVALID_REQUEST,
+                "A JSON-RPC 2.0 request or notification needs a \"method\".",
+                None,
+            );
+        };
+        let params = message.get("params").cloned().unwrap_or(Value::Null);
+        let method = method.to_owned();
+        if self.client_id.is_none()
+            && !matches!(method.as_str(), "initialize" | "reconnect" | "ping")
+        {
+            return match id {
+                Some(id) => self.send_error(
+                    id,
+                    json_rpc_error_codes::INVALID_REQUEST,
+                    "Send initialize (or reconnect) first.",
+                    None,
+                ),
+                None => Next::Continue,
+            };
+        }
+        let result = match method.as_str() {
+            "reconnect" => self.reconnect(params).await,
+            other => match self.call(other, params, &id).await {
+                Ok(Some(value)) => Ok(Reply::Json(value)),
+                // A dispatch: answered when its outcome arrives (requests)
+                // or never (notifications).
+                Ok(None) => return Next::Continue,
+                Err(err) => Err(err),
+            },
+        };
+        // Notifications (no id) get no answer, errors included.
+        let Some(id) = id else {
+            return self.bridge().await;
+        };
+        let next = match result {
+            Ok(Reply::Json(value)) => self.send_result(id, value),
+            Ok(Reply::Raw(result)) => self.send(format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#
+            )),
+            Err(err) => {
+                let closing = err.code == ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION;
+                let next = self.send_error(id, err.code, &err.message, err.data);
+                if closing {
+                    self.closing = true;
+                }
+                next
+            }
+        };
+        match next {
+            Next::Continue => self.bridge().await,
+            close => close,
+        }
+    }
+
+    /// Runs one method other than `reconnect`; `None` for a dispatch, which
+    /// is answered later (see [`Connection::on_answer`]).
+    async fn call(
+        &mut self,
+        method: &str,
+        params: Value,
+        id: &Option<Value>,
+    ) -> Result<Option<Value>, RpcError> {
+        if method == "dispatchAction" {
+            return self.dispatch(params, id.clone()).await.map(|()| None);
+        }
+        let value = match method {
+            "initialize" => self.initialize(params).await,
+            "subscribe" => self.subscribe(params).await,
+            "unsubscribe" => {
+                if let Some(channel) = params.get("channel").and_then(Value::as_str) {
+                    self.subscriptions.remove(channel);
+                    self.routing.unroute(channel);
+                }
+                Ok(Value::Null)
+            }
+            "createSession" => self.create_session(params).await,
+            "disposeSession" => self.dispose_session(params).await,
+            "listSessions" => self.list_sessions(params).await,
+            "createChat" => self.create_chat(params).await,
+            "ping" => Ok(Value::Null),
+            other if NOT_OFFERED.contains(&other) => Err(RpcError::new(
+                json_rpc_error_codes::METHOD_NOT_FOUND,
+                format!(
+                    "Tether does not offer {other} (an optional AHP 1.0 command; its capability \
+                     is not advertised)."
+                ),
+            )),
+            other => Err(RpcError::new(
+                json_rpc_error_codes::METHOD_NOT_FOUND,
+                format!("Unknown method {other:?}."),
+            )),
+        };
+        value.map(Some)
+    }
+
+    /// Sends, from the store, what subscriptions opened by the last request
+    /// need between their snapshot and the hub seq they were routed at:
+    /// envelopes published before the route existed.
+    async fn bridge(&mut self) -> Next {
+        for channel in std::mem::take(&mut self.after_reply) {
+            let Some(subscription) = self.subscriptions.get(&channel).copied() else {
+                continue;
+            };
+            if subscription.after < subscription.routed_at
+                && let Next::Close(code, reason) = self
+                    .deliver_from_store(&[channel], subscription.after, subscription.routed_at)
+                    .await
+            {
+                return Next::Close(code, reason);
+            }
+        }
+        Next::Continue
+    }
+}

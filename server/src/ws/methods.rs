@@ -1,0 +1,423 @@
+//! The AHP methods a connection answers.
+
+use ahp_types::errors::ahp_error_codes;
+use serde_json::{Value, json};
+use tether_protocol::channel::Channel;
+use tether_protocol::view::SessionView;
+
+use super::CATCH_UP_PAGE;
+use super::connection::{Answered, Connection, Next, Reply, Subscription};
+use super::rpc::{RpcError, channel_param, client_id_param, session_param, u64_param};
+use crate::engine::fanout::{action_frame, envelope_text};
+use crate::engine::{CreateSession, DispatchOutcome, RefusalKind, summary};
+use crate::store::{Origin, SessionFilter};
+
+/// The `_meta` key of `initialize` and `reconnect` with which a client asks
+/// for durable origins: `{"tether/durableOrigins": true}`. Such a client
+/// never reuses a `(clientId, clientSeq)` across connections, hosts or
+/// restarts, and a resent dispatch gets its original outcome. Without it a
+/// connection is a scope of its own, as AHP clients number `clientSeq` per
+/// connection (the reference client starts again from 1 on each).
+pub const ORIGINS_META: &str = "tether/durableOrigins";
+
+impl Connection {
+    /// Takes the client id and the origin scope of `initialize` or
+    /// `reconnect`.
+    fn start_scope(&mut self, client_id: String, params: &Value) {
+        let durable = params
+            .pointer("/_meta")
+            .and_then(|meta| meta.get(ORIGINS_META))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        self.origin_scope = if durable {
+            String::new()
+        } else {
+            self.connection_scope.clone()
+        };
+        self.client_id = Some(client_id);
+    }
+
+    pub(super) async fn initialize(&mut self, params: Value) -> Result<Value, RpcError> {
+        let offered: Vec<String> = params
+            .get("protocolVersions")
+            .cloned()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .ok_or_else(|| {
+                RpcError::invalid("params.protocolVersions (an array of strings) is required.")
+            })?;
+        let client_id = client_id_param(&params)?;
+        let version = match ahp_types::negotiate_protocol_version(&offered) {
+            Ok(Some(version)) => version.to_owned(),
+            Ok(None) => {
+                return Err(RpcError {
+                    code: ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION,
+                    message: format!(
+                        "None of the offered protocol versions {offered:?} is supported."
+                    ),
+                    data: Some(
+                        json!({"supportedVersions": ahp_types::SUPPORTED_PROTOCOL_VERSIONS}),
+                    ),
+                });
+            }
+            Err(err) => return Err(RpcError::invalid(&format!("Bad protocol version: {err}."))),
+        };
+        self.start_scope(client_id, &params);
+        let server_seq = self.engine.hub().published();
+        let mut snapshots = Vec::new();
+        let initial: Vec<String> = params
+            .get("initialSubscriptions")
+            .cloned()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default();
+        for channel in initial {
+            // A channel that is gone is left out, not an error: clients
+            // (the reference one among them) keep their initial list and
+            // would otherwise never get past `initialize`.
+            if Channel::parse(&channel).is_err() {
+                continue;
+            }
+            match self.open_subscription(&channel).await {
+                Ok(snapshot) => snapshots.push(snapshot),
+                Err(err) if err.code == ahp_error_codes::SESSION_NOT_FOUND => {}
+                Err(err) => return Err(err),
+            }
+        }
+        let host = self
+            .engine
+            .store()
+            .host()
+            .await
+            .map_err(RpcError::unavailable)?;
+        Ok(json!({
+            "protocolVersion": version,
+            "serverSeq": server_seq,
+            "serverInfo": {"name": "tether", "version": env!("CARGO_PKG_VERSION")},
+            "snapshots": snapshots,
+            "_meta": {"tether/hostEpoch": host.epoch.to_string()},
+        }))
+    }
+
+    /// Takes a channel's snapshot and registers the subscription; the gap
+    /// up to the cursor is bridged after the reply.
+    async fn open_subscription(&mut self, channel: &str) -> Result<Value, RpcError> {
+        if !self.subscriptions.contains_key(channel)
+            && self.subscriptions.len() >= self.limits.max_subscriptions
+        {
+            return Err(RpcError::invalid(&format!(
+                "This connection already has {} subscriptions, the limit; unsubscribe from one first.",
+                self.limits.max_subscriptions
+            )));
+        }
+        let snapshot = self
+            .engine
+            .snapshot(&self.principal, channel)
+            .await
+            .map_err(RpcError::from)?;
+        // Routed after the snapshot succeeded: envelopes published between
+        // the two arrive in the inbox and are skipped as covered.
+        let routed_at = self.routing.route(channel);
+        self.subscriptions.insert(
+            channel.to_owned(),
+            Subscription {
+                after: snapshot.from_seq,
+                routed_at,
+            },
+        );
+        self.after_reply.push(channel.to_owned());
+        Ok(
+            json!({"resource": snapshot.resource, "state": snapshot.state, "fromSeq": snapshot.from_seq}),
+        )
+    }
+
+    pub(super) async fn subscribe(&mut self, params: Value) -> Result<Value, RpcError> {
+        let channel = channel_param(&params)?;
+        let snapshot = self.open_subscription(&channel).await?;
+        Ok(json!({"snapshot": snapshot}))
+    }
+
+    pub(super) async fn reconnect(&mut self, params: Value) -> Result<Reply, RpcError> {
+        let client_id = client_id_param(&params)?;
+        let last_seen = u64_param(&params, "lastSeenServerSeq")?;
+        let wanted: Vec<String> = params
+            .get("subscriptions")
+            .cloned()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .ok_or_else(|| {
+                RpcError::invalid("params.subscriptions (an array of channel URIs) is required.")
+            })?;
+        if wanted.len() > self.limits.max_subscriptions {
+            return Err(RpcError::invalid(&format!(
+                "At most {} subscriptions per connection.",
+                self.limits.max_subscriptions
+            )));
+        }
+        self.start_scope(client_id, &params);
+        let mut present = Vec::new();
+        let mut missing = Vec::new();
+        for channel in wanted {
+            if self.engine.visible(&self.principal, &channel).await {
+                present.push(channel);
+            } else {
+                missing.push(channel);
+            }
+        }
+        // Routed first, then the store is read: everything up to `horizon`
+        // comes from the store, the inbox brings what is above it (a seq is
+        // published only after it is committed, so `horizon` is at least
+        // every route's seq).
+        let routed: Vec<(String, u64)> = present
+            .iter()
+            .map(|channel| (channel.clone(), self.routing.route(channel)))
+            .collect();
+        let host = self
+            .engine
+            .store()
+            .host()
+            .await
+            .map_err(RpcError::unavailable)?;
+        let horizon = host.last_seq;
+        let limit = self.limits.max_replay;
+        let mut bytes = 0;
+        let mut actions = Vec::new();
+        let mut after = last_seen;
+        let mut too_many = false;
+        while after < horizon && !present.is_empty() {
+            let page = self
+                .engine
+                .store()
+                .read_after(after, Some(&present), CATCH_UP_PAGE)
+                .await
+                .map_err(RpcError::unavailable)?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            for envelope in page.iter().filter(|e| e.seq <= horizon) {
+                let text = envelope_text(
+                    envelope.seq,
+                    &envelope.channel,
+                    &envelope.action,
+                    envelope.origin.as_ref(),
+                    None,
+                );
+                bytes += text.len() + 1;
+                actions.push(text);
+            }
+            if actions.len() > limit as usize || bytes > self.limits.max_replay_bytes {
+                too_many = true;
+                break;
+            }
+        }
+        if too_many {
+            let mut snapshots = Vec::new();
+            for channel in &present {
+                snapshots.push(self.open_subscription(channel).await?);
+            }
+            return Ok(Reply::Json(
+                json!({"type": "snapshot", "snapshots": snapshots}),
+            ));
+        }
+        for (channel, routed_at) in routed {
+            self.subscriptions.insert(
+                channel,
+                Subscription {
+                    after: horizon,
+                    routed_at,
+                },
+            );
+        }
+        // Rendered as text around the stored actions: a large replay is
+        // never parsed into a value tree and serialised again.
+        let missing = serde_json::to_string(&missing).unwrap_or_else(|_| "[]".into());
+        Ok(Reply::Raw(format!(
+            r#"{{"type":"replay","actions":[{}],"missing":{missing}}}"#,
+            actions.join(",")
+        )))
+    }
+
+    /// Submits a dispatch in order and returns at once; its outcome comes
+    /// back through `answers` (see [`Connection::on_answer`]), so a client's
+    /// dispatches are pipelined instead of one commit per round trip.
+    pub(super) async fn dispatch(
+        &mut self,
+        params: Value,
+        id: Option<Value>,
+    ) -> Result<(), RpcError> {
+        let channel = channel_param(&params)?;
+        let client_seq = u64_param(&params, "clientSeq")?;
+        let action = params
+            .get("action")
+            .cloned()
+            .filter(Value::is_object)
+            .ok_or_else(|| RpcError::invalid("params.action (an action object) is required."))?;
+        let origin = Origin {
+            client_id: self.client_id.clone().unwrap_or_default(),
+            client_seq,
+            scope: self.origin_scope.clone(),
+        };
+        // Bounded: past this many unanswered dispatches the connection stops
+        // reading until one is answered.
+        let permit = self
+            .inflight
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| RpcError::unavailable("connection closing"))?;
+        let submitted = self
+            .engine
+            .submit(
+                &self.principal,
+                Some(origin.clone()),
+                &channel,
+                action.clone(),
+            )
+            .await;
+        let answers = self.answers.clone();
+        let routed_at = self.subscriptions.get(&channel).map(|s| s.routed_at);
+        tokio::spawn(async move {
+            let outcome = submitted.outcome().await;
+            drop(permit);
+            let _ = answers.send(Answered {
+                channel,
+                action,
+                origin,
+                routed_at,
+                outcome,
+                id,
+            });
+        });
+        Ok(())
+    }
+
+    /// Delivers a dispatch's outcome to its sender.
+    pub(super) fn on_answer(&mut self, answered: Answered) -> Next {
+        let next = match answered.outcome {
+            DispatchOutcome::Accepted(published) => {
+                // A subscriber gets its echo from the hub, in seq order; a
+                // retry of an old envelope, or a client not subscribed to
+                // the channel, gets the original envelope directly.
+                let via_hub = self.subscriptions.contains_key(&published.channel)
+                    && answered.routed_at.is_some_and(|at| published.seq > at);
+                if via_hub || self.queue.push(published.frame.clone()) {
+                    Next::Continue
+                } else {
+                    self.overflow()
+                }
+            }
+            // AHP: a dispatch to a channel that does not exist is ignored
+            // silently, with no echo. One sent as a request (not the
+            // protocol's notification) still gets an answer: an error.
+            DispatchOutcome::Rejected(refusal) if refusal.kind == RefusalKind::NotFound => {
+                return match answered.id {
+                    Some(id) => {
+                        self.send_error(id, ahp_error_codes::NOT_FOUND, &refusal.reason, None)
+                    }
+                    None => Next::Continue,
+                };
+            }
+            DispatchOutcome::Rejected(refusal) => {
+                let frame = action_frame(
+                    self.engine.hub().published(),
+                    &answered.channel,
+                    &answered.action.to_string(),
+                    Some(&answered.origin),
+                    Some(&refusal.reason),
+                );
+                self.send(frame)
+            }
+        };
+        match (next, answered.id) {
+            (Next::Continue, Some(id)) => self.send_result(id, Value::Null),
+            (next, _) => next,
+        }
+    }
+
+    pub(super) async fn create_session(&mut self, params: Value) -> Result<Value, RpcError> {
+        let id = session_param(&params)?;
+        let text_list = |key: &str| -> Result<Vec<String>, RpcError> {
+            match params.get(key) {
+                None | Some(Value::Null) => Ok(Vec::new()),
+                Some(value) => serde_json::from_value(value.clone()).map_err(|_| {
+                    RpcError::invalid(&format!("params.{key} must be an array of URIs."))
+                }),
+            }
+        };
+        let request = CreateSession {
+            id,
+            project: params
+                .pointer("/_meta/tether~1project")
+                .and_then(Value::as_str)
+                .unwrap_or("default")
+                .to_owned(),
+            provider: params
+                .get("provider")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            working_directories: text_list("workingDirectories")?,
+            title: None,
+            active_client: params.get("activeClient").cloned().filter(|v| !v.is_null()),
+        };
+        self.engine
+            .create_session(&self.principal, request)
+            .await
+            .map_err(RpcError::from)?;
+        Ok(Value::Null)
+    }
+
+    pub(super) async fn dispose_session(&mut self, params: Value) -> Result<Value, RpcError> {
+        let id = session_param(&params)?;
+        self.engine
+            .dispose_session(&self.principal, &id)
+            .await
+            .map_err(RpcError::from)?;
+        Ok(Value::Null)
+    }
+
+    pub(super) async fn list_sessions(&mut self, params: Value) -> Result<Value, RpcError> {
+        let limit = params
+            .get("limit")
+            .and_then(Value::as_u64)
+            .unwrap_or(100)
+            .clamp(1, 1000);
+        let before = match params.get("cursor").and_then(Value::as_str) {
+            None => None,
+            Some(cursor) => Some(cursor.parse::<u64>().map_err(|_| {
+                RpcError::invalid("params.cursor is not a cursor this host issued.")
+            })?),
+        };
+        let page = self
+            .engine
+            .store()
+            .sessions(&SessionFilter::default(), before, limit as u32)
+            .await
+            .map_err(RpcError::unavailable)?;
+        let items: Vec<Value> = page
+            .items
+            .iter()
+            .filter(|row| self.principal.can_see(&row.record.project))
+            .filter_map(|row| {
+                let mut view: SessionView = serde_json::from_str(&row.record.projection).ok()?;
+                view.last_seq = row.last_seq;
+                view.updated_at = crate::engine::rfc3339(row.updated_ms);
+                Some(summary(&view))
+            })
+            .collect();
+        let mut result = json!({"items": items});
+        if let Some(next) = page.next_before {
+            result["nextCursor"] = Value::String(next.to_string());
+        }
+        Ok(result)
+    }
+
+    pub(super) async fn create_chat(&mut self, params: Value) -> Result<Value, RpcError> {
+        let session = session_param(&params)?;
+        let chat = params
+            .get("chat")
+            .and_then(Value::as_str)
+            .ok_or_else(|| RpcError::invalid("params.chat (the new chat's URI) is required."))?
+            .to_owned();
+        self.engine
+            .create_chat(&self.principal, &session, &chat)
+            .await
+            .map_err(RpcError::from)?;
+        Ok(Value::Null)
+    }
+}

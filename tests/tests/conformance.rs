@@ -1,0 +1,553 @@
+//! AHP 1.0 conformance: what the specification asks of a host, each rule
+//! proved over a real socket with a real client — Microsoft's multi-host
+//! client and state mirror (`ahp::hosts`), the plain `ahp::Client`, or a raw
+//! WebSocket for what a client library would never send. The README's
+//! conformance checklist names the test for each line.
+
+use std::time::Duration;
+
+use ahp::hosts::{HostConfig, HostId, HostState, MultiHostClient, ReconnectPolicy};
+use ahp::transport::BoxedTransport;
+use ahp::{ClientError, MultiHostStateMirror, SubscriptionEvent, TransportError};
+use ahp_types::ROOT_RESOURCE_URI;
+use ahp_types::state::{SessionState, SnapshotState};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tether_client::Client;
+use tether_protocol::rest::{CreateSessionRequest, DispatchRequest};
+use tether_tests::{Proxy, TestDb, TestServer, action, backend_tests, next_envelope, title_of};
+use tokio_tungstenite::tungstenite::Message;
+
+backend_tests!(
+    the_reference_client_keeps_writing_across_reconnects,
+    a_plain_client_numbers_from_one_on_each_connection,
+    a_retry_on_another_channel_is_not_the_first_channels_envelope,
+    root_subscribers_see_each_summary_change,
+    a_dispatch_to_a_missing_channel_is_ignored,
+    initialize_leaves_out_initial_subscriptions_that_are_gone,
+    optional_commands_answer_method_not_found,
+);
+
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn create(client: &Client, id: &str, directories: Vec<String>) {
+    client
+        .create_session(&CreateSessionRequest {
+            id: Some(id.into()),
+            project: Some("conformance".into()),
+            provider: None,
+            working_directories: directories,
+            title: None,
+        })
+        .await
+        .expect("create the session");
+}
+
+async fn rename_over_rest(client: &Client, id: &str, seq: u64, title: &str) -> u64 {
+    client
+        .dispatch(
+            id,
+            &DispatchRequest {
+                client_id: "rest".into(),
+                client_seq: seq,
+                channel: None,
+                action: json!({"type": "session/titleChanged", "title": title}),
+            },
+        )
+        .await
+        .expect("dispatch over REST")
+        .server_seq
+}
+
+async fn session_state(server: &TestServer, channel: &str) -> SessionState {
+    let fresh = server.initialized("auditor").await;
+    let snapshot = fresh
+        .subscribe(channel.into())
+        .await
+        .expect("subscribe")
+        .0
+        .snapshot
+        .expect("a snapshot");
+    fresh.shutdown().await;
+    match snapshot.state {
+        SnapshotState::Session(state) => *state,
+        other => panic!("not a session state: {other:?}"),
+    }
+}
+
+async fn generation(multi: &MultiHostClient, id: &HostId) -> (u64, bool) {
+    let host = multi.host(id).await.expect("the host is registered");
+    (host.generation, matches!(host.state, HostState::Connected))
+}
+
+/// Microsoft's multi-host client, through a proxy that cuts its connection
+/// twice: it reconnects, replays, and its writes after each reconnect (its
+/// `clientSeq` starts from 1 again on every connection) are accepted and
+/// applied once; its mirrored state equals a fresh snapshot, and its cached
+/// session summary follows `root/sessionSummaryChanged`.
+async fn the_reference_client_keeps_writing_across_reconnects(db: TestDb) {
+    const SESSION: &str = "ahp-session:/mirrored";
+    let server = TestServer::start(&db).await;
+    let rest = server.client();
+    create(&rest, "mirrored", Vec::new()).await;
+    let proxy = Proxy::start(server.addr).await;
+    let url = format!("{}/ahp", proxy.base_url().replacen("http", "ws", 1));
+    let factory = move |_host: HostId| {
+        let url = url.clone();
+        async move {
+            let transport = ahp_ws::WebSocketTransport::connect(&url)
+                .await
+                .map_err(|e| TransportError::Io(e.to_string()))?;
+            Ok::<_, TransportError>(BoxedTransport::new(transport))
+        }
+    };
+    let config = HostConfig::new("tether", "Tether", factory)
+        .with_client_id("console")
+        .with_reconnect_policy(ReconnectPolicy::immediate_forever());
+    let (multi, handle) = MultiHostClient::single(config).await.expect("connect");
+    let id = handle.id.clone();
+    let mut events = multi.events();
+    let mut mirror = MultiHostStateMirror::new();
+    let subscribed = multi
+        .subscribe(&id, SESSION.into())
+        .await
+        .expect("subscribe");
+    mirror.apply_snapshot(&id, &subscribed.snapshot.expect("a snapshot"));
+
+    let mut written = Vec::new();
+    for round in 0..3_u64 {
+        if round > 0 {
+            let (before, _) = generation(&multi, &id).await;
+            proxy.cut();
+            // Something happens while it is away: the replay brings it.
+            rename_over_rest(&rest, "mirrored", round, &format!("away {round}")).await;
+            tokio::time::timeout(WAIT, async {
+                loop {
+                    let (now, connected) = generation(&multi, &id).await;
+                    if now > before && connected {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await
+            .expect("the reference client reconnects");
+        }
+        for write in 1..=3 {
+            let title = format!("round {round} write {write}");
+            multi
+                .dispatch(
+                    &id,
+                    SESSION.into(),
+                    action(json!({"type": "session/titleChanged", "title": title})),
+                )
+                .await
+                .expect("dispatch");
+            written.push(title);
+        }
+        let last = written.last().cloned().unwrap_or_default();
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let event = events.recv().await.expect("the event stream is open");
+                if let SubscriptionEvent::Action(envelope) = &event.event {
+                    assert_eq!(
+                        envelope.rejection_reason, None,
+                        "round {round}: a write of the reference client was refused"
+                    );
+                    mirror.apply_event(&event);
+                    if envelope.channel == SESSION && title_of(envelope) == last {
+                        break;
+                    }
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("round {round}: the echo of {last:?} never came"));
+    }
+
+    // Each write is in the transcript once, in order, with its origin.
+    let page = rest
+        .transcript("mirrored", 0, 1000)
+        .await
+        .expect("transcript");
+    let from_console: Vec<String> = page
+        .envelopes
+        .iter()
+        .filter(|e| e.pointer("/origin/clientId") == Some(&json!("console")))
+        .filter_map(|e| e.pointer("/action/title").and_then(Value::as_str))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(from_console, written, "every write applied exactly once");
+    let mirrored = mirror
+        .sessions()
+        .values()
+        .next()
+        .cloned()
+        .expect("the mirror holds the session");
+    assert_eq!(mirrored, session_state(&server, SESSION).await);
+    // The last round's rename reached the cached summary only through
+    // `root/sessionSummaryChanged` (the runtime lists sessions on connect).
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let host = multi.host(&id).await.expect("host");
+            let title = host
+                .session_summaries
+                .iter()
+                .find(|s| s.resource == SESSION)
+                .map(|s| s.title.clone());
+            if title.as_deref() == written.last().map(String::as_str) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the reference client's session list follows the rename");
+    multi.remove_host(&id).await.ok();
+    server.stop().await;
+}
+
+/// A plain AHP client numbers `clientSeq` from 1 on every connection; each
+/// connection is a scope of its own.
+async fn a_plain_client_numbers_from_one_on_each_connection(db: TestDb) {
+    let server = TestServer::start(&db).await;
+    create(&server.client(), "plain", Vec::new()).await;
+    let mut seqs = Vec::new();
+    for title in ["first connection", "second connection"] {
+        let client = server.initialized("plain-client").await;
+        let (_, mut sub) = client.subscribe("ahp-session:/plain".into()).await.unwrap();
+        let handle = client
+            .dispatch(
+                "ahp-session:/plain".into(),
+                action(json!({"type": "session/titleChanged", "title": title})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(handle.client_seq, 1, "the reference client starts at 1");
+        let echo = next_envelope(&mut sub).await;
+        assert_eq!(echo.rejection_reason, None, "accepted on a new connection");
+        assert_eq!(title_of(&echo), title);
+        seqs.push(echo.server_seq);
+        client.shutdown().await;
+    }
+    assert!(
+        seqs[1] > seqs[0],
+        "a new envelope, not the old one: {seqs:?}"
+    );
+    assert_eq!(
+        session_state(&server, "ahp-session:/plain").await.title,
+        "second connection"
+    );
+    server.stop().await;
+}
+
+/// The same `(clientId, clientSeq, action)` on another channel is not a
+/// retry: it is refused on its own channel and never answered with the
+/// first channel's envelope. Over REST the same.
+async fn a_retry_on_another_channel_is_not_the_first_channels_envelope(db: TestDb) {
+    let server = TestServer::start(&db).await;
+    let rest = server.client();
+    create(&rest, "one", Vec::new()).await;
+    create(&rest, "two", Vec::new()).await;
+    let client = server.initialized_durable("twin").await;
+    let (_, mut one) = client.subscribe("ahp-session:/one".into()).await.unwrap();
+    let (_, mut two) = client.subscribe("ahp-session:/two".into()).await.unwrap();
+    let same = json!({"type": "session/titleChanged", "title": "same"});
+    for channel in ["ahp-session:/one", "ahp-session:/two"] {
+        client
+            .notify(
+                "dispatchAction",
+                json!({"channel": channel, "clientSeq": 5, "action": same}),
+            )
+            .await
+            .unwrap();
+    }
+    let first = next_envelope(&mut one).await;
+    assert_eq!(first.rejection_reason, None);
+    let second = next_envelope(&mut two).await;
+    assert_eq!(second.channel, "ahp-session:/two");
+    let why = second
+        .rejection_reason
+        .expect("refused, not answered as a retry");
+    assert!(why.contains("already used"), "{why}");
+    assert!(
+        !why.contains("serverSeq") && !why.contains("ahp-session:/one"),
+        "the refusal tells nothing of the other session: {why}"
+    );
+    assert_eq!(session_state(&server, "ahp-session:/two").await.title, "");
+
+    rename_over_rest(&rest, "one", 9, "over rest").await;
+    let err = rest
+        .dispatch(
+            "two",
+            &DispatchRequest {
+                client_id: "rest".into(),
+                client_seq: 9,
+                channel: None,
+                action: json!({"type": "session/titleChanged", "title": "over rest"}),
+            },
+        )
+        .await
+        .expect_err("not a retry");
+    assert!(err.to_string().contains("already used"), "{err}");
+    assert_eq!(session_state(&server, "ahp-session:/two").await.title, "");
+    server.stop().await;
+}
+
+/// Reads root notifications until one `root/sessionSummaryChanged` for
+/// `session` satisfies `wanted`; returns its `changes`.
+async fn summary_change(
+    events: &mut ahp::ClientEventStream,
+    session: &str,
+    wanted: impl Fn(&Value) -> bool,
+) -> Value {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let event = events.recv().await.expect("events");
+            if let SubscriptionEvent::SessionSummaryChanged(changed) = event.event
+                && changed.session == session
+            {
+                let changes = serde_json::to_value(&changed.changes).expect("changes");
+                for identity in ["resource", "provider", "createdAt"] {
+                    assert!(
+                        changes.get(identity).is_none(),
+                        "identity field {identity} carried: {changes}"
+                    );
+                }
+                if wanted(&changes) {
+                    return changes;
+                }
+            }
+        }
+    })
+    .await
+    .expect("the summary change arrives")
+}
+
+fn status_of(changes: &Value) -> Option<u32> {
+    changes
+        .get("status")
+        .and_then(Value::as_u64)
+        .and_then(|s| u32::try_from(s).ok())
+}
+
+/// A root subscriber hears `root/sessionSummaryChanged` for a rename, a
+/// turn starting and ending, and a working-directory change, each with the
+/// changed fields only.
+async fn root_subscribers_see_each_summary_change(db: TestDb) {
+    let server = TestServer::start(&db).await;
+    let rest = server.client();
+    let dirs = tempfile::tempdir().expect("tempdir");
+    let first = dirs.path().join("a");
+    let second = dirs.path().join("b");
+    std::fs::create_dir_all(&first).unwrap();
+    std::fs::create_dir_all(&second).unwrap();
+    let uri = |path: &std::path::Path| format!("file://{}", path.display());
+    let watcher = server.ahp().await;
+    let mut events = watcher.events();
+    watcher
+        .initialize(
+            "watcher".into(),
+            vec![ahp_types::PROTOCOL_VERSION.into()],
+            vec![ROOT_RESOURCE_URI.into()],
+        )
+        .await
+        .unwrap();
+    create(&rest, "listed", vec![uri(&first)]).await;
+    const SESSION: &str = "ahp-session:/listed";
+
+    rename_over_rest(&rest, "listed", 1, "renamed").await;
+    let renamed = summary_change(&mut events, SESSION, |c| c.get("title").is_some()).await;
+    assert_eq!(renamed["title"], "renamed");
+    assert!(
+        renamed.get("workingDirectories").is_none() && renamed.get("status").is_none(),
+        "only what changed: {renamed}"
+    );
+
+    let operator = server.initialized("operator").await;
+    let view = rest.session("listed").await.unwrap();
+    let chat = view.default_chat.expect("a default chat");
+    operator
+        .dispatch(
+            chat.clone(),
+            action(json!({
+                "type": "chat/turnStarted", "turnId": "t1", "startedAt": "2026-12-01T10:00:00.000Z",
+                "message": {"text": "hello", "origin": {"kind": "user"}},
+            })),
+        )
+        .await
+        .unwrap();
+    let started = summary_change(&mut events, SESSION, |c| {
+        status_of(c).is_some_and(|s| s & 8 == 8)
+    })
+    .await;
+    assert!(started.get("title").is_none(), "{started}");
+    // The echo agent answers and completes the turn.
+    let ended = summary_change(&mut events, SESSION, |c| {
+        status_of(c).is_some_and(|s| s & 8 == 0)
+    })
+    .await;
+    assert_eq!(status_of(&ended).map(|s| s & 1), Some(1), "idle again");
+
+    operator
+        .dispatch(
+            SESSION.into(),
+            action(json!({"type": "session/workingDirectorySet", "directory": uri(&second)})),
+        )
+        .await
+        .unwrap();
+    let moved = summary_change(&mut events, SESSION, |c| {
+        c.get("workingDirectories").is_some()
+    })
+    .await;
+    let dirs: Vec<String> = serde_json::from_value(moved["workingDirectories"].clone()).unwrap();
+    assert_eq!(dirs.len(), 2, "{moved}");
+    assert!(moved.get("title").is_none(), "{moved}");
+    server.stop().await;
+}
+
+type Raw =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn raw(server: &TestServer) -> Raw {
+    let (mut ws, _) = tokio_tungstenite::connect_async(server.ws_url())
+        .await
+        .unwrap();
+    send(
+        &mut ws,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "channel": ROOT_RESOURCE_URI, "clientId": "raw", "protocolVersions": ["1.0.0"]}}),
+    )
+    .await;
+    let answer = next_json(&mut ws).await;
+    assert!(answer.get("result").is_some(), "{answer}");
+    ws
+}
+
+async fn send(ws: &mut Raw, value: Value) {
+    ws.send(Message::Text(value.to_string().into()))
+        .await
+        .unwrap();
+}
+
+async fn next_json(ws: &mut Raw) -> Value {
+    loop {
+        let message = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("a message in time")
+            .expect("the socket is open")
+            .expect("a frame");
+        if let Message::Text(text) = message {
+            return serde_json::from_str(text.as_str()).expect("JSON");
+        }
+    }
+}
+
+/// AHP: a dispatch to a channel that does not exist is ignored silently,
+/// with no echo; sent as a request it gets an error. REST answers 404.
+async fn a_dispatch_to_a_missing_channel_is_ignored(db: TestDb) {
+    let server = TestServer::start(&db).await;
+    let mut ws = raw(&server).await;
+    let before = server.client().sessions(&Default::default()).await.unwrap();
+    for channel in [
+        "ahp-session:/nowhere",
+        "ahp-chat:/nowhere",
+        "not a uri",
+        "ahp-session:/bad id!",
+    ] {
+        send(
+            &mut ws,
+            json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
+                "channel": channel, "clientSeq": 1,
+                "action": {"type": "session/titleChanged", "title": "x"}}}),
+        )
+        .await;
+    }
+    send(
+        &mut ws,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "dispatchAction", "params": {
+            "channel": "ahp-session:/nowhere", "clientSeq": 2,
+            "action": {"type": "session/titleChanged", "title": "x"}}}),
+    )
+    .await;
+    send(
+        &mut ws,
+        json!({"jsonrpc": "2.0", "id": 3, "method": "ping", "params": {"channel": ROOT_RESOURCE_URI}}),
+    )
+    .await;
+    // Nothing came back for the notifications: the next two frames are the
+    // request's error and the ping's answer (in either order: a dispatch is
+    // answered when its outcome is known).
+    let mut answers = [next_json(&mut ws).await, next_json(&mut ws).await];
+    answers.sort_by_key(|a| a["id"].as_u64());
+    let [error, pong] = answers;
+    assert_eq!(error["id"], 2, "no echo: {error}");
+    assert_eq!(
+        error["error"]["code"],
+        ahp_types::errors::ahp_error_codes::NOT_FOUND
+    );
+    assert_eq!(pong, json!({"jsonrpc": "2.0", "id": 3, "result": null}));
+    let after = server.client().sessions(&Default::default()).await.unwrap();
+    assert_eq!(before.items.len(), after.items.len());
+    server.stop().await;
+}
+
+/// `initialize` succeeds when an initial subscription no longer exists;
+/// that channel is just absent from the snapshots.
+async fn initialize_leaves_out_initial_subscriptions_that_are_gone(db: TestDb) {
+    let server = TestServer::start(&db).await;
+    let client = server.ahp().await;
+    let result = client
+        .initialize(
+            "returning".into(),
+            vec![ahp_types::PROTOCOL_VERSION.into()],
+            vec![
+                ROOT_RESOURCE_URI.into(),
+                "ahp-session:/gone".into(),
+                "ahp-chat:/gone".into(),
+            ],
+        )
+        .await
+        .expect("initialize succeeds");
+    let resources: Vec<&str> = result
+        .snapshots
+        .iter()
+        .map(|s| s.resource.as_str())
+        .collect();
+    assert_eq!(resources, [ROOT_RESOURCE_URI]);
+    server.stop().await;
+}
+
+/// Every optional AHP 1.0 command Tether does not offer answers JSON-RPC
+/// -32601, and the connection keeps working.
+async fn optional_commands_answer_method_not_found(db: TestDb) {
+    let server = TestServer::start(&db).await;
+    let client = server.initialized("curious").await;
+    for method in [
+        "completions",
+        "createTerminal",
+        "disposeTerminal",
+        "resourceRead",
+        "resourceList",
+        "createResourceWatch",
+        "authenticate",
+        "resolveSessionConfig",
+        "moveChat",
+        "disposeChat",
+        "runAutomation",
+    ] {
+        let err = client
+            .request::<_, Value>(method, json!({"channel": ROOT_RESOURCE_URI}))
+            .await
+            .expect_err(method);
+        match err {
+            ClientError::Rpc(rpc) => {
+                assert_eq!(rpc.code, -32601, "{method}: {rpc:?}");
+                assert!(rpc.message.contains("does not offer"), "{}", rpc.message);
+            }
+            other => panic!("{method}: {other:?}"),
+        }
+    }
+    client.ping().await.expect("still serving");
+    server.stop().await;
+}
