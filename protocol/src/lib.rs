@@ -12,6 +12,7 @@ pub mod projection;
 pub mod rest;
 pub mod toolctx;
 pub mod view;
+pub mod window;
 pub mod workdir;
 
 pub use ids::{NameError, validate_name};

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use crate::actions::{EXTENSION_PREFIX, SESSION_CREATED, action_type};
 use crate::channel::Channel;
 use crate::projection::Projection;
+use crate::window::{ArchivedTurn, TurnWindow};
 
 /// The body of `x-tether/sessionCreated`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,6 +68,14 @@ pub struct SessionModel {
     pub projection: Projection,
     /// The seq of the last envelope folded in.
     pub last_seq: u64,
+    /// Where each chat's loaded window of turns starts (see
+    /// [`crate::window`]); chats that never outgrew it have no entry.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub windows: BTreeMap<String, TurnWindow>,
+    /// Turns moved out of their chat's window by the actions folded since
+    /// the last [`SessionModel::take_trimmed`], for the turn archive.
+    #[serde(skip)]
+    pub trimmed: Vec<ArchivedTurn>,
 }
 
 /// Why a model could not be built or an action could not be folded.
@@ -128,6 +137,8 @@ impl SessionModel {
             chats,
             projection,
             last_seq: seq,
+            windows: BTreeMap::new(),
+            trimmed: Vec::new(),
         })
     }
 
@@ -203,7 +214,30 @@ impl SessionModel {
                 self.session = *session;
                 self.follow_chat_catalogue(typed);
             }
-            Target::Chat(uri, chat) => {
+            Target::Chat(uri, mut chat) => {
+                let window = self.windows.entry(uri.clone()).or_default();
+                match typed {
+                    // Loaded turns lead the window until the next trim.
+                    StateAction::ChatTurnsLoaded(_) => {
+                        let before = self.chats.get(&uri).map_or(0, |c| c.turns.len());
+                        window.loaded(chat.turns.len().saturating_sub(before) as u64);
+                    }
+                    StateAction::ChatTruncated(truncated) if truncated.turn_id.is_none() => {
+                        window.cleared();
+                    }
+                    other => {
+                        if matches!(other, StateAction::ChatTruncated(_)) {
+                            // Ordinals past the kept turns will be reused.
+                            let kept = window.archived + chat.turns.len() as u64;
+                            window.archived_high = window.archived_high.min(kept);
+                        }
+                        let moved = window.trim(&uri, &mut chat);
+                        self.trimmed.extend(moved);
+                    }
+                }
+                if *window == TurnWindow::default() {
+                    self.windows.remove(&uri);
+                }
                 self.chats.insert(uri, *chat);
             }
             Target::Extension => {}
@@ -224,6 +258,7 @@ impl SessionModel {
             }
             StateAction::SessionChatRemoved(removed) => {
                 self.chats.remove(&removed.chat);
+                self.windows.remove(&removed.chat);
             }
             _ => {}
         }
@@ -247,6 +282,16 @@ impl SessionModel {
             0 => self.session.status,
             _ => (self.session.status & !STATUS_ACTIVITY) | busiest,
         }
+    }
+
+    /// The turns moved out of their windows since the last call.
+    pub fn take_trimmed(&mut self) -> Vec<ArchivedTurn> {
+        std::mem::take(&mut self.trimmed)
+    }
+
+    /// A chat's window (the default when it never outgrew it).
+    pub fn window(&self, chat: &str) -> TurnWindow {
+        self.windows.get(chat).copied().unwrap_or_default()
     }
 
     /// The primary (index 0) working directory, if any.

@@ -10,11 +10,14 @@ use ahp::hosts::{HostConfig, HostId, HostState, MultiHostClient, ReconnectPolicy
 use ahp::transport::BoxedTransport;
 use ahp::{ClientError, MultiHostStateMirror, SubscriptionEvent, TransportError};
 use ahp_types::ROOT_RESOURCE_URI;
-use ahp_types::state::{SessionState, SnapshotState};
+use ahp_types::actions::{ActionEnvelope, StateAction};
+use ahp_types::state::{ChatState, SessionState, SnapshotState};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tether_client::Client;
 use tether_protocol::rest::{CreateSessionRequest, DispatchRequest};
+use tether_protocol::window::{TURN_WINDOW, TURNS_PAGE};
+use tether_server::store::NewEnvelope;
 use tether_tests::{Proxy, TestDb, TestServer, action, backend_tests, next_envelope, title_of};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -26,6 +29,7 @@ backend_tests!(
     a_dispatch_to_a_missing_channel_is_ignored,
     initialize_leaves_out_initial_subscriptions_that_are_gone,
     optional_commands_answer_method_not_found,
+    a_long_chat_keeps_a_bounded_window_and_serves_older_turns,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -549,5 +553,216 @@ async fn optional_commands_answer_method_not_found(db: TestDb) {
         }
     }
     client.ping().await.expect("still serving");
+    server.stop().await;
+}
+
+/// How many turns the long-chat test writes before the server loads them.
+const LONG_CHAT: usize = 10_000;
+
+/// Writes `count` completed turns into a chat's transcript directly, as a
+/// long-lived session's history (the fold, the window and the archive are
+/// the server's to derive when it loads the session).
+async fn seed_turns(db: &TestDb, session: &str, chat: &str, count: usize) {
+    let store = db.open().await;
+    let turns: Vec<NewEnvelope> = (0..count)
+        .flat_map(|i| {
+            let at = |action: Value| NewEnvelope {
+                channel: chat.to_owned(),
+                session_id: Some(session.to_owned()),
+                action: action.to_string(),
+                origin: None,
+                session: None,
+                chats: Vec::new(),
+                turns: Vec::new(),
+            };
+            [
+                at(
+                    json!({"type": "chat/turnStarted", "turnId": format!("t{i}"),
+                    "startedAt": "2026-12-01T10:00:00.000Z",
+                    "message": {"text": format!("question {i}"), "origin": {"kind": "user"}}}),
+                ),
+                at(json!({"type": "chat/turnComplete", "turnId": format!("t{i}"), "duration": 1})),
+            ]
+        })
+        .collect();
+    for batch in turns.chunks(2_000) {
+        store.append(batch.to_vec()).await.expect("seed turns");
+    }
+    store.close().await;
+}
+
+async fn next_chat_envelope(sub: &mut ahp::SessionSubscription) -> ActionEnvelope {
+    next_envelope(sub).await
+}
+
+async fn fetch_turns(
+    client: &ahp::Client,
+    chat: &str,
+    cursor: Option<&str>,
+) -> Result<Value, ClientError> {
+    client
+        .request("fetchTurns", json!({"channel": chat, "cursor": cursor}))
+        .await
+}
+
+fn turn_ids(state: &ChatState) -> Vec<String> {
+    state.turns.iter().map(|t| t.id.clone()).collect()
+}
+
+/// A 10,000-turn chat: its snapshot holds the bounded window and a cursor;
+/// `fetchTurns` pages through every older turn exactly once (each page
+/// committed as `chat/turnsLoaded` and delivered before the answer); an
+/// action on a turn outside the window loads it first. The archive is
+/// derived on load from a history written before the server saw it, and
+/// kept by live turns.
+async fn a_long_chat_keeps_a_bounded_window_and_serves_older_turns(db: TestDb) {
+    const CHAT: &str = "ahp-chat:/long.main";
+    let server = TestServer::start(&db).await;
+    create(&server.client(), "long", Vec::new()).await;
+    server.stop().await;
+    seed_turns(&db, "long", CHAT, LONG_CHAT).await;
+    let server = TestServer::start(&db).await;
+    let client = server.initialized("reader").await;
+    let (subscribed, mut sub) = client.subscribe(CHAT.into()).await.unwrap();
+    let snapshot = subscribed.snapshot.expect("a snapshot");
+    let size = serde_json::to_string(&snapshot).unwrap().len();
+    let SnapshotState::Chat(state) = snapshot.state else {
+        panic!("a chat state")
+    };
+    let mut state = *state;
+    assert_eq!(
+        state.turns.len(),
+        TURN_WINDOW,
+        "the snapshot holds the window"
+    );
+    assert_eq!(state.turns.last().map(|t| t.id.as_str()), Some("t9999"));
+    assert!(
+        state.turns_next_cursor.is_some(),
+        "older turns are a cursor away"
+    );
+    assert!(size < 64 * 1024, "a bounded snapshot: {size} bytes");
+
+    // Live turns keep the window bounded and the archive whole.
+    for live in 0..2 {
+        client
+            .dispatch(
+                CHAT.into(),
+                action(
+                    json!({"type": "chat/turnStarted", "turnId": format!("live{live}"),
+                    "startedAt": "2026-12-01T11:00:00.000Z",
+                    "message": {"text": "and now?", "origin": {"kind": "user"}}}),
+                ),
+            )
+            .await
+            .unwrap();
+        loop {
+            let envelope = next_chat_envelope(&mut sub).await;
+            assert_eq!(envelope.rejection_reason, None);
+            ahp::reducers::apply_action_to_chat(&mut state, &envelope.action);
+            if matches!(envelope.action, StateAction::ChatTurnComplete(_)) {
+                break;
+            }
+        }
+    }
+
+    // Bad cursors are refused; nothing is loaded.
+    for bad in ["nonsense", "7.100", "0.x"] {
+        match fetch_turns(&client, CHAT, Some(bad)).await {
+            Err(ClientError::Rpc(rpc)) => assert_eq!(rpc.code, -32602, "{bad}: {rpc:?}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    match fetch_turns(&client, "ahp-chat:/nowhere", None).await {
+        Err(ClientError::Rpc(rpc)) => {
+            assert_eq!(rpc.code, ahp_types::errors::ahp_error_codes::NOT_FOUND)
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Page back to the first turn; the real reducer folds each page in.
+    let mut pages = 0;
+    while let Some(cursor) = state.turns_next_cursor.clone() {
+        let result = fetch_turns(&client, CHAT, Some(&cursor))
+            .await
+            .expect("fetchTurns");
+        assert_eq!(result, json!({}));
+        let loaded = next_chat_envelope(&mut sub).await;
+        assert!(
+            matches!(loaded.action, StateAction::ChatTurnsLoaded(_)),
+            "the page arrives before the answer is used: {:?}",
+            loaded.action
+        );
+        assert!(loaded.origin.is_none(), "host-originated");
+        ahp::reducers::apply_action_to_chat(&mut state, &loaded.action);
+        pages += 1;
+        assert!(pages <= LONG_CHAT, "paging does not end");
+    }
+    let mut expected: Vec<String> = (0..LONG_CHAT).map(|i| format!("t{i}")).collect();
+    expected.extend(["live0".to_owned(), "live1".to_owned()]);
+    assert_eq!(
+        turn_ids(&state),
+        expected,
+        "every turn exactly once, in order"
+    );
+    // Pages of TURNS_PAGE (the first one reaching up to the window, which
+    // the live turns moved).
+    assert!(
+        pages >= (LONG_CHAT - TURN_WINDOW) / TURNS_PAGE as usize,
+        "{pages} pages"
+    );
+    assert_eq!(fetch_turns(&client, CHAT, None).await.unwrap(), json!({}));
+
+    // One more live turn trims the host back to its window; then a
+    // truncation to a turn far outside it loads that turn first.
+    client
+        .dispatch(
+            CHAT.into(),
+            action(json!({"type": "chat/turnStarted", "turnId": "live2",
+                "startedAt": "2026-12-01T12:00:00.000Z",
+                "message": {"text": "last one", "origin": {"kind": "user"}}})),
+        )
+        .await
+        .unwrap();
+    loop {
+        let envelope = next_chat_envelope(&mut sub).await;
+        ahp::reducers::apply_action_to_chat(&mut state, &envelope.action);
+        if matches!(envelope.action, StateAction::ChatTurnComplete(_)) {
+            break;
+        }
+    }
+    client
+        .dispatch(
+            CHAT.into(),
+            action(json!({"type": "chat/truncated", "turnId": "t9000"})),
+        )
+        .await
+        .unwrap();
+    let loaded = next_chat_envelope(&mut sub).await;
+    assert!(
+        matches!(&loaded.action, StateAction::ChatTurnsLoaded(a) if a.turns.first().map(|t| t.id.as_str()) == Some("t9000")),
+        "the old turn is loaded first: {:?}",
+        loaded.action
+    );
+    ahp::reducers::apply_action_to_chat(&mut state, &loaded.action);
+    let truncated = next_chat_envelope(&mut sub).await;
+    assert_eq!(truncated.rejection_reason, None);
+    assert!(matches!(truncated.action, StateAction::ChatTruncated(_)));
+    ahp::reducers::apply_action_to_chat(&mut state, &truncated.action);
+    assert_eq!(turn_ids(&state), expected[..=9000].to_vec());
+    let fresh = server.initialized("late").await;
+    let SnapshotState::Chat(host) = fresh
+        .subscribe(CHAT.into())
+        .await
+        .unwrap()
+        .0
+        .snapshot
+        .unwrap()
+        .state
+    else {
+        panic!("a chat state")
+    };
+    assert_eq!(turn_ids(&host).last().map(String::as_str), Some("t9000"));
+    assert!(host.turns.len() <= TURN_WINDOW);
+    assert!(host.turns_next_cursor.is_some());
     server.stop().await;
 }

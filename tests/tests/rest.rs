@@ -643,6 +643,7 @@ async fn ten_thousand_sessions_page_exactly_once(db: TestDb) {
                         projection: view.to_string(),
                     }),
                     chats: Vec::new(),
+                    turns: Vec::new(),
                 }
             })
             .collect();

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tether_server::store::{
-    Appended, NewEnvelope, Origin, OriginOutcome, Rejection, SessionFilter, SessionRecord,
-    Snapshot, Store, StoreOptions,
+    Appended, ArchivedTurn, NewEnvelope, Origin, OriginOutcome, Rejection, SessionFilter,
+    SessionRecord, Snapshot, Store, StoreOptions,
 };
 use tether_tests::{TestDb, backend_tests};
 
@@ -24,6 +24,7 @@ backend_tests!(
     snapshots_return_the_newest,
     working_contexts_upsert_and_list_most_recent_first,
     a_killed_writer_loses_no_acknowledged_append,
+    the_turn_archive_upserts_and_reads_ranges,
 );
 
 fn envelope(channel: &str, n: u64) -> NewEnvelope {
@@ -34,6 +35,7 @@ fn envelope(channel: &str, n: u64) -> NewEnvelope {
         origin: None,
         session: None,
         chats: Vec::new(),
+        turns: Vec::new(),
     }
 }
 
@@ -737,6 +739,67 @@ async fn a_killed_writer_loses_no_acknowledged_append(db: TestDb) {
         next,
         vec![host.last_seq + 1],
         "seq continues above everything issued"
+    );
+    store.close().await;
+}
+
+async fn the_turn_archive_upserts_and_reads_ranges(db: TestDb) {
+    let store = db.open().await;
+    let turn = |generation: u64, ordinal: u64, body: &str| ArchivedTurn {
+        chat: "ahp-chat:/c".into(),
+        generation,
+        ordinal,
+        turn_id: format!("t{ordinal}"),
+        body: body.into(),
+    };
+    // Through an append: written with the envelope, in its transaction.
+    let mut first = envelope("ahp-session:/s", 1);
+    first.turns = (0..3).map(|n| turn(0, n, "{}")).collect();
+    store.append(vec![first]).await.unwrap();
+    // Outside one: an upsert (a reused ordinal takes the new turn).
+    store
+        .archive_turns(&[
+            turn(0, 2, r#"{"again":true}"#),
+            turn(0, 3, "{}"),
+            turn(1, 0, "{}"),
+        ])
+        .await
+        .unwrap();
+    let range = store.archived_turns("ahp-chat:/c", 0, 1..4).await.unwrap();
+    assert_eq!(
+        range.iter().map(|t| t.ordinal).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    assert_eq!(range[1].body, r#"{"again":true}"#);
+    assert_eq!(
+        store
+            .archived_turns("ahp-chat:/c", 1, 0..10)
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "generations are apart"
+    );
+    assert_eq!(
+        store
+            .archived_ordinal("ahp-chat:/c", 0, "t2")
+            .await
+            .unwrap(),
+        Some(2)
+    );
+    assert_eq!(
+        store
+            .archived_ordinal("ahp-chat:/c", 0, "t9")
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(
+        store
+            .archived_turns("ahp-chat:/other", 0, 0..10)
+            .await
+            .unwrap()
+            .is_empty()
     );
     store.close().await;
 }

@@ -17,6 +17,7 @@ use tether_protocol::actions::{AGENT_OPENED, SESSION_SETTLED, action_type};
 use tether_protocol::channel::Channel;
 use tether_protocol::model::{SessionCreated, SessionModel, typed_action};
 use tether_protocol::view::SessionView;
+use tether_protocol::window::TurnWindow;
 use tokio::sync::{mpsc, oneshot};
 
 use super::commit::CommitOutcome;
@@ -97,6 +98,15 @@ pub enum Command {
     Sweep {
         /// Whether anything was written.
         reply: oneshot::Sender<Result<bool, EngineError>>,
+    },
+    /// Loads older turns of a chat into its window (`fetchTurns`).
+    FetchTurns {
+        /// The chat's URI.
+        chat: String,
+        /// A `turnsNextCursor` this host issued; `None`: the next page.
+        cursor: Option<String>,
+        /// The seq of the `chat/turnsLoaded` committed, if any.
+        reply: oneshot::Sender<Result<Option<u64>, EngineError>>,
     },
     /// The session's view.
     View {
@@ -285,6 +295,9 @@ impl SessionActor {
             Command::Sweep { reply } => {
                 let _ = reply.send(Err(err));
             }
+            Command::FetchTurns { reply, .. } => {
+                let _ = reply.send(Err(err));
+            }
         }
     }
 
@@ -319,6 +332,13 @@ impl SessionActor {
             Command::Sweep { reply } => {
                 let _ = reply.send(self.sweep().await);
             }
+            Command::FetchTurns {
+                chat,
+                cursor,
+                reply,
+            } => {
+                let _ = reply.send(self.fetch_turns(chat, cursor).await);
+            }
         }
     }
 
@@ -341,15 +361,74 @@ impl SessionActor {
     }
 
     /// Rebuilds the model from the latest snapshot plus the transcript tail.
+    /// Turns the fold moved out of their windows are archived again (an
+    /// upsert): the archive is a cache of the log, and this keeps it whole
+    /// after a failed append, a restored database, or a log written before
+    /// windows existed.
     async fn reload(&mut self) -> Result<(), String> {
-        let model = super::rebuild::load_model(self.ctx.store.as_ref(), &self.id, true).await?;
-        if let Some(m) = &model {
+        let mut model = super::rebuild::load_model(self.ctx.store.as_ref(), &self.id, true).await?;
+        if let Some(m) = &mut model {
             for chat in m.chats.keys() {
                 self.ctx.remember_chat(chat, &self.id);
+            }
+            for chunk in m.take_trimmed().chunks(ARCHIVE_CHUNK) {
+                self.ctx
+                    .store
+                    .archive_turns(chunk)
+                    .await
+                    .map_err(|e| format!("cannot archive turns: {e}"))?;
             }
         }
         self.model = model;
         Ok(())
+    }
+
+    /// Loads older turns of `chat` into its window (`fetchTurns`): commits
+    /// `chat/turnsLoaded` and returns its seq, or `None` when nothing older
+    /// is left.
+    async fn fetch_turns(
+        &mut self,
+        chat: String,
+        cursor: Option<String>,
+    ) -> Result<Option<u64>, EngineError> {
+        let Some(model) = &self.model else {
+            return Err(EngineError::NotFound(format!(
+                "Chat {chat} does not exist."
+            )));
+        };
+        if !model.chats.contains_key(&chat) {
+            return Err(EngineError::NotFound(format!(
+                "Chat {chat} does not exist."
+            )));
+        }
+        let window = model.window(&chat);
+        let below = match &cursor {
+            None => window.archived,
+            Some(cursor) => window.parse(cursor).ok_or_else(|| {
+                EngineError::InvalidParams(format!(
+                    "params.cursor {cursor:?} is not a turnsNextCursor this host issued for \
+                     {chat} (or the chat was truncated since); take the cursor from the chat's \
+                     current state."
+                ))
+            })?,
+        };
+        if below == 0 || window.archived == 0 {
+            return Ok(None);
+        }
+        let action = turns_loaded(&self.ctx, &chat, window, window.page(below), true)
+            .await
+            .map_err(|refusal| EngineError::Unavailable(refusal.reason))?;
+        self.follow_ups.push((chat, action));
+        let outcomes = self.run_follow_ups().await;
+        match outcomes.into_iter().next() {
+            Some(DispatchOutcome::Accepted(published)) => Ok(Some(published.seq)),
+            Some(DispatchOutcome::Rejected(refusal)) => {
+                Err(EngineError::Unavailable(refusal.reason))
+            }
+            None => Err(EngineError::Unavailable(
+                "the loaded turns were not recorded; retry".into(),
+            )),
+        }
     }
 
     async fn create(&mut self, created: SessionCreated) -> Result<SessionView, EngineError> {
@@ -368,6 +447,7 @@ impl SessionActor {
             origin: None,
             session: Some(self.record(&model)),
             chats: model.chats.keys().cloned().collect(),
+            turns: Vec::new(),
         };
         let outcome = self
             .ctx
@@ -634,6 +714,42 @@ impl SessionActor {
         let mut pending = Vec::new();
         let mut records = Vec::new();
         for mut d in batch {
+            // An action on a turn outside the loaded window: that turn is
+            // loaded first (AHP 1.0), in the same batch, before the action.
+            match eager_load(&self.ctx, model, &d).await {
+                Ok(Some(load)) => {
+                    let typed = typed_action(&load);
+                    if let (_, Some(trial)) = model.try_apply(&d.channel, &load, &typed) {
+                        model.accept(trial, &load, &typed);
+                        records.push(NewEnvelope {
+                            channel: d.channel.clone(),
+                            session_id: Some(self.id.clone()),
+                            action: load.to_string(),
+                            origin: None,
+                            session: None,
+                            chats: Vec::new(),
+                            turns: model.take_trimmed(),
+                        });
+                        let loaded = Dispatch {
+                            origin: None,
+                            channel: d.channel.clone(),
+                            action: load,
+                            principal: None,
+                            reply: None,
+                        };
+                        pending.push((loaded, TURNS_LOADED.to_owned()));
+                    }
+                }
+                Ok(None) => {}
+                Err(refusal) => {
+                    let outcome = self
+                        .ctx
+                        .reject(d.origin.as_ref(), &d.channel, &d.action, refusal)
+                        .await;
+                    reply(d.reply, outcome);
+                    continue;
+                }
+            }
             let checked = check_dispatch(&self.ctx, model, agent.as_ref(), &mut d).await;
             match checked {
                 Ok(()) => {
@@ -658,6 +774,7 @@ impl SessionActor {
                         origin: d.origin.clone(),
                         session: None,
                         chats,
+                        turns: model.take_trimmed(),
                     });
                     pending.push((d, kind));
                 }
@@ -812,6 +929,122 @@ pub(super) fn retry_outcome(
                 origin.map_or("", |o| o.client_id.as_str()),
             ),
         )),
+    }
+}
+
+/// The type of the action that loads older turns into a chat's window.
+const TURNS_LOADED: &str = "chat/turnsLoaded";
+
+/// Archived turns written per statement when a reload re-archives them.
+const ARCHIVE_CHUNK: usize = 500;
+
+/// The most bytes of turns one `chat/turnsLoaded` carries: clients cap the
+/// messages they read (the upstream Rust client at 16 MiB), and a page of
+/// turns must fit one with room to spare.
+const MAX_LOAD_BYTES: usize = 4 * 1024 * 1024;
+
+/// The `chat/turnsLoaded` that brings `ordinals` of `chat` back from the
+/// archive into its window. With `partial`, a range over the byte budget is
+/// cut from its old end (the cursor then points at what is left); without,
+/// it is refused.
+async fn turns_loaded(
+    ctx: &Ctx,
+    chat: &str,
+    window: TurnWindow,
+    ordinals: std::ops::Range<u64>,
+    partial: bool,
+) -> Result<Value, Refusal> {
+    let unavailable = |reason: String| Refusal::new(RefusalKind::Unavailable, reason);
+    let turns = ctx
+        .store
+        .archived_turns(chat, window.generation, ordinals.clone())
+        .await
+        .map_err(|e| unavailable(format!("The turn archive is unavailable ({e}); retry.")))?;
+    let contiguous = turns
+        .iter()
+        .zip(ordinals.clone())
+        .all(|(turn, ordinal)| turn.ordinal == ordinal);
+    if turns.len() as u64 != ordinals.end - ordinals.start || !contiguous {
+        return Err(unavailable(format!(
+            "The turn archive of {chat} lacks turns {}..{}; it is rebuilt from the transcript \
+             when the session next loads.",
+            ordinals.start, ordinals.end
+        )));
+    }
+    let mut bytes = 0;
+    let mut start = ordinals.end;
+    for turn in turns.iter().rev() {
+        if bytes + turn.body.len() > MAX_LOAD_BYTES && start < ordinals.end {
+            if !partial {
+                return Err(Refusal::new(
+                    RefusalKind::Invalid,
+                    format!(
+                        "The turn this action refers to is {} turns back, more than one load \
+                         of {MAX_LOAD_BYTES} bytes holds; load older turns with fetchTurns first.",
+                        ordinals.end - ordinals.start
+                    ),
+                ));
+            }
+            break;
+        }
+        bytes += turn.body.len();
+        start = turn.ordinal;
+    }
+    let mut bodies = Vec::with_capacity(turns.len());
+    for turn in turns.iter().filter(|t| t.ordinal >= start) {
+        bodies.push(serde_json::from_str::<Value>(&turn.body).map_err(|e| {
+            unavailable(format!(
+                "Archived turn {} of {chat} is unreadable: {e}.",
+                turn.ordinal
+            ))
+        })?);
+    }
+    let mut action = serde_json::json!({"type": TURNS_LOADED, "turns": bodies});
+    if let Some(cursor) = window.cursor(start) {
+        action["turnsNextCursor"] = Value::String(cursor);
+    }
+    Ok(action)
+}
+
+/// AHP 1.0: before applying an action that refers to a turn outside the
+/// loaded window, the host loads that turn (and those after it, so the
+/// window stays unbroken). Today `chat/truncated {turnId}` is the one such
+/// action a client may dispatch.
+async fn eager_load(
+    ctx: &Ctx,
+    model: &SessionModel,
+    d: &Dispatch,
+) -> Result<Option<Value>, Refusal> {
+    if d.origin.is_none() || action_type(&d.action) != Some("chat/truncated") {
+        return Ok(None);
+    }
+    let Some(turn_id) = d.action.get("turnId").and_then(Value::as_str) else {
+        return Ok(None);
+    };
+    let Some(chat) = model.chats.get(&d.channel) else {
+        return Ok(None);
+    };
+    let window = model.window(&d.channel);
+    if window.archived == 0 || chat.turns.iter().any(|t| t.id == turn_id) {
+        return Ok(None);
+    }
+    let ordinal = ctx
+        .store
+        .archived_ordinal(&d.channel, window.generation, turn_id)
+        .await
+        .map_err(|e| {
+            Refusal::new(
+                RefusalKind::Unavailable,
+                format!("The turn archive is unavailable ({e}); retry."),
+            )
+        })?;
+    match ordinal {
+        Some(ordinal) if ordinal < window.archived => {
+            turns_loaded(ctx, &d.channel, window, ordinal..window.archived, false)
+                .await
+                .map(Some)
+        }
+        _ => Ok(None),
     }
 }
 

@@ -575,6 +575,7 @@ impl Engine {
                 origin,
                 session: None,
                 chats: Vec::new(),
+                turns: Vec::new(),
             }])
             .await
             .map_err(|_| {
@@ -880,6 +881,34 @@ impl Engine {
             );
         }
         Ok(swept)
+    }
+
+    /// Loads older turns of a chat into its window (AHP `fetchTurns`):
+    /// commits `chat/turnsLoaded` before it returns, with its seq; `None`
+    /// when no older turn is left.
+    pub async fn fetch_turns(
+        &self,
+        principal: &Principal,
+        chat: &str,
+        cursor: Option<String>,
+    ) -> Result<Option<u64>, EngineError> {
+        let not_found = || EngineError::NotFound(format!("Chat {chat} does not exist."));
+        let Ok(parsed @ Channel::Chat(_)) = Channel::parse(chat) else {
+            return Err(EngineError::InvalidParams(format!(
+                "params.channel {chat:?} is not a chat URI (ahp-chat:/<id>)."
+            )));
+        };
+        let session = self.session_of(&parsed).await?.ok_or_else(not_found)?;
+        self.session_view(principal, &session)
+            .await
+            .map_err(|_| not_found())?;
+        let chat = chat.to_owned();
+        self.ask(&session, |reply| Command::FetchTurns {
+            chat,
+            cursor,
+            reply,
+        })
+        .await
     }
 
     /// Whether a channel exists and the principal may see it.

@@ -28,6 +28,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use uuid::Uuid;
 
+pub use tether_protocol::window::ArchivedTurn;
+
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
@@ -144,6 +146,9 @@ pub struct NewEnvelope {
     /// Chat URIs this envelope brings into being, recorded as owned by
     /// `session_id` in the same transaction.
     pub chats: Vec<String>,
+    /// Turns its fold moved out of their chat's window, archived (upserted)
+    /// in the same transaction.
+    pub turns: Vec<ArchivedTurn>,
 }
 
 /// An envelope as stored in the log.
@@ -338,6 +343,27 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// The session that owns a chat URI.
     async fn chat_session(&self, chat: &str) -> Result<Option<String>, StoreError>;
+
+    /// Archives (upserts) turns moved out of their chat's window outside an
+    /// append: what a reload re-derived and the archive may lack.
+    async fn archive_turns(&self, turns: &[ArchivedTurn]) -> Result<(), StoreError>;
+
+    /// A chat's archived turns of `generation` with ordinals in `ordinals`,
+    /// oldest first.
+    async fn archived_turns(
+        &self,
+        chat: &str,
+        generation: u64,
+        ordinals: std::ops::Range<u64>,
+    ) -> Result<Vec<ArchivedTurn>, StoreError>;
+
+    /// The ordinal of an archived turn of `generation`, by its id.
+    async fn archived_ordinal(
+        &self,
+        chat: &str,
+        generation: u64,
+        turn_id: &str,
+    ) -> Result<Option<u64>, StoreError>;
 
     /// Rewrites a session's read-model row in place (keeping its `last_seq`
     /// and update time); `false` when there is no such row. Used by the

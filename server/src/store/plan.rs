@@ -9,7 +9,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Appended, NewEnvelope, Origin, OriginOutcome, SessionRecord, StoreError, rows};
+use super::{
+    Appended, ArchivedTurn, NewEnvelope, Origin, OriginOutcome, SessionRecord, StoreError, rows,
+};
 
 /// One row for the log.
 #[derive(Debug)]
@@ -40,6 +42,8 @@ pub struct Plan<'a> {
     pub sessions: Vec<(&'a SessionRecord, i64)>,
     /// Chats to record: (chat URI, owning session).
     pub chats: Vec<(&'a str, &'a str)>,
+    /// Turns to archive, from the fresh envelopes.
+    pub turns: Vec<&'a ArchivedTurn>,
     /// One per envelope.
     pub slots: Vec<Slot>,
     /// The host's `last_seq` after the batch.
@@ -63,6 +67,7 @@ pub fn plan<'a>(batch: &'a [NewEnvelope], last_seq: i64, existing: &HashSet<Orig
     let mut rows = Vec::with_capacity(batch.len());
     let mut slots = Vec::with_capacity(batch.len());
     let mut chats = Vec::new();
+    let mut turns = Vec::new();
     let mut taken: HashSet<&Origin> = HashSet::new();
     // Session id → its latest fresh seq in this batch, and its latest record.
     let mut latest_seq: HashMap<&str, i64> = HashMap::new();
@@ -84,6 +89,7 @@ pub fn plan<'a>(batch: &'a [NewEnvelope], last_seq: i64, existing: &HashSet<Orig
             envelope,
         });
         slots.push(Slot::Committed(next));
+        turns.extend(envelope.turns.iter());
         if let Some(session_id) = &envelope.session_id {
             latest_seq.insert(session_id, next);
             chats.extend(
@@ -103,6 +109,7 @@ pub fn plan<'a>(batch: &'a [NewEnvelope], last_seq: i64, existing: &HashSet<Orig
         rows,
         sessions,
         chats,
+        turns,
         slots,
         last_seq: next,
     }
@@ -168,6 +175,7 @@ mod tests {
                 projection: "{}".into(),
             }),
             chats: Vec::new(),
+            turns: Vec::new(),
         }
     }
 

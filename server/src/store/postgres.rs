@@ -15,9 +15,10 @@ use uuid::Uuid;
 
 use super::plan;
 use super::{
-    Appended, Backend, HostRecord, NewEnvelope, Origin, OriginOutcome, Rejection, SavedContext,
-    SessionFilter, SessionPage, SessionRecord, SessionRow, Snapshot, Store, StoreError,
-    StoreOptions, StoredEnvelope, clamp_limit, now_ms, redact_url, rows, seq_from_db, seq_to_db,
+    Appended, ArchivedTurn, Backend, HostRecord, NewEnvelope, Origin, OriginOutcome, Rejection,
+    SavedContext, SessionFilter, SessionPage, SessionRecord, SessionRow, Snapshot, Store,
+    StoreError, StoreOptions, StoredEnvelope, clamp_limit, now_ms, redact_url, rows, seq_from_db,
+    seq_to_db,
 };
 
 /// The channel `NOTIFY`ed with the new `last_seq` after every append.
@@ -122,6 +123,35 @@ impl PostgresStore {
         )
         .bind(&snapshot.channel)
         .bind(super::SNAPSHOTS_KEPT)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    /// Upserts archived turns in one statement.
+    async fn archive_in(
+        tx: &mut Transaction<'static, Postgres>,
+        turns: &[&ArchivedTurn],
+    ) -> Result<(), StoreError> {
+        if turns.is_empty() {
+            return Ok(());
+        }
+        let chats: Vec<&str> = turns.iter().map(|t| t.chat.as_str()).collect();
+        let generations: Vec<i64> = turns.iter().map(|t| seq_to_db(t.generation)).collect();
+        let ordinals: Vec<i64> = turns.iter().map(|t| seq_to_db(t.ordinal)).collect();
+        let ids: Vec<&str> = turns.iter().map(|t| t.turn_id.as_str()).collect();
+        let bodies: Vec<&str> = turns.iter().map(|t| t.body.as_str()).collect();
+        sqlx::query(
+            "INSERT INTO chat_turns (chat, generation, ordinal, turn_id, body) \
+             SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[]) \
+             ON CONFLICT (chat, generation, ordinal) DO UPDATE \
+                 SET turn_id = excluded.turn_id, body = excluded.body",
+        )
+        .bind(chats)
+        .bind(generations)
+        .bind(ordinals)
+        .bind(ids)
+        .bind(bodies)
         .execute(&mut **tx)
         .await?;
         Ok(())
@@ -283,6 +313,7 @@ impl Store for PostgresStore {
             .execute(&mut *tx)
             .await?;
         }
+        Self::archive_in(&mut tx, &plan.turns).await?;
         if plan.last_seq != last {
             sqlx::query("UPDATE host SET last_seq = $1 WHERE id = 1")
                 .bind(plan.last_seq)
@@ -418,6 +449,52 @@ impl Store for PostgresStore {
                 .fetch_optional(&self.pool)
                 .await?,
         )
+    }
+
+    async fn archive_turns(&self, turns: &[ArchivedTurn]) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let refs: Vec<&ArchivedTurn> = turns.iter().collect();
+        Self::archive_in(&mut tx, &refs).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn archived_turns(
+        &self,
+        chat: &str,
+        generation: u64,
+        ordinals: std::ops::Range<u64>,
+    ) -> Result<Vec<ArchivedTurn>, StoreError> {
+        let found: Vec<rows::Turn> = sqlx::query_as(
+            "SELECT chat, generation, ordinal, turn_id, body FROM chat_turns \
+             WHERE chat = $1 AND generation = $2 AND ordinal >= $3 AND ordinal < $4 \
+             ORDER BY ordinal",
+        )
+        .bind(chat)
+        .bind(seq_to_db(generation))
+        .bind(seq_to_db(ordinals.start))
+        .bind(seq_to_db(ordinals.end))
+        .fetch_all(&self.pool)
+        .await?;
+        found.into_iter().map(TryInto::try_into).collect()
+    }
+
+    async fn archived_ordinal(
+        &self,
+        chat: &str,
+        generation: u64,
+        turn_id: &str,
+    ) -> Result<Option<u64>, StoreError> {
+        let found: Option<i64> = sqlx::query_scalar(
+            "SELECT max(ordinal) FROM chat_turns \
+             WHERE chat = $1 AND generation = $2 AND turn_id = $3",
+        )
+        .bind(chat)
+        .bind(seq_to_db(generation))
+        .bind(turn_id)
+        .fetch_one(&self.pool)
+        .await?;
+        found.map(seq_from_db).transpose()
     }
 
     async fn replace_session_record(&self, record: &SessionRecord) -> Result<bool, StoreError> {

@@ -229,3 +229,26 @@ impl From<Context> for SavedContext {
         }
     }
 }
+
+#[derive(sqlx::FromRow)]
+pub(super) struct Turn {
+    chat: String,
+    generation: i64,
+    ordinal: i64,
+    turn_id: String,
+    body: String,
+}
+
+impl TryFrom<Turn> for super::ArchivedTurn {
+    type Error = StoreError;
+
+    fn try_from(row: Turn) -> Result<Self, StoreError> {
+        Ok(super::ArchivedTurn {
+            chat: row.chat,
+            generation: seq(row.generation)?,
+            ordinal: seq(row.ordinal)?,
+            turn_id: row.turn_id,
+            body: row.body,
+        })
+    }
+}

@@ -19,9 +19,9 @@ use uuid::Uuid;
 
 use super::plan;
 use super::{
-    Appended, Backend, HostRecord, NewEnvelope, Origin, OriginOutcome, Rejection, SavedContext,
-    SessionFilter, SessionPage, SessionRecord, SessionRow, Snapshot, Store, StoreError,
-    StoreOptions, StoredEnvelope, clamp_limit, now_ms, rows, seq_from_db, seq_to_db,
+    Appended, ArchivedTurn, Backend, HostRecord, NewEnvelope, Origin, OriginOutcome, Rejection,
+    SavedContext, SessionFilter, SessionPage, SessionRecord, SessionRow, Snapshot, Store,
+    StoreError, StoreOptions, StoredEnvelope, clamp_limit, now_ms, rows, seq_from_db, seq_to_db,
 };
 
 /// How long a connection waits on a lock held by another process before
@@ -133,6 +133,36 @@ impl SqliteStore {
         .bind(&snapshot.channel)
         .bind(&snapshot.channel)
         .bind(super::SNAPSHOTS_KEPT)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    /// Upserts archived turns in one statement.
+    async fn archive_in(
+        tx: &mut Transaction<'static, Sqlite>,
+        turns: &[&ArchivedTurn],
+    ) -> Result<(), StoreError> {
+        if turns.is_empty() {
+            return Ok(());
+        }
+        let rows = json_rows(turns.iter().map(|t| {
+            (
+                &t.chat,
+                seq_to_db(t.generation),
+                seq_to_db(t.ordinal),
+                &t.turn_id,
+                &t.body,
+            )
+        }))?;
+        sqlx::query(
+            "INSERT INTO chat_turns (chat, generation, ordinal, turn_id, body) \
+             SELECT value->>0, value->>1, value->>2, value->>3, value->>4 FROM json_each(?1) \
+             WHERE true \
+             ON CONFLICT (chat, generation, ordinal) DO UPDATE \
+                 SET turn_id = excluded.turn_id, body = excluded.body",
+        )
+        .bind(rows)
         .execute(&mut **tx)
         .await?;
         Ok(())
@@ -274,6 +304,7 @@ impl Store for SqliteStore {
             .execute(&mut *tx)
             .await?;
         }
+        Self::archive_in(&mut tx, &plan.turns).await?;
         if plan.last_seq != last {
             sqlx::query("UPDATE host SET last_seq = ? WHERE id = 1")
                 .bind(plan.last_seq)
@@ -384,6 +415,50 @@ impl Store for SqliteStore {
                 .fetch_optional(&self.readers)
                 .await?,
         )
+    }
+
+    async fn archive_turns(&self, turns: &[ArchivedTurn]) -> Result<(), StoreError> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        let refs: Vec<&ArchivedTurn> = turns.iter().collect();
+        Self::archive_in(&mut tx, &refs).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn archived_turns(
+        &self,
+        chat: &str,
+        generation: u64,
+        ordinals: std::ops::Range<u64>,
+    ) -> Result<Vec<ArchivedTurn>, StoreError> {
+        let found: Vec<rows::Turn> = sqlx::query_as(
+            "SELECT chat, generation, ordinal, turn_id, body FROM chat_turns \
+             WHERE chat = ? AND generation = ? AND ordinal >= ? AND ordinal < ? ORDER BY ordinal",
+        )
+        .bind(chat)
+        .bind(seq_to_db(generation))
+        .bind(seq_to_db(ordinals.start))
+        .bind(seq_to_db(ordinals.end))
+        .fetch_all(&self.readers)
+        .await?;
+        found.into_iter().map(TryInto::try_into).collect()
+    }
+
+    async fn archived_ordinal(
+        &self,
+        chat: &str,
+        generation: u64,
+        turn_id: &str,
+    ) -> Result<Option<u64>, StoreError> {
+        let found: Option<i64> = sqlx::query_scalar(
+            "SELECT max(ordinal) FROM chat_turns WHERE chat = ? AND generation = ? AND turn_id = ?",
+        )
+        .bind(chat)
+        .bind(seq_to_db(generation))
+        .bind(turn_id)
+        .fetch_one(&self.readers)
+        .await?;
+        found.map(seq_from_db).transpose()
     }
 
     async fn replace_session_record(&self, record: &SessionRecord) -> Result<bool, StoreError> {

@@ -454,6 +454,7 @@ impl Connection {
             "disposeSession" => self.dispose_session(params).await,
             "listSessions" => self.list_sessions(params).await,
             "createChat" => self.create_chat(params).await,
+            "fetchTurns" => self.fetch_turns(params).await,
             "ping" => Ok(Value::Null),
             other if NOT_OFFERED.contains(&other) => Err(RpcError::new(
                 json_rpc_error_codes::METHOD_NOT_FOUND,

@@ -9,7 +9,7 @@ use super::CATCH_UP_PAGE;
 use super::connection::{Answered, Connection, Next, Reply, Subscription};
 use super::rpc::{RpcError, channel_param, client_id_param, session_param, u64_param};
 use crate::engine::fanout::{action_frame, envelope_text};
-use crate::engine::{CreateSession, DispatchOutcome, RefusalKind, summary};
+use crate::engine::{CreateSession, DispatchOutcome, EngineError, RefusalKind, summary};
 use crate::store::{Origin, SessionFilter};
 
 /// The `_meta` key of `initialize` and `reconnect` with which a client asks
@@ -419,5 +419,42 @@ impl Connection {
             .await
             .map_err(RpcError::from)?;
         Ok(Value::Null)
+    }
+
+    /// `fetchTurns`: loads older turns of a chat into its window. The
+    /// `chat/turnsLoaded` is committed, and delivered to this connection
+    /// when it subscribes to the chat, before the (empty) result.
+    pub(super) async fn fetch_turns(&mut self, params: Value) -> Result<Value, RpcError> {
+        let chat = channel_param(&params)?;
+        let cursor = match params.get("cursor") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(cursor)) => Some(cursor.clone()),
+            Some(_) => {
+                return Err(RpcError::invalid(
+                    "params.cursor must be a string: a chat's turnsNextCursor.",
+                ));
+            }
+        };
+        let loaded = self
+            .engine
+            .fetch_turns(&self.principal, &chat, cursor)
+            .await
+            .map_err(|err| match err {
+                EngineError::NotFound(message) => {
+                    RpcError::new(ahp_error_codes::NOT_FOUND, message)
+                }
+                other => RpcError::from(other),
+            })?;
+        if let (Some(seq), Some(subscription)) = (loaded, self.subscriptions.get(&chat).copied())
+            && seq > subscription.after
+            && let Next::Close(..) = self
+                .deliver_from_store(std::slice::from_ref(&chat), subscription.after, seq)
+                .await
+        {
+            return Err(RpcError::unavailable(
+                "the loaded turns could not be read back",
+            ));
+        }
+        Ok(json!({}))
     }
 }
