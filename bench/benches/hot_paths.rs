@@ -175,19 +175,48 @@ fn projection(c: &mut Criterion) {
     // cost of a dispatch as the history grows (the model is set-up).
     let [started, _, _] = turn(1_000_000);
     let next = typed_action(&started);
-    for turns in [0usize, 100, 1000] {
-        let mut model = created(&["file:///projects/a"]);
-        for n in 0..turns {
-            for action in turn(n) {
-                model.apply(CHAT, &action, &typed_action(&action));
-            }
-        }
+    // The chat keeps a bounded window of turns (`tether_protocol::window`),
+    // so past the window the cost stays flat.
+    for turns in [0usize, 100, 1000, 10_000] {
+        let model = chat_of(turns);
         group.bench_function(format!("chat_action_after_{turns}_turns"), |b| {
             b.iter_batched_ref(
                 || model.clone(),
                 |model| model.apply(CHAT, black_box(&started), &next),
                 BatchSize::LargeInput,
             )
+        });
+    }
+    group.finish();
+}
+
+/// A session whose default chat has run `turns` echo turns.
+fn chat_of(turns: usize) -> SessionModel {
+    let mut model = created(&["file:///projects/a"]);
+    for n in 0..turns {
+        for action in turn(n) {
+            model.apply(CHAT, &action, &typed_action(&action));
+        }
+    }
+    model.take_trimmed();
+    model
+}
+
+/// What a subscriber to a long chat is sent: its snapshot, serialised.
+/// The sizes are printed once, for BENCHMARKS.md.
+fn snapshots(c: &mut Criterion) {
+    let mut group = c.benchmark_group("snapshot");
+    for turns in [1000usize, 10_000] {
+        let model = chat_of(turns);
+        let chat = &model.chats[CHAT];
+        let bytes = serde_json::to_string(chat).expect("serialises").len();
+        eprintln!(
+            "snapshot/chat_after_{turns}_turns: {bytes} bytes, {} turns in the window",
+            chat.turns.len()
+        );
+        group.throughput(Throughput::Bytes(bytes as u64));
+        group.bench_function(format!("chat_after_{turns}_turns"), |b| {
+            b.iter(|| serde_json::to_string(black_box(chat)).expect("serialises"))
         });
     }
     group.finish();
@@ -210,5 +239,12 @@ fn workdirs(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, envelopes, reducers, projection, workdirs);
+criterion_group!(
+    benches,
+    envelopes,
+    reducers,
+    projection,
+    snapshots,
+    workdirs
+);
 criterion_main!(benches);

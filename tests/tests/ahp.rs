@@ -923,14 +923,27 @@ async fn chats_listing_and_disposal_work_through_ahp_commands(db: TestDb) {
         .request("disposeSession", json!({"channel": "ahp-session:/cat2"}))
         .await
         .unwrap();
-    loop {
+    // Root subscribers hear of it, and the root state's count of active
+    // sessions follows (5 created, 1 gone), in whichever order they come.
+    let (mut removed, mut counted) = (false, false);
+    while !(removed && counted) {
         let event = tokio::time::timeout(WAIT, root.recv())
             .await
             .unwrap()
             .unwrap();
-        if let SubscriptionEvent::SessionRemoved(removed) = event {
-            assert_eq!(removed.session, "ahp-session:/cat2");
-            break;
+        match event {
+            SubscriptionEvent::SessionRemoved(gone) => {
+                assert_eq!(gone.session, "ahp-session:/cat2");
+                removed = true;
+            }
+            SubscriptionEvent::Action(envelope) => {
+                if let ahp_types::actions::StateAction::RootActiveSessionsChanged(changed) =
+                    &envelope.action
+                {
+                    counted = changed.active_sessions == 4;
+                }
+            }
+            _ => {}
         }
     }
     let (_, mut session) = client.subscribe("ahp-session:/cat2".into()).await.unwrap();
