@@ -34,7 +34,11 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
     info(
         title = "Tether",
         description = "A durable, multi-user session host for coding agents. \
-                       AHP 1.0 over WebSocket at /ahp; this document covers the REST API.",
+                       AHP 1.0 over WebSocket at /ahp; this document covers the REST API. \
+                       Every request body is a JSON object; every error is an RFC 9457 \
+                       problem document (application/problem+json). Sessions are never \
+                       erased: DELETE /v1/sessions/{id} settles a session (closed or ended) \
+                       and it stays readable, transcript and all.",
         license(name = "MIT OR Apache-2.0", identifier = "MIT OR Apache-2.0"),
     ),
     tags(
@@ -59,7 +63,29 @@ pub fn openapi() -> OpenApiDoc {
     let (_, mut doc) = documented().split_for_parts();
     // The version follows the crate so the committed file changes with releases.
     doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    require_non_empty_working_context(&mut doc);
     doc
+}
+
+/// Adds to the derived `WorkingContext` schema the rule the save handler
+/// enforces and no field attribute can state: at least a goal or one entry
+/// (`allOf` the derived schema and [`non_empty_schema`]'s `anyOf`).
+///
+/// [`non_empty_schema`]: tether_protocol::context::non_empty_schema
+fn require_non_empty_working_context(doc: &mut OpenApiDoc) {
+    use utoipa::openapi::schema::{AllOfBuilder, Schema};
+    let Some(components) = doc.components.as_mut() else {
+        return;
+    };
+    let Some(derived) = components.schemas.remove("WorkingContext") else {
+        return;
+    };
+    let rule = tether_protocol::context::non_empty_schema();
+    let mut both = AllOfBuilder::new().item(derived).item(rule).build();
+    both.description = Some("What an agent was doing; at least a goal or one entry.".to_owned());
+    components
+        .schemas
+        .insert("WorkingContext".to_owned(), Schema::AllOf(both).into());
 }
 
 /// The OpenAPI document as the pretty JSON committed in `openapi/openapi.json`.
