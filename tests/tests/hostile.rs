@@ -308,6 +308,7 @@ async fn bad_names_ids_and_client_ids_are_refused(db: TestDb) {
         json!({"clientId": "c", "clientSeq": 1, "action": [title]}),
         json!({"clientId": "c", "clientSeq": 1, "action": title, "channel": "ahp-session:/other"}),
         json!({"clientId": "c", "clientSeq": 1, "action": title, "channel": "nonsense"}),
+        json!({"clientId": "c", "clientSeq": 1, "action": title, "channel": "ahp-chat:/not-ours"}),
         json!({"clientId": "c", "clientSeq": 1, "action": {"type": "session/nonsense"}}),
     ] {
         let answer = api

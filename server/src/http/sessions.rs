@@ -335,7 +335,7 @@ pub async fn transcript(
         (status = 200, description = "Accepted and committed.", body = DispatchResponse),
         (status = 404, description = "No such session.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Refused: the session's state does not allow it.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Refused: the action is invalid.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Refused: the action is invalid, or the channel is not this session or one of its chats.", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Storage or a side-effect backend is unavailable.", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -358,12 +358,14 @@ pub async fn dispatch(
         .channel
         .clone()
         .unwrap_or_else(|| view.resource.clone());
-    // A chat of another session is not this session's.
+    // A chat of another session (or of none) is not this session's. A 422
+    // like a foreign session channel, not a 404: the session in the path
+    // exists; it is the body that names something else.
     match Channel::parse(&channel) {
         Ok(Channel::Session(id)) if id == path.id => {}
         Ok(parsed @ Channel::Chat(_)) => {
             if state.engine.session_of(&parsed).await?.as_deref() != Some(path.id.as_str()) {
-                return Err(ApiError::not_found(format!(
+                return Err(ApiError::invalid(format!(
                     "Chat {channel} is not a chat of session {}.",
                     path.id
                 )));
