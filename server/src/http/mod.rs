@@ -146,3 +146,51 @@ async fn not_found(request: Request) -> Response {
     )
     .into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+    use tether_protocol::ids::{MAX_NAME_LEN, NAME_PATTERN};
+
+    /// Calls `visit` on every object in `value`.
+    fn objects<'a>(value: &'a Value, visit: &mut impl FnMut(&'a serde_json::Map<String, Value>)) {
+        match value {
+            Value::Object(map) => {
+                visit(map);
+                map.values().for_each(|v| objects(v, visit));
+            }
+            Value::Array(items) => items.iter().for_each(|v| objects(v, visit)),
+            _ => {}
+        }
+    }
+
+    /// utoipa's attributes take only literals, so the document repeats the
+    /// name rule and the 2^63−1 bound; this keeps each copy equal to the
+    /// code's.
+    #[test]
+    fn the_documented_bounds_are_the_enforced_ones() {
+        let doc = serde_json::to_value(super::openapi()).unwrap();
+        let channel = format!("^ahp-(session|chat):/{}", &NAME_PATTERN[1..]);
+        let (mut names, mut maxima) = (0, 0);
+        objects(&doc, &mut |schema| {
+            if let Some(pattern) = schema.get("pattern").and_then(Value::as_str)
+                && pattern.contains("A-Za-z0-9._:-")
+            {
+                assert!(pattern == NAME_PATTERN || pattern == channel, "{pattern}");
+                if pattern == NAME_PATTERN {
+                    names += 1;
+                    assert_eq!(schema["minLength"], 1, "{schema:?}");
+                    assert_eq!(schema["maxLength"], MAX_NAME_LEN, "{schema:?}");
+                }
+            }
+            if let Some(max) = schema.get("maximum").and_then(Value::as_u64)
+                && max > u64::from(u32::MAX)
+            {
+                maxima += 1;
+                assert_eq!(max, tether_protocol::rest::MAX_CLIENT_SEQ, "{schema:?}");
+            }
+        });
+        assert!(names >= 7, "ids, projects and session names are documented");
+        assert_eq!(maxima, 2, "clientSeq and after");
+    }
+}
