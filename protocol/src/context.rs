@@ -187,7 +187,8 @@ mod tests {
         let mut full = serde_json::to_value(WorkingContext::default()).unwrap();
         let object = full.as_object_mut().unwrap();
         object.remove("goal");
-        let names: Vec<&str> = object.keys().map(String::as_str).collect();
+        let mut names: Vec<&str> = object.keys().map(String::as_str).collect();
+        names.sort_unstable();
         let mut lists = LISTS.to_vec();
         lists.sort_unstable();
         assert_eq!(names, lists);

@@ -229,7 +229,7 @@ mod tests {
         assert!(with("application/merge-patch+json"));
         assert!(!with("text/json"));
         assert!(!with("application/jsonx"));
-        assert!(!require_json_content_type(&HeaderMap::new()).is_ok());
+        assert!(require_json_content_type(&HeaderMap::new()).is_err());
     }
 
     #[test]
