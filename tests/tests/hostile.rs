@@ -194,6 +194,32 @@ async fn bodies_that_are_not_objects_are_refused_on_every_route(db: TestDb) {
             answer.refused(415, &format!("{method} {path} {content_type:?}"));
         }
     }
+    // Over the body limit (2 MiB by default), declared up front: the limit
+    // layer answers, as a problem document too.
+    let big = format!("{{\"title\": \"{}\"}}", "x".repeat(3 * 1024 * 1024));
+    for (method, path) in body_routes() {
+        let answer = api.json(method.clone(), &path, &big).await;
+        answer.refused(413, &format!("{method} {path} 3 MiB"));
+    }
+    // A method a route lacks: 405 with Allow, as a problem document.
+    for path in ["/v1/sessions", "/v1/sessions/target-1/actions", "/healthz"] {
+        let response = api
+            .http
+            .request(reqwest::Method::PATCH, format!("{}{path}", api.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 405, "{path}");
+        assert!(response.headers().contains_key("allow"), "{path}");
+        let content_type = response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            content_type.starts_with("application/problem+json"),
+            "{path}"
+        );
+    }
     assert_eq!(api.state().await, before, "nothing changed");
     server.stop().await;
 }

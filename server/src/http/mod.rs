@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request};
-use axum::http::{HeaderName, StatusCode};
+use axum::http::{HeaderName, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tower_http::limit::RequestBodyLimitLayer;
@@ -115,6 +115,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .with_state(state)
         .layer(RequestBodyLimitLayer::new(max_body))
+        // Outside the body limit, so its 413 is reached too.
+        .layer(axum::middleware::map_response(
+            problem_for_bare_client_errors,
+        ))
         .layer(
             TraceLayer::new_for_http().make_span_with(|request: &Request| {
                 let route = request
@@ -132,6 +136,50 @@ pub fn router(state: AppState) -> Router {
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+}
+
+/// The largest bare error body read to become a problem's detail: these
+/// bodies are short sentences from axum or a tower layer.
+const BARE_DETAIL_BYTES: usize = 1024;
+
+/// Answers every 4xx that is not already a problem document as one, keeping
+/// its status and headers (`Allow` on a 405). Such answers come from below
+/// the handlers: axum's 405 for a method a route lacks (empty body),
+/// tower-http's 413 for a declared `Content-Length` over the limit (plain
+/// text), a refused WebSocket upgrade. Every error is problem+json, these
+/// included.
+async fn problem_for_bare_client_errors(method: Method, response: Response) -> Response {
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with(error::PROBLEM_JSON));
+    if !status.is_client_error() || is_problem {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, BARE_DETAIL_BYTES)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let (code, detail) = match status {
+        StatusCode::METHOD_NOT_ALLOWED => (
+            "method_not_allowed",
+            format!("{method} is not allowed here; the Allow header lists what is."),
+        ),
+        StatusCode::PAYLOAD_TOO_LARGE => (
+            "payload_too_large",
+            "The request body is larger than this server accepts (--max-body-bytes).".to_owned(),
+        ),
+        _ if text.is_empty() => ("bad_request", "The request was refused.".to_owned()),
+        _ => ("bad_request", format!("{text}.")),
+    };
+    let problem = error::problem(status, code, Some(detail));
+    let (problem_parts, problem_body) = problem.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.extend(problem_parts.headers);
+    Response::from_parts(parts, problem_body)
 }
 
 async fn not_found(request: Request) -> Response {
