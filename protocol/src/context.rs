@@ -53,11 +53,33 @@ pub struct WorkingContext {
     pub pending_actions: Vec<String>,
 }
 
+/// A goal counts when it holds a character other than ASCII whitespace
+/// (space, tab, line feed, carriage return), as an ECMA-262 pattern. The
+/// rule is this narrow so that every JSON Schema validator, whatever its
+/// idea of Unicode whitespace, agrees with [`WorkingContext::is_empty`].
+pub const GOAL_PATTERN: &str = r"[^ \t\n\r]";
+
+/// The lists of a working context, by their JSON names; one non-empty list
+/// makes a context non-empty.
+const LISTS: [&str; 6] = [
+    "activeConstraints",
+    "verifiedFacts",
+    "openHypotheses",
+    "decisions",
+    "exactEvidence",
+    "pendingActions",
+];
+
+fn is_blank(goal: &str) -> bool {
+    goal.bytes()
+        .all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+}
+
 impl WorkingContext {
     /// True when there is nothing in it: saving it would erase earlier
     /// state, so saving an empty context is refused.
     pub fn is_empty(&self) -> bool {
-        self.goal.as_deref().is_none_or(|g| g.trim().is_empty())
+        self.goal.as_deref().is_none_or(is_blank)
             && self.active_constraints.is_empty()
             && self.verified_facts.is_empty()
             && self.open_hypotheses.is_empty()
@@ -65,6 +87,27 @@ impl WorkingContext {
             && self.exact_evidence.is_empty()
             && self.pending_actions.is_empty()
     }
+}
+
+/// What [`WorkingContext::is_empty`] refuses, as JSON Schema: a goal with
+/// a character other than ASCII whitespace, or at least one entry in one of
+/// the lists (`anyOf`). The OpenAPI document adds it to the derived schema
+/// of a saved context, so a client generated from it never sends an empty one.
+pub fn non_empty_schema() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, ObjectBuilder, SchemaType, Type};
+    let goal = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(GOAL_PATTERN));
+    let mut rule =
+        AnyOfBuilder::new().item(ObjectBuilder::new().required("goal").property("goal", goal));
+    for list in LISTS {
+        let entries = ArrayBuilder::new()
+            // Any entry: the derived schema beside this rule types them.
+            .items(ObjectBuilder::new().schema_type(SchemaType::AnyValue))
+            .min_items(Some(1));
+        rule = rule.item(ObjectBuilder::new().required(list).property(list, entries));
+    }
+    rule.into()
 }
 
 /// The answer to a working-context lookup.
@@ -129,5 +172,25 @@ mod tests {
             ..Default::default()
         };
         assert!(!todo.is_empty());
+        let ideographic_space = WorkingContext {
+            goal: Some("\u{3000}".into()),
+            ..Default::default()
+        };
+        assert!(
+            !ideographic_space.is_empty(),
+            "only ASCII whitespace is blank"
+        );
+    }
+
+    #[test]
+    fn the_schema_names_every_list() {
+        let mut full = serde_json::to_value(WorkingContext::default()).unwrap();
+        let object = full.as_object_mut().unwrap();
+        object.remove("goal");
+        let mut names: Vec<&str> = object.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        let mut lists = LISTS.to_vec();
+        lists.sort_unstable();
+        assert_eq!(names, lists);
     }
 }

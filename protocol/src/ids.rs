@@ -8,6 +8,11 @@
 /// ASCII, so bytes and characters agree).
 pub const MAX_NAME_LEN: usize = 128;
 
+/// The identifier rule as an ECMA-262 regular expression, as the OpenAPI
+/// document states it. utoipa's attributes take only literals, so the
+/// document repeats this text; a test keeps the two equal.
+pub const NAME_PATTERN: &str = "^[A-Za-z0-9._:-]{1,128}$";
+
 /// Why a name was refused; each message names the rule so a caller can fix it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NameError {
@@ -85,5 +90,16 @@ mod tests {
             "session id contains '/'; only letters, digits and . _ : - are allowed"
         );
         assert!(validate_name("project", "é").is_err());
+    }
+
+    #[test]
+    fn the_pattern_states_the_rule() {
+        // The documented pattern, read literally: one class and the length.
+        let class = "A-Za-z0-9._:-";
+        assert_eq!(NAME_PATTERN, format!("^[{class}]{{1,{MAX_NAME_LEN}}}$"));
+        for c in (0_u8..128).map(char::from) {
+            let in_class = c.is_ascii_alphanumeric() || "._:-".contains(c);
+            assert_eq!(is_name_char(c), in_class, "{c:?}");
+        }
     }
 }

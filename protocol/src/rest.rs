@@ -79,17 +79,23 @@ pub struct TranscriptPage {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[schema(example = json!({"project": "web", "provider": "echo", "workingDirectories": ["/home/me/web"], "title": "Fix login"}))]
 pub struct CreateSessionRequest {
-    /// Session id; generated when absent.
+    /// Session id (1 to 128 of `A-Za-z0-9._:-`); generated when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     pub id: Option<String>,
-    /// Project name (default `default`).
+    /// Project name (1 to 128 of `A-Za-z0-9._:-`; default `default`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     pub project: Option<String>,
-    /// Agent provider (default `echo`).
+    /// Agent provider (default `echo`): one of the agents this host
+    /// registers (AHP root state `agents`); another name is a 422.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
-    /// Absolute paths or `file:` URIs; the first is the primary.
+    /// Absolute paths or absolute `file:` URIs; the first is the primary.
+    /// The host's side-effect backend may refuse a directory (with the
+    /// default `local` backend it must exist on the host): a 422.
     #[serde(default)]
+    #[schema(value_type = Vec<WorkingDirectoryInput>)]
     pub working_directories: Vec<String>,
     /// A title.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -101,17 +107,60 @@ pub struct CreateSessionRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[schema(example = json!({"clientId": "script-1", "clientSeq": 1, "action": {"type": "session/titleChanged", "title": "Renamed"}}))]
 pub struct DispatchRequest {
-    /// The dispatching client; with `clientSeq`, the idempotency key.
+    /// The dispatching client (1 to 256 characters); with `clientSeq`, the
+    /// idempotency key.
+    #[schema(min_length = 1, max_length = 256)]
     pub client_id: String,
-    /// The client's sequence number for this action.
+    /// The client's sequence number for this action, 0 to 2^63−1 (the
+    /// store keeps it as a signed 64-bit integer).
+    #[serde(deserialize_with = "client_seq")]
+    #[schema(minimum = 0, maximum = 9223372036854775807_i64)]
     pub client_seq: u64,
-    /// The session's channel or one of its chats (default: the session).
+    /// The session's channel (`ahp-session:/<id>`) or one of its chats
+    /// (`ahp-chat:/<id>`); default: the session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^ahp-(session|chat):/[A-Za-z0-9._:-]{1,128}$")]
     pub channel: Option<String>,
     /// An AHP action object.
     #[schema(value_type = Object)]
     pub action: serde_json::Value,
 }
+
+/// The largest `clientSeq`: 2^63−1, the largest value both stores keep.
+pub const MAX_CLIENT_SEQ: u64 = i64::MAX as u64;
+
+/// Reads `clientSeq`, refusing anything but an integer in
+/// `0..=MAX_CLIENT_SEQ` with a message that states the range: serde's own
+/// ("expected u64") says neither the bound nor why, and a value past 2^63−1
+/// would otherwise reach the store and fail there.
+fn client_seq<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    struct Seq;
+    impl serde::de::Visitor<'_> for Seq {
+        type Value = u64;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "an integer from 0 to {MAX_CLIENT_SEQ}")
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<u64, E> {
+            if v <= MAX_CLIENT_SEQ {
+                Ok(v)
+            } else {
+                Err(E::invalid_value(serde::de::Unexpected::Unsigned(v), &self))
+            }
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<u64, E> {
+            u64::try_from(v).map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+        }
+    }
+    deserializer.deserialize_u64(Seq)
+}
+
+/// One entry of `workingDirectories`, as the OpenAPI document describes
+/// it: an absolute path or an absolute local `file:` URI (`file:///...`,
+/// `file://localhost/...` or `file:/...`). Only a schema; the field is a
+/// `String`.
+#[derive(Debug, ToSchema)]
+#[schema(pattern = "^(/|file:(//(localhost)?)?/)")]
+pub struct WorkingDirectoryInput(pub String);
 
 /// The accepted envelope of a dispatch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

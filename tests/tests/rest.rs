@@ -318,7 +318,7 @@ async fn dispatch_over_rest_is_validated_and_idempotent(db: TestDb) {
     let (status, _) = api
         .post("/v1/sessions/d/actions", json!({"clientId": "x", "clientSeq": 4, "channel": "ahp-chat:/elsewhere", "action": title("x")}))
         .await;
-    assert_eq!(status, 404);
+    assert_eq!(status, 422, "a chat that is not this session's");
     let (status, _) = api
         .post("/v1/sessions/missing/actions", act(5, title("x")))
         .await;

@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use tether_protocol::context::{
     LoadedWorkingContext, MAX_CONTEXT_BYTES, SavedWorkingContext, WorkingContext,
@@ -16,7 +16,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::ApiError;
-use super::extract::ApiPath;
+use super::extract::{ApiPath, decode_object, require_json_content_type};
 use crate::AppState;
 use crate::engine::rfc3339;
 
@@ -32,8 +32,10 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[into_params(parameter_in = Path)]
 pub struct ContextPath {
     /// Project name.
+    #[param(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     project: String,
     /// Session name.
+    #[param(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     session: String,
 }
 
@@ -42,6 +44,7 @@ pub struct ContextPath {
 #[into_params(parameter_in = Path)]
 pub struct ProjectPath {
     /// Project name.
+    #[param(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     project: String,
 }
 
@@ -103,28 +106,27 @@ pub async fn load(
     request_body = WorkingContext,
     responses(
         (status = 200, description = "Saved.", body = SavedWorkingContext),
-        (status = 400, description = "Malformed JSON.", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed JSON or path.", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Over 1 MiB.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Empty context or invalid name.", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not application/json.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Empty context, a body that is not a working context, or an invalid name.", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn save(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<ContextPath>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<SavedWorkingContext>, ApiError> {
     validate_name("project", &path.project)?;
     validate_name("session", &path.session)?;
+    // The raw body, not `ApiJson`, so the size rule is checked before
+    // parsing; the JSON rules are the extractor's own.
+    require_json_content_type(&headers)?;
     if body.len() > MAX_CONTEXT_BYTES {
         return Err(too_large(body.len()));
     }
-    let context: WorkingContext = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "malformed_json",
-            format!("The body is not a working context: {e}."),
-        )
-    })?;
+    let context: WorkingContext = decode_object(&body)?;
     if context.is_empty() {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,

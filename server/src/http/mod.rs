@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request};
-use axum::http::{HeaderName, StatusCode};
+use axum::http::{HeaderName, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tower_http::limit::RequestBodyLimitLayer;
@@ -34,7 +34,11 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
     info(
         title = "Tether",
         description = "A durable, multi-user session host for coding agents. \
-                       AHP 1.0 over WebSocket at /ahp; this document covers the REST API.",
+                       AHP 1.0 over WebSocket at /ahp; this document covers the REST API. \
+                       Every request body is a JSON object; every error is an RFC 9457 \
+                       problem document (application/problem+json). Sessions are never \
+                       erased: DELETE /v1/sessions/{id} settles a session (closed or ended) \
+                       and it stays readable, transcript and all.",
         license(name = "MIT OR Apache-2.0", identifier = "MIT OR Apache-2.0"),
     ),
     tags(
@@ -59,7 +63,29 @@ pub fn openapi() -> OpenApiDoc {
     let (_, mut doc) = documented().split_for_parts();
     // The version follows the crate so the committed file changes with releases.
     doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    require_non_empty_working_context(&mut doc);
     doc
+}
+
+/// Adds to the derived `WorkingContext` schema the rule the save handler
+/// enforces and no field attribute can state: at least a goal or one entry
+/// (`allOf` the derived schema and [`non_empty_schema`]'s `anyOf`).
+///
+/// [`non_empty_schema`]: tether_protocol::context::non_empty_schema
+fn require_non_empty_working_context(doc: &mut OpenApiDoc) {
+    use utoipa::openapi::schema::{AllOfBuilder, Schema};
+    let Some(components) = doc.components.as_mut() else {
+        return;
+    };
+    let Some(derived) = components.schemas.remove("WorkingContext") else {
+        return;
+    };
+    let rule = tether_protocol::context::non_empty_schema();
+    let mut both = AllOfBuilder::new().item(derived).item(rule).build();
+    both.description = Some("What an agent was doing; at least a goal or one entry.".to_owned());
+    components
+        .schemas
+        .insert("WorkingContext".to_owned(), Schema::AllOf(both).into());
 }
 
 /// The OpenAPI document as the pretty JSON committed in `openapi/openapi.json`.
@@ -89,6 +115,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .with_state(state)
         .layer(RequestBodyLimitLayer::new(max_body))
+        // Outside the body limit, so its 413 is reached too.
+        .layer(axum::middleware::map_response(
+            problem_for_bare_client_errors,
+        ))
         .layer(
             TraceLayer::new_for_http().make_span_with(|request: &Request| {
                 let route = request
@@ -108,6 +138,50 @@ pub fn router(state: AppState) -> Router {
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
 }
 
+/// The largest bare error body read to become a problem's detail: these
+/// bodies are short sentences from axum or a tower layer.
+const BARE_DETAIL_BYTES: usize = 1024;
+
+/// Answers every 4xx that is not already a problem document as one, keeping
+/// its status and headers (`Allow` on a 405). Such answers come from below
+/// the handlers: axum's 405 for a method a route lacks (empty body),
+/// tower-http's 413 for a declared `Content-Length` over the limit (plain
+/// text), a refused WebSocket upgrade. Every error is problem+json, these
+/// included.
+async fn problem_for_bare_client_errors(method: Method, response: Response) -> Response {
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with(error::PROBLEM_JSON));
+    if !status.is_client_error() || is_problem {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, BARE_DETAIL_BYTES)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let (code, detail) = match status {
+        StatusCode::METHOD_NOT_ALLOWED => (
+            "method_not_allowed",
+            format!("{method} is not allowed here; the Allow header lists what is."),
+        ),
+        StatusCode::PAYLOAD_TOO_LARGE => (
+            "payload_too_large",
+            "The request body is larger than this server accepts (--max-body-bytes).".to_owned(),
+        ),
+        _ if text.is_empty() => ("bad_request", "The request was refused.".to_owned()),
+        _ => ("bad_request", format!("{text}.")),
+    };
+    let problem = error::problem(status, code, Some(detail));
+    let (problem_parts, problem_body) = problem.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.extend(problem_parts.headers);
+    Response::from_parts(parts, problem_body)
+}
+
 async fn not_found(request: Request) -> Response {
     error::problem(
         StatusCode::NOT_FOUND,
@@ -119,4 +193,52 @@ async fn not_found(request: Request) -> Response {
         )),
     )
     .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+    use tether_protocol::ids::{MAX_NAME_LEN, NAME_PATTERN};
+
+    /// Calls `visit` on every object in `value`.
+    fn objects<'a>(value: &'a Value, visit: &mut impl FnMut(&'a serde_json::Map<String, Value>)) {
+        match value {
+            Value::Object(map) => {
+                visit(map);
+                map.values().for_each(|v| objects(v, visit));
+            }
+            Value::Array(items) => items.iter().for_each(|v| objects(v, visit)),
+            _ => {}
+        }
+    }
+
+    /// utoipa's attributes take only literals, so the document repeats the
+    /// name rule and the 2^63−1 bound; this keeps each copy equal to the
+    /// code's.
+    #[test]
+    fn the_documented_bounds_are_the_enforced_ones() {
+        let doc = serde_json::to_value(super::openapi()).unwrap();
+        let channel = format!("^ahp-(session|chat):/{}", &NAME_PATTERN[1..]);
+        let (mut names, mut maxima) = (0, 0);
+        objects(&doc, &mut |schema| {
+            if let Some(pattern) = schema.get("pattern").and_then(Value::as_str)
+                && pattern.contains("A-Za-z0-9._:-")
+            {
+                assert!(pattern == NAME_PATTERN || pattern == channel, "{pattern}");
+                if pattern == NAME_PATTERN {
+                    names += 1;
+                    assert_eq!(schema["minLength"], 1, "{schema:?}");
+                    assert_eq!(schema["maxLength"], MAX_NAME_LEN, "{schema:?}");
+                }
+            }
+            if let Some(max) = schema.get("maximum").and_then(Value::as_u64)
+                && max > u64::from(u32::MAX)
+            {
+                maxima += 1;
+                assert_eq!(max, tether_protocol::rest::MAX_CLIENT_SEQ, "{schema:?}");
+            }
+        });
+        assert!(names >= 7, "ids, projects and session names are documented");
+        assert_eq!(maxima, 2, "clientSeq and after");
+    }
 }

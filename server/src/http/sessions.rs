@@ -21,7 +21,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::ApiError;
-use super::extract::{ApiJson, ApiPath, ApiQuery};
+use super::extract::{ApiJson, ApiPath, ApiQuery, bounded_integer};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::engine::fanout::envelope_json;
@@ -32,6 +32,9 @@ use crate::store::{Origin, SessionFilter, SessionRow};
 const MAX_PAGE: u32 = 1_000;
 /// Page size when the caller names none.
 const DEFAULT_PAGE: u32 = 50;
+/// Longest REST `clientId`, in characters: an idempotency key, not a
+/// document; the bound keeps the origin index small.
+const MAX_CLIENT_ID_CHARS: usize = 256;
 
 /// The routes of this module.
 pub fn router() -> OpenApiRouter<AppState> {
@@ -71,27 +74,35 @@ async fn visible(state: &AppState, id: &str) -> Result<SessionView, ApiError> {
         .ok_or_else(|| ApiError::not_found(format!("Session {id} does not exist.")))
 }
 
-fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
-    match limit {
-        None => Ok(DEFAULT_PAGE),
-        Some(n) if (1..=MAX_PAGE).contains(&n) => Ok(n),
-        Some(n) => Err(ApiError::invalid(format!(
-            "limit must be between 1 and {MAX_PAGE}; got {n}."
-        ))),
-    }
+/// The page size a caller asked for (`limit`), 1 to [`MAX_PAGE`].
+fn page_limit(limit: Option<&str>) -> Result<u32, ApiError> {
+    let limit = bounded_integer("limit", limit, 1, u64::from(MAX_PAGE))?;
+    // In range, so it fits.
+    Ok(limit.map_or(DEFAULT_PAGE, |n| n as u32))
 }
 
+/// The longest cursor: 19 digits always fit a `u64`.
+const MAX_CURSOR_LEN: usize = 19;
+
 /// Query of `GET /v1/sessions`.
+///
+/// Integers are read as text and checked by [`bounded_integer`], so a bad
+/// one is a 422 naming its range; the `param` attributes state the same
+/// bounds in the OpenAPI document.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Only this project's sessions.
+    #[param(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     project: Option<String>,
-    /// Only sessions in this state: live, dormant, closed or ended.
+    /// Only sessions in this state.
+    #[param(value_type = Option<tether_protocol::projection::SessionLifeState>)]
     state: Option<String>,
     /// Page size, 1 to 1000 (default 50).
-    limit: Option<u32>,
-    /// The `nextCursor` of the previous page.
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    limit: Option<String>,
+    /// The `nextCursor` of the previous page (decimal digits).
+    #[param(min_length = 1, max_length = 19, pattern = "^[0-9]{1,19}$")]
     cursor: Option<String>,
 }
 
@@ -123,9 +134,19 @@ pub async fn list_sessions(
     }
     let before = match &query.cursor {
         None => None,
-        Some(c) => Some(c.parse::<u64>().map_err(|_| {
-            ApiError::invalid("cursor is not one this server issued; pass nextCursor back as is.")
-        })?),
+        Some(c) => Some(
+            c.parse::<u64>()
+                .ok()
+                .filter(|_| {
+                    (1..=MAX_CURSOR_LEN).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_digit())
+                })
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "cursor is not one this server issued (1 to 19 digits); \
+                         pass nextCursor back as is.",
+                    )
+                })?,
+        ),
     };
     let filter = SessionFilter {
         project: query.project.clone(),
@@ -133,7 +154,7 @@ pub async fn list_sessions(
     };
     let page = state
         .store
-        .sessions(&filter, before, page_limit(query.limit)?)
+        .sessions(&filter, before, page_limit(query.limit.as_deref())?)
         .await?;
     let items = page
         .items
@@ -201,6 +222,7 @@ pub async fn create_session(
 #[into_params(parameter_in = Path)]
 pub struct SessionPath {
     /// Session id.
+    #[param(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     id: String,
 }
 
@@ -225,7 +247,9 @@ pub async fn get_session(
 }
 
 /// Puts a session away: settles it `closed` when it can be resumed, else
-/// `ended`. The transcript is kept.
+/// `ended`. Nothing is erased: the session stays readable (`GET` answers it
+/// in its settled state, its transcript is kept), it stays in listings, and
+/// deleting an `ended` session again answers 409.
 #[utoipa::path(
     delete,
     path = "/v1/sessions/{id}",
@@ -249,14 +273,16 @@ pub async fn delete_session(
     ))
 }
 
-/// Query of the transcript endpoint.
+/// Query of the transcript endpoint (integers as text: see [`ListQuery`]).
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct TranscriptQuery {
-    /// Only envelopes with a greater `serverSeq` (default 0).
-    after: Option<u64>,
+    /// Only envelopes with a greater `serverSeq`, 0 to 2^63−1 (default 0).
+    #[param(value_type = Option<u64>, minimum = 0, maximum = 9223372036854775807_i64)]
+    after: Option<String>,
     /// Page size, 1 to 1000 (default 50).
-    limit: Option<u32>,
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    limit: Option<String>,
 }
 
 /// A page of a session's transcript (the session and its chats), oldest first.
@@ -277,11 +303,13 @@ pub async fn transcript(
     ApiPath(path): ApiPath<SessionPath>,
     ApiQuery(query): ApiQuery<TranscriptQuery>,
 ) -> Result<Json<TranscriptPage>, ApiError> {
+    let limit = page_limit(query.limit.as_deref())?;
+    // serverSeq is a signed 64-bit integer in both stores.
+    let after = bounded_integer("after", query.after.as_deref(), 0, i64::MAX as u64)?;
     visible(&state, &path.id).await?;
-    let limit = page_limit(query.limit)?;
     let envelopes = state
         .store
-        .transcript(&path.id, query.after.unwrap_or(0), limit)
+        .transcript(&path.id, after.unwrap_or(0), limit)
         .await?;
     let next_after = (envelopes.len() == limit as usize)
         .then(|| envelopes.last().map(|e| e.seq))
@@ -307,7 +335,7 @@ pub async fn transcript(
         (status = 200, description = "Accepted and committed.", body = DispatchResponse),
         (status = 404, description = "No such session.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Refused: the session's state does not allow it.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Refused: the action is invalid.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Refused: the action is invalid, or the channel is not this session or one of its chats.", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Storage or a side-effect backend is unavailable.", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -317,8 +345,11 @@ pub async fn dispatch(
     ApiJson(request): ApiJson<DispatchRequest>,
 ) -> Result<Json<DispatchResponse>, ApiError> {
     let view = visible(&state, &path.id).await?;
-    if request.client_id.is_empty() || request.client_id.len() > 256 {
-        return Err(ApiError::invalid("clientId must be 1 to 256 characters."));
+    // Characters, as the OpenAPI document's maxLength counts them.
+    if !(1..=MAX_CLIENT_ID_CHARS).contains(&request.client_id.chars().count()) {
+        return Err(ApiError::invalid(format!(
+            "clientId must be 1 to {MAX_CLIENT_ID_CHARS} characters."
+        )));
     }
     if !request.action.is_object() {
         return Err(ApiError::invalid("action must be an AHP action object."));
@@ -327,12 +358,14 @@ pub async fn dispatch(
         .channel
         .clone()
         .unwrap_or_else(|| view.resource.clone());
-    // A chat of another session is not this session's.
+    // A chat of another session (or of none) is not this session's. A 422
+    // like a foreign session channel, not a 404: the session in the path
+    // exists; it is the body that names something else.
     match Channel::parse(&channel) {
         Ok(Channel::Session(id)) if id == path.id => {}
         Ok(parsed @ Channel::Chat(_)) => {
             if state.engine.session_of(&parsed).await?.as_deref() != Some(path.id.as_str()) {
-                return Err(ApiError::not_found(format!(
+                return Err(ApiError::invalid(format!(
                     "Chat {channel} is not a chat of session {}.",
                     path.id
                 )));
@@ -381,6 +414,37 @@ fn rejection(refusal: Refusal) -> ApiError {
     }
 }
 
+/// How the OpenAPI document describes the body of `resume`: the fields of
+/// ACP's `ResumeSessionRequest` this host reads, with the rules it applies.
+/// The handler decodes the ACP type itself; this type is only a schema.
+#[derive(Debug, utoipa::ToSchema)]
+#[schema(as = ResumeSessionRequest, rename_all = "camelCase")]
+#[allow(dead_code)] // A schema only: never built, never read.
+pub struct ResumeSessionBody {
+    /// The session's id: must equal the id in the path.
+    #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:-]{1,128}$")]
+    session_id: String,
+    /// The session's primary working directory, as an absolute path.
+    #[schema(pattern = "^/")]
+    cwd: String,
+    /// The complete new list of the session's other directories, absolute
+    /// paths (absent or null: none).
+    #[schema(value_type = Option<Vec<AbsolutePath>>)]
+    additional_directories: Option<Vec<String>>,
+    /// ACP `McpServer` objects; this host does not connect them.
+    #[schema(value_type = Option<Vec<Object>>)]
+    mcp_servers: Option<Vec<Value>>,
+    /// ACP `_meta`.
+    #[schema(rename = "_meta", value_type = Option<Object>)]
+    meta: Option<Value>,
+}
+
+/// An absolute path, as the OpenAPI document describes one.
+#[derive(Debug, utoipa::ToSchema)]
+#[schema(pattern = "^/")]
+#[allow(dead_code)] // A schema only.
+pub struct AbsolutePath(String);
+
 /// Resumes the session's agent with ACP `session/resume` semantics: `cwd`
 /// must be the session's primary directory; `additionalDirectories` is the
 /// complete new list of its other directories. No history is replayed.
@@ -389,7 +453,7 @@ fn rejection(refusal: Refusal) -> ApiError {
     path = "/v1/sessions/{id}/resume",
     tag = "sessions",
     params(SessionPath),
-    request_body(content = Object, description = "An ACP ResumeSessionRequest: sessionId, cwd, additionalDirectories?, mcpServers, _meta?.",
+    request_body(content = ResumeSessionBody, description = "An ACP ResumeSessionRequest.",
         example = json!({"sessionId": "s-1", "cwd": "/home/me/web", "additionalDirectories": ["/home/me/lib"], "mcpServers": []})),
     responses(
         (status = 400, description = "Malformed JSON or path.", body = Problem, content_type = "application/problem+json"),
