@@ -240,11 +240,6 @@ fn workdirs(c: &mut Criterion) {
 }
 
 criterion_group!(
-    benches,
-    envelopes,
-    reducers,
-    projection,
-    snapshots,
-    workdirs
+    benches, envelopes, reducers, projection, snapshots, workdirs
 );
 criterion_main!(benches);
