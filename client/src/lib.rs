@@ -12,6 +12,7 @@
 
 pub mod identity;
 pub mod stream;
+pub mod token;
 
 pub use identity::ClientIdentity;
 pub use stream::{Dispatched, SessionStream, Start, StreamConfig, StreamEvent};
@@ -83,6 +84,9 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// The token provider has no token.
+    #[error("no token: {0}")]
+    Token(String),
     /// The server answered with something that is not the expected JSON.
     #[error("unexpected response ({status}): {reason}")]
     Decode {
@@ -98,6 +102,7 @@ pub enum Error {
 pub struct Client {
     base: reqwest::Url,
     http: reqwest::Client,
+    tokens: Option<token::Tokens>,
 }
 
 impl Client {
@@ -116,7 +121,20 @@ impl Client {
         Ok(Self {
             base,
             http: reqwest::Client::new(),
+            tokens: None,
         })
+    }
+
+    /// The same client, sending `token` as its bearer token.
+    pub fn with_token(self, token: impl Into<String>) -> Self {
+        self.with_tokens(std::sync::Arc::new(token::StaticToken::new(token)))
+    }
+
+    /// The same client, asking `tokens` for a bearer token before each
+    /// request.
+    pub fn with_tokens(mut self, tokens: token::Tokens) -> Self {
+        self.tokens = Some(tokens);
+        self
     }
 
     /// `GET /healthz`.
@@ -253,6 +271,10 @@ impl Client {
             reason: e.to_string(),
         })?;
         let mut request = self.http.request(method, url).query(query);
+        if let Some(tokens) = &self.tokens {
+            let token = tokens.token().map_err(Error::Token)?;
+            request = request.bearer_auth(token.value);
+        }
         if let Some(body) = body {
             request = request.json(body);
         }

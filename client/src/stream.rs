@@ -74,6 +74,8 @@ pub struct StreamConfig {
     /// stream's task. The task drains it at once; it only fills when the
     /// process is starved of CPU.
     pub buffer: usize,
+    /// Where bearer tokens come from, for a server with authentication on.
+    pub tokens: Option<crate::token::Tokens>,
 }
 
 impl StreamConfig {
@@ -89,7 +91,14 @@ impl StreamConfig {
             keepalive: Duration::from_secs(15),
             request_timeout: Duration::from_secs(30),
             buffer: 8192,
+            tokens: None,
         }
+    }
+
+    /// The same configuration, authenticating with `tokens`.
+    pub fn with_tokens(mut self, tokens: crate::token::Tokens) -> Self {
+        self.tokens = Some(tokens);
+        self
     }
 
     /// The same configuration with `identity`.
@@ -292,12 +301,17 @@ type PingFuture =
 struct Connection {
     client: AhpClient,
     events: ahp::client::ClientEventStream,
+    /// When to move to a fresh token, before the server closes the
+    /// connection for an expired one.
+    refresh_at: Option<tokio::time::Instant>,
 }
 
 /// Why a connection stopped being used.
 enum Lost {
     /// The connection failed; reconnect.
     Connection(String),
+    /// Its token is about to expire: reconnect at once with a fresh one.
+    Refresh,
     /// The [`SessionStream`] was dropped; stop.
     Dropped,
 }
@@ -328,10 +342,11 @@ impl Driver {
                     connection.client.shutdown().await;
                     return;
                 }
-                Lost::Connection(reason) => reason,
+                Lost::Connection(reason) => (reason, false),
+                Lost::Refresh => ("refreshing the token".to_owned(), true),
             };
             connection.client.shutdown().await;
-            connection = match self.reconnect(reason).await {
+            connection = match self.reconnect(reason.0, reason.1).await {
                 Some(connection) => connection,
                 None => return,
             };
@@ -383,12 +398,19 @@ impl Driver {
                     }));
                 }
                 () = self.events.closed() => return Lost::Dropped,
+                () = async {
+                    match connection.refresh_at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => return Lost::Refresh,
             }
         }
     }
 
     /// Reconnects until it succeeds (and resumes), or gives up.
-    async fn reconnect(&mut self, mut reason: String) -> Option<Connection> {
+    /// `planned`: a token refresh, so the first attempt waits for nothing.
+    async fn reconnect(&mut self, mut reason: String, planned: bool) -> Option<Connection> {
         let mut attempt: u32 = 0;
         loop {
             if self.config.max_attempts.is_some_and(|max| attempt >= max) {
@@ -399,7 +421,11 @@ impl Driver {
                 let _ = self.events.send(StreamEvent::Failed { reason: error });
                 return None;
             }
-            let retry_in = backoff(&self.config, attempt);
+            let retry_in = if planned && attempt == 0 {
+                Duration::ZERO
+            } else {
+                backoff(&self.config, attempt)
+            };
             if self
                 .events
                 .send(StreamEvent::Disconnected {
@@ -449,12 +475,35 @@ impl Driver {
 
     /// A new, initialized connection.
     async fn connect(&self) -> Result<Connection, Error> {
-        let transport = ahp_ws::WebSocketTransport::connect(&self.url)
-            .await
-            .map_err(|e| Error::Connect {
-                url: self.url.clone(),
-                reason: e.to_string(),
-            })?;
+        let connect_error = |reason: String| Error::Connect {
+            url: self.url.clone(),
+            reason,
+        };
+        let mut refresh_at = None;
+        let transport = match &self.config.tokens {
+            None => ahp_ws::WebSocketTransport::connect(&self.url)
+                .await
+                .map_err(|e| connect_error(e.to_string()))?,
+            Some(tokens) => {
+                use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+                let token = tokens.token().map_err(Error::Token)?;
+                refresh_at = crate::token::refresh_after(&token)
+                    .map(|after| tokio::time::Instant::now() + after);
+                let mut request = self
+                    .url
+                    .as_str()
+                    .into_client_request()
+                    .map_err(|e| connect_error(e.to_string()))?;
+                let header = format!("Bearer {}", token.value)
+                    .parse()
+                    .map_err(|_| connect_error("the token is not a valid header value".into()))?;
+                request.headers_mut().insert("authorization", header);
+                let (stream, _) = tokio_tungstenite::connect_async(request)
+                    .await
+                    .map_err(|e| connect_error(e.to_string()))?;
+                ahp_ws::WebSocketTransport::from_stream(stream)
+            }
+        };
         let client = AhpClient::connect(
             transport,
             ClientConfig {
@@ -481,7 +530,11 @@ impl Driver {
             )
             .await
             .map_err(rpc_error)?;
-        Ok(Connection { client, events })
+        Ok(Connection {
+            client,
+            events,
+            refresh_at,
+        })
     }
 
     /// Resumes every channel on a fresh connection from what the consumer

@@ -29,6 +29,9 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Print the OpenAPI document the server serves at /openapi.json.
     Openapi,
+    /// Mint a bearer token from the server's auth secret and print it (and
+    /// only it) on stdout.
+    Token(TokenArgs),
     /// Re-fold every session's transcript and rewrite the read-model rows
     /// that differ. Run it with the server stopped.
     RebuildProjections(DatabaseArgs),
@@ -80,6 +83,64 @@ impl DatabaseArgs {
     }
 }
 
+/// Flags of `tether token`.
+#[derive(Clone, Args)]
+pub struct TokenArgs {
+    /// Who the token is for (its `sub`).
+    #[arg(long)]
+    pub sub: String,
+    /// Its role: viewer, operator, agent or admin.
+    #[arg(long)]
+    pub role: crate::auth::Role,
+    /// A project it may see (repeat for more); `*` for every project.
+    #[arg(long = "project", required = true)]
+    pub projects: Vec<String>,
+    /// How long it is valid: 90s, 30m, 24h, 7d.
+    #[arg(long, default_value = "24h", value_parser = crate::auth::token::parse_ttl)]
+    pub ttl: Duration,
+    /// The secret, as `tether serve` takes it.
+    #[arg(long, env = "TETHER_AUTH_SECRET", hide_env_values = true)]
+    pub auth_secret: Option<String>,
+    /// A file holding the secret, as `tether serve` takes it.
+    #[arg(long, env = "TETHER_AUTH_SECRET_FILE", conflicts_with = "auth_secret")]
+    pub auth_secret_file: Option<PathBuf>,
+}
+
+impl fmt::Debug for TokenArgs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TokenArgs")
+            .field("sub", &self.sub)
+            .field("role", &self.role)
+            .field("projects", &self.projects)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads a secret from a flag's value or a file (a trailing newline is
+/// ignored); `None` when neither is given.
+pub fn read_secret(
+    value: Option<&String>,
+    file: Option<&PathBuf>,
+) -> Result<Option<Vec<u8>>, ConfigError> {
+    if let Some(secret) = value {
+        return Ok(Some(secret.as_bytes().to_vec()));
+    }
+    let Some(path) = file else {
+        return Ok(None);
+    };
+    let mut bytes = std::fs::read(path).map_err(|e| {
+        ConfigError::AuthSecret(format!(
+            "cannot read the auth secret file {}: {e}",
+            path.display()
+        ))
+    })?;
+    while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        bytes.pop();
+    }
+    Ok(Some(bytes))
+}
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -99,8 +160,43 @@ pub struct ServeArgs {
 
     /// Allow listening on a non-loopback address without authentication.
     /// Anyone who can reach the port can then read and drive every session.
+    /// Not needed with an auth secret.
     #[arg(long, env = "TETHER_INSECURE_ALLOW_REMOTE", default_value_t = false)]
     pub insecure_allow_remote: bool,
+
+    /// The secret HS256 tokens are signed with (at least 32 bytes); setting
+    /// it turns authentication on. Prefer --auth-secret-file.
+    #[arg(long, env = "TETHER_AUTH_SECRET", hide_env_values = true)]
+    pub auth_secret: Option<String>,
+
+    /// A file holding the auth secret (a trailing newline is ignored), so
+    /// the secret need not sit in the environment.
+    #[arg(long, env = "TETHER_AUTH_SECRET_FILE", conflicts_with = "auth_secret")]
+    pub auth_secret_file: Option<PathBuf>,
+
+    /// A separate bearer token for `/metrics` (for a scraper), besides
+    /// admin tokens.
+    #[arg(long, env = "TETHER_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
+
+    /// Simultaneous WebSocket connections one principal (token `sub`) may
+    /// hold; more get 429. With authentication only.
+    #[arg(
+        long,
+        env = "TETHER_MAX_CONNECTIONS_PER_PRINCIPAL",
+        default_value_t = 64
+    )]
+    pub max_connections_per_principal: usize,
+
+    /// Dispatches per second one principal may sustain (a token bucket);
+    /// more get 429 / a refusal saying when to retry. With authentication
+    /// only.
+    #[arg(long, env = "TETHER_DISPATCH_RATE", default_value_t = 1000.0)]
+    pub dispatch_rate: f64,
+
+    /// Dispatches one principal may send at once above the rate.
+    #[arg(long, env = "TETHER_DISPATCH_BURST", default_value_t = 5000.0)]
+    pub dispatch_burst: f64,
 
     /// Where the data lives.
     #[command(flatten)]
@@ -204,6 +300,9 @@ impl fmt::Debug for ServeArgs {
         f.debug_struct("ServeArgs")
             .field("bind", &self.bind)
             .field("insecure_allow_remote", &self.insecure_allow_remote)
+            .field("auth_secret", &self.auth_secret.as_ref().map(|_| "***"))
+            .field("auth_secret_file", &self.auth_secret_file)
+            .field("metrics_token", &self.metrics_token.as_ref().map(|_| "***"))
             .field("database", &self.database)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("shutdown_grace_secs", &self.shutdown_grace_secs)
@@ -227,6 +326,9 @@ pub enum ConfigError {
          configured; pass --insecure-allow-remote (TETHER_INSECURE_ALLOW_REMOTE=true) to allow it"
     )]
     RemoteBindRefused(SocketAddr),
+    /// The auth secret cannot be used.
+    #[error("{0}")]
+    AuthSecret(String),
 }
 
 /// The side-effect backend a server runs.
@@ -261,6 +363,8 @@ pub struct ServeConfig {
     pub agents: Vec<AgentSpec>,
     /// The side-effect backend.
     pub effects: EffectsConfig,
+    /// Authentication (off by default) and per-principal limits.
+    pub auth: crate::auth::credentials::Auth,
 }
 
 impl Default for ServeConfig {
@@ -274,6 +378,7 @@ impl Default for ServeConfig {
             effects: EffectsConfig::Local {
                 allowed_roots: Vec::new(),
             },
+            auth: crate::auth::credentials::Auth::default(),
         }
     }
 }
@@ -281,7 +386,8 @@ impl Default for ServeConfig {
 impl ServeArgs {
     /// Checks the bind rule: loopback, or an explicit opt-in.
     pub fn check_bind(&self) -> Result<(), ConfigError> {
-        if self.bind.ip().is_loopback() || self.insecure_allow_remote {
+        let authenticated = self.auth_secret.is_some() || self.auth_secret_file.is_some();
+        if self.bind.ip().is_loopback() || self.insecure_allow_remote || authenticated {
             Ok(())
         } else {
             Err(ConfigError::RemoteBindRefused(self.bind))
@@ -324,7 +430,32 @@ impl ServeArgs {
             },
             agents: Vec::new(),
             effects,
+            auth: self.auth()?,
         })
+    }
+
+    /// The secret, from the flag or the file; `None`: authentication off.
+    pub fn auth_secret(&self) -> Result<Option<Vec<u8>>, ConfigError> {
+        read_secret(self.auth_secret.as_ref(), self.auth_secret_file.as_ref())
+    }
+
+    fn auth(&self) -> Result<crate::auth::credentials::Auth, ConfigError> {
+        use crate::auth::limits::{LimitsConfig, PrincipalLimits};
+        let Some(secret) = self.auth_secret()? else {
+            return Ok(crate::auth::credentials::Auth::default());
+        };
+        let tokens = crate::auth::token::Authenticator::new(&secret)
+            .map_err(|e| ConfigError::AuthSecret(e.to_string()))?;
+        let limits = PrincipalLimits::new(Some(LimitsConfig {
+            connections: self.max_connections_per_principal.max(1),
+            dispatch_rate: self.dispatch_rate.max(0.001),
+            dispatch_burst: self.dispatch_burst.max(1.0),
+        }));
+        Ok(crate::auth::credentials::Auth::new(
+            Some(tokens),
+            self.metrics_token.clone(),
+            limits,
+        ))
     }
 }
 

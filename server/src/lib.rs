@@ -51,6 +51,8 @@ pub struct AppState {
     pub tasks: TaskTracker,
     /// When the server started.
     pub started: Instant,
+    /// Authentication and per-principal limits.
+    pub auth: auth::credentials::Auth,
 }
 
 impl AppState {
@@ -76,6 +78,7 @@ impl AppState {
             engine,
             ws: config.ws.clone(),
             connections: Arc::new(Semaphore::new(config.ws.max_connections.max(1))),
+            auth: config.auth.clone(),
             config: Arc::new(config),
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),

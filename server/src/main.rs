@@ -15,6 +15,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Serve(args) => runtime.block_on(run_serve(*args)),
+        Command::Token(args) => tether_server::cli::token(&args),
         Command::Openapi => {
             print!("{}", tether_server::http::openapi_json());
             ExitCode::SUCCESS
@@ -54,7 +55,13 @@ async fn run_serve(args: ServeArgs) -> ExitCode {
     if let Err(err) = args.check_bind() {
         return fail(err.to_string());
     }
-    if !args.bind.ip().is_loopback() {
+    // The configuration (the auth secret among it) is checked before the
+    // store is opened: a weak secret is refused at once.
+    let config = match args.serve_config() {
+        Ok(config) => config,
+        Err(err) => return fail(err.to_string()),
+    };
+    if !args.bind.ip().is_loopback() && !config.auth.enabled() {
         tracing::warn!(
             bind = %args.bind,
             "listening on a non-loopback address without authentication: anyone who can reach \
@@ -80,12 +87,9 @@ async fn run_serve(args: ServeArgs) -> ExitCode {
         %addr,
         backend = store.backend().as_str(),
         database = %store::redact_url(&args.database.database_url),
+        authentication = config.auth.enabled(),
         "tether is serving"
     );
-    let config = match args.serve_config() {
-        Ok(config) => config,
-        Err(err) => return fail(err.to_string()),
-    };
     let state = match AppState::new(store.clone(), config).await {
         Ok(state) => state,
         Err(err) => {

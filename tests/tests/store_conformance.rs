@@ -461,22 +461,37 @@ async fn session_pages_list_every_session_once_newest_first(db: TestDb) {
 
     let alpha = page_all(SessionFilter {
         project: Some("alpha".into()),
-        state: None,
+        ..SessionFilter::default()
     })
     .await;
     assert_eq!(alpha.len(), SESSIONS.div_ceil(3));
     assert!(alpha.iter().all(|r| r.record.project == "alpha"));
     let ended = page_all(SessionFilter {
-        project: None,
         state: Some("ended".into()),
+        ..SessionFilter::default()
     })
     .await;
     assert_eq!(ended.len(), SESSIONS.div_ceil(4));
     let both = page_all(SessionFilter {
         project: Some("alpha".into()),
         state: Some("ended".into()),
+        ..SessionFilter::default()
     })
     .await;
+    // A principal's scope: only its projects, paged like any filter.
+    let scoped = page_all(SessionFilter {
+        projects: Some(vec!["alpha".into(), "nowhere".into()]),
+        ..SessionFilter::default()
+    })
+    .await;
+    assert_eq!(scoped.len(), alpha.len());
+    assert!(scoped.iter().all(|r| r.record.project == "alpha"));
+    let none = page_all(SessionFilter {
+        projects: Some(Vec::new()),
+        ..SessionFilter::default()
+    })
+    .await;
+    assert!(none.is_empty(), "an empty scope sees nothing");
     assert_eq!(
         both.len(),
         (0..SESSIONS).filter(|i| i % 3 == 0 && i % 4 == 0).count()

@@ -255,6 +255,7 @@ impl SessionActor {
         }
         self.ctx.hub.notify(
             tether_protocol::channel::ROOT,
+            &model.created.project,
             super::notification(
                 "root/sessionSummaryChanged",
                 serde_json::json!({
@@ -1080,7 +1081,11 @@ async fn check_dispatch(
         ));
     }
     let kind = if d.origin.is_some() {
-        let kind = check_dispatchable(&channel, &d.action)?.to_owned();
+        let host_actions = d
+            .principal
+            .as_ref()
+            .is_some_and(Principal::can_dispatch_host_actions);
+        let kind = check_dispatchable(&channel, &d.action, host_actions)?.to_owned();
         if matches!(model.projection.settled.as_ref(), Some(s) if s.state == tether_protocol::projection::SessionLifeState::Ended)
         {
             return Err(Refusal::new(

@@ -44,6 +44,8 @@ pub enum HubItem {
         channel: Arc<str>,
         /// The whole JSON-RPC notification.
         frame: Utf8Bytes,
+        /// The project it tells of: only principals who may see it get it.
+        project: Arc<str>,
     },
 }
 
@@ -127,15 +129,17 @@ impl Hub {
     }
 
     /// Publishes a notification to a channel's subscribers.
-    pub fn notify(&self, channel: &str, frame: String) {
+    pub fn notify(&self, channel: &str, project: &str, frame: String) {
         let routes = self.routes();
         if let Some(inboxes) = routes.by_channel.get(channel) {
             let channel: Arc<str> = channel.into();
             let frame: Utf8Bytes = frame.into();
+            let project: Arc<str> = project.into();
             for inbox in inboxes {
                 inbox.offer(HubItem::Notice {
                     channel: channel.clone(),
                     frame: frame.clone(),
+                    project: project.clone(),
                 });
             }
         }

@@ -528,7 +528,9 @@ impl Engine {
     }
 
     async fn dispatch_root(&self, origin: Option<Origin>, action: Value) -> DispatchOutcome {
-        match rules::check_dispatchable(&Channel::Root, &action) {
+        // The root channel is the host's alone: no token dispatches its
+        // host-originated actions.
+        match rules::check_dispatchable(&Channel::Root, &action, false) {
             Ok(_) => {}
             Err(reason) => {
                 return self
@@ -719,6 +721,7 @@ impl Engine {
         self.change_active_sessions(1).await;
         self.ctx.hub.notify(
             ROOT,
+            &view.project,
             notification(
                 "root/sessionAdded",
                 json!({"channel": ROOT, "summary": summary(&view)}),
@@ -744,6 +747,7 @@ impl Engine {
         self.change_active_sessions(-1).await;
         self.ctx.hub.notify(
             ROOT,
+            &view.project,
             notification(
                 "root/sessionRemoved",
                 json!({"channel": ROOT, "session": view.resource}),
@@ -845,8 +849,8 @@ impl Engine {
         let mut swept = 0;
         for state in ["live", "ended"] {
             let filter = crate::store::SessionFilter {
-                project: None,
                 state: Some(state.to_owned()),
+                ..Default::default()
             };
             let mut before = None;
             loop {

@@ -23,9 +23,14 @@ fn scope_of(channel: &Channel) -> &'static str {
 }
 
 /// Checks that a client may dispatch `action` on `channel` at all: it has a
-/// type, belongs on this kind of channel and is client-dispatchable.
-/// Returns the action type.
-pub fn check_dispatchable<'a>(channel: &Channel, action: &'a Value) -> Result<&'a str, String> {
+/// type, belongs on this kind of channel and is client-dispatchable (or the
+/// caller may dispatch host-originated actions: `host_actions`, an agent's
+/// token). Returns the action type.
+pub fn check_dispatchable<'a>(
+    channel: &Channel,
+    action: &'a Value,
+    host_actions: bool,
+) -> Result<&'a str, String> {
     let Some(kind) = action_type(action) else {
         return Err(
             "The action has no \"type\"; send an AHP action object such as \
@@ -34,7 +39,7 @@ pub fn check_dispatchable<'a>(channel: &Channel, action: &'a Value) -> Result<&'
         );
     };
     if kind.starts_with(EXTENSION_PREFIX) {
-        if !is_client_dispatchable(kind) {
+        if !host_actions && !is_client_dispatchable(kind) {
             return Err(format!(
                 "Action {kind} is recorded by the host itself; clients cannot dispatch it."
             ));
@@ -58,7 +63,7 @@ pub fn check_dispatchable<'a>(channel: &Channel, action: &'a Value) -> Result<&'
         }
         None => return Err(format!("Unknown action type {kind:?}.")),
     }
-    if !is_client_dispatchable(kind) {
+    if !host_actions && !is_client_dispatchable(kind) {
         return Err(format!(
             "Action {kind} is host-originated: only the host or the session's agent may \
              dispatch it."

@@ -18,6 +18,7 @@ use utoipa_axum::routes;
 use super::error::ApiError;
 use super::extract::{ApiPath, decode_object, require_json_content_type};
 use crate::AppState;
+use crate::auth::Principal;
 use crate::engine::rfc3339;
 
 /// The routes of this module.
@@ -64,10 +65,12 @@ pub struct ProjectPath {
 )]
 pub async fn load(
     State(state): State<AppState>,
+    caller: Principal,
     ApiPath(path): ApiPath<ContextPath>,
 ) -> Result<Json<LoadedWorkingContext>, ApiError> {
     validate_name("project", &path.project)?;
     validate_name("session", &path.session)?;
+    visible_project(&caller, &path.project)?;
     let saved = state
         .store
         .working_context(&path.project, &path.session)
@@ -114,12 +117,21 @@ pub async fn load(
 )]
 pub async fn save(
     State(state): State<AppState>,
+    caller: Principal,
     ApiPath(path): ApiPath<ContextPath>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<SavedWorkingContext>, ApiError> {
     validate_name("project", &path.project)?;
     validate_name("session", &path.session)?;
+    visible_project(&caller, &path.project)?;
+    if !caller.can_write() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "Viewers cannot save working contexts.",
+        ));
+    }
     // The raw body, not `ApiJson`, so the size rule is checked before
     // parsing; the JSON rules are the extractor's own.
     require_json_content_type(&headers)?;
@@ -174,9 +186,11 @@ fn too_large(size: usize) -> ApiError {
 )]
 pub async fn list(
     State(state): State<AppState>,
+    caller: Principal,
     ApiPath(path): ApiPath<ProjectPath>,
 ) -> Result<Json<WorkingContextList>, ApiError> {
     validate_name("project", &path.project)?;
+    visible_project(&caller, &path.project)?;
     let sessions = state
         .store
         .working_contexts(&path.project)
@@ -188,4 +202,16 @@ pub async fn list(
         })
         .collect();
     Ok(Json(WorkingContextList { sessions }))
+}
+
+/// A project the caller may not see answers as if it had nothing saved:
+/// 404, never 403, so its existence is not revealed.
+fn visible_project(caller: &Principal, project: &str) -> Result<(), ApiError> {
+    if caller.can_see(project) {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(format!(
+            "Project {project} has no working contexts."
+        )))
+    }
 }

@@ -21,6 +21,15 @@ pub enum ApiError {
     Internal(#[source] StoreError),
     /// Any 4xx (and 503 for unavailable backends): its status, a stable code
     /// and a detail a person can act on.
+    /// 429: the caller is over a per-principal bound; `Retry-After` says
+    /// when to try again.
+    #[error("too many requests: {detail}")]
+    TooMany {
+        /// Whole seconds until a retry can pass (at least 1).
+        retry_after_secs: u64,
+        /// What was exceeded.
+        detail: String,
+    },
     #[error("{code}: {detail}")]
     Problem {
         /// HTTP status.
@@ -98,6 +107,11 @@ impl ApiError {
                 code,
                 detail,
             } => (*status, code, detail.as_str()),
+            ApiError::TooMany { detail, .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_requests",
+                detail.as_str(),
+            ),
             ApiError::StoreUnavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_unavailable",
@@ -135,6 +149,21 @@ impl IntoResponse for ApiError {
             // 5xx bodies stay generic; the cause is logged here, once.
             tracing::error!(error = %self, cause = ?std::error::Error::source(&self), code, "request failed");
         }
-        problem(status, code, Some(detail.to_owned()))
+        let mut response = problem(status, code, Some(detail.to_owned()));
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"tether\""),
+            );
+        }
+        if let ApiError::TooMany {
+            retry_after_secs, ..
+        } = &self
+        {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
+        }
+        response
     }
 }

@@ -21,10 +21,20 @@ pub fn router() -> OpenApiRouter<AppState> {
     get,
     path = "/metrics",
     tag = "operations",
-    responses((status = 200, description = "Prometheus text exposition.", body = String,
-               content_type = "text/plain"))
+    responses(
+        (status = 200, description = "Prometheus text exposition.", body = String,
+         content_type = "text/plain"),
+        (status = 401, description = "With authentication on: no valid token.", body = tether_protocol::rest::Problem,
+         content_type = "application/problem+json"),
+        (status = 403, description = "A valid token that is neither an admin's nor the metrics token.",
+         body = tether_protocol::rest::Problem, content_type = "application/problem+json"),
+    )
 )]
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+pub async fn metrics(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+) -> Result<impl IntoResponse, crate::http::error::ApiError> {
+    state.auth.authorize_metrics(&headers)?;
     let m = state.engine.metrics();
     let open = state.ws.max_connections.max(1) - state.connections.available_permits();
     let mut out = String::new();
@@ -82,5 +92,11 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         "Highest serverSeq published by this host.",
         state.engine.hub().published(),
     );
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+    line(
+        "tether_auth_failures_total",
+        "counter",
+        "Requests and connections refused for a missing or invalid token.",
+        state.auth.failures(),
+    );
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out))
 }

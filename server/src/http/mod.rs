@@ -64,7 +64,75 @@ pub fn openapi() -> OpenApiDoc {
     // The version follows the crate so the committed file changes with releases.
     doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
     require_non_empty_working_context(&mut doc);
+    document_authentication(&mut doc);
     doc
+}
+
+/// States the bearer authentication of `/v1` and `/metrics` in the
+/// document: the security scheme, a security requirement on each of their
+/// operations, and the refusals every one of them may answer (401 without a
+/// valid token, 403 for a role that may not, 429 over a per-principal
+/// rate on dispatch). The health routes and this document stay open.
+fn document_authentication(doc: &mut OpenApiDoc) {
+    use utoipa::openapi::security::{
+        HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+    };
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    let components = doc.components.get_or_insert_with(Default::default);
+    components.security_schemes.insert(
+        "bearer".to_owned(),
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .bearer_format("JWT")
+                .description(Some(
+                    "Required when the server runs with an auth secret (TETHER_AUTH_SECRET).",
+                ))
+                .build(),
+        )
+        .into(),
+    );
+    let refusal = |description: &str| {
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                error::PROBLEM_JSON,
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("Problem")))
+                    .build(),
+            )
+            .build()
+    };
+    for (path, item) in doc.paths.paths.iter_mut() {
+        if !(path.starts_with("/v1/") || path == "/metrics") {
+            continue;
+        }
+        let operations = [
+            item.get.as_mut(),
+            item.put.as_mut(),
+            item.post.as_mut(),
+            item.delete.as_mut(),
+        ];
+        for operation in operations.into_iter().flatten() {
+            operation.security = Some(vec![SecurityRequirement::new(
+                "bearer",
+                Vec::<String>::new(),
+            )]);
+            let responses = &mut operation.responses.responses;
+            responses.entry("401".to_owned()).or_insert_with(|| {
+                refusal("With authentication on: no valid bearer token.").into()
+            });
+            responses
+                .entry("403".to_owned())
+                .or_insert_with(|| refusal("The token's role may not do this.").into());
+            if path.ends_with("/actions") {
+                responses.entry("429".to_owned()).or_insert_with(|| {
+                    refusal("Over this principal's dispatch rate; Retry-After says when to retry.")
+                        .into()
+                });
+            }
+        }
+    }
 }
 
 /// Adds to the derived `WorkingContext` schema the rule the save handler

@@ -47,11 +47,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(tool_context))
 }
 
-/// The caller. Until authentication lands every caller is the loopback admin.
-fn principal() -> Principal {
-    Principal::loopback_admin()
-}
-
 /// A session's read-model row as a view, with the row's seq and time.
 fn view_of(row: &SessionRow) -> Result<SessionView, ApiError> {
     let mut view: SessionView = serde_json::from_str(&row.record.projection).map_err(|e| {
@@ -66,11 +61,11 @@ fn view_of(row: &SessionRow) -> Result<SessionView, ApiError> {
 }
 
 /// The visible read-model row of a session, or 404.
-async fn visible(state: &AppState, id: &str) -> Result<SessionView, ApiError> {
+async fn visible(state: &AppState, caller: &Principal, id: &str) -> Result<SessionView, ApiError> {
     validate_name("session id", id)?;
     let row = state.store.session(id).await?;
     let view = row.as_ref().map(view_of).transpose()?;
-    view.filter(|v| principal().can_see(&v.project))
+    view.filter(|v| caller.can_see(&v.project))
         .ok_or_else(|| ApiError::not_found(format!("Session {id} does not exist.")))
 }
 
@@ -120,6 +115,7 @@ pub struct ListQuery {
 )]
 pub async fn list_sessions(
     State(state): State<AppState>,
+    caller: Principal,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<SessionPage>, ApiError> {
     if let Some(project) = &query.project {
@@ -148,9 +144,11 @@ pub async fn list_sessions(
                 })?,
         ),
     };
+    // Only the caller's projects: another project's sessions are absent.
     let filter = SessionFilter {
         project: query.project.clone(),
         state: query.state.clone(),
+        projects: caller.project_scope(),
     };
     let page = state
         .store
@@ -162,7 +160,6 @@ pub async fn list_sessions(
         .map(view_of)
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
-        .filter(|v| principal().can_see(&v.project))
         .collect();
     Ok(Json(SessionPage {
         items,
@@ -186,6 +183,7 @@ pub async fn list_sessions(
 )]
 pub async fn create_session(
     State(state): State<AppState>,
+    caller: Principal,
     ApiJson(request): ApiJson<CreateSessionRequest>,
 ) -> Result<(StatusCode, Json<SessionView>), ApiError> {
     let mut directories = Vec::new();
@@ -213,7 +211,7 @@ pub async fn create_session(
     };
     validate_name("session id", &create.id)?;
     validate_name("project", &create.project)?;
-    let view = state.engine.create_session(&principal(), create).await?;
+    let view = state.engine.create_session(&caller, create).await?;
     Ok((StatusCode::CREATED, Json(view)))
 }
 
@@ -241,9 +239,10 @@ pub struct SessionPath {
 )]
 pub async fn get_session(
     State(state): State<AppState>,
+    caller: Principal,
     ApiPath(path): ApiPath<SessionPath>,
 ) -> Result<Json<SessionView>, ApiError> {
-    Ok(Json(visible(&state, &path.id).await?))
+    Ok(Json(visible(&state, &caller, &path.id).await?))
 }
 
 /// Puts a session away: settles it `closed` when it can be resumed, else
@@ -265,12 +264,11 @@ pub async fn get_session(
 )]
 pub async fn delete_session(
     State(state): State<AppState>,
+    caller: Principal,
     ApiPath(path): ApiPath<SessionPath>,
 ) -> Result<Json<SessionView>, ApiError> {
-    visible(&state, &path.id).await?;
-    Ok(Json(
-        state.engine.dispose_session(&principal(), &path.id).await?,
-    ))
+    visible(&state, &caller, &path.id).await?;
+    Ok(Json(state.engine.dispose_session(&caller, &path.id).await?))
 }
 
 /// Query of the transcript endpoint (integers as text: see [`ListQuery`]).
@@ -300,13 +298,14 @@ pub struct TranscriptQuery {
 )]
 pub async fn transcript(
     State(state): State<AppState>,
+    caller: Principal,
     ApiPath(path): ApiPath<SessionPath>,
     ApiQuery(query): ApiQuery<TranscriptQuery>,
 ) -> Result<Json<TranscriptPage>, ApiError> {
     let limit = page_limit(query.limit.as_deref())?;
     // serverSeq is a signed 64-bit integer in both stores.
     let after = bounded_integer("after", query.after.as_deref(), 0, i64::MAX as u64)?;
-    visible(&state, &path.id).await?;
+    visible(&state, &caller, &path.id).await?;
     let envelopes = state
         .store
         .transcript(&path.id, after.unwrap_or(0), limit)
@@ -341,10 +340,11 @@ pub async fn transcript(
 )]
 pub async fn dispatch(
     State(state): State<AppState>,
+    caller: Principal,
     ApiPath(path): ApiPath<SessionPath>,
     ApiJson(request): ApiJson<DispatchRequest>,
 ) -> Result<Json<DispatchResponse>, ApiError> {
-    let view = visible(&state, &path.id).await?;
+    let view = visible(&state, &caller, &path.id).await?;
     // Characters, as the OpenAPI document's maxLength counts them.
     if !(1..=MAX_CLIENT_ID_CHARS).contains(&request.client_id.chars().count()) {
         return Err(ApiError::invalid(format!(
@@ -378,11 +378,20 @@ pub async fn dispatch(
             )));
         }
     }
+    if let Err(wait) = state.auth.limits.dispatch(&caller.sub) {
+        return Err(ApiError::TooMany {
+            retry_after_secs: wait.as_secs().max(1),
+            detail: format!(
+                "Over this principal's dispatch rate; retry in {} ms.",
+                wait.as_millis().max(1)
+            ),
+        });
+    }
     // REST callers name their own origin: it is durable.
     let origin = Origin::durable(request.client_id.clone(), request.client_seq);
     match state
         .engine
-        .dispatch(&principal(), Some(origin), &channel, request.action)
+        .dispatch(&caller, Some(origin), &channel, request.action)
         .await
     {
         DispatchOutcome::Accepted(published) => {
@@ -466,10 +475,11 @@ pub struct AbsolutePath(String);
 )]
 pub async fn resume(
     State(state): State<AppState>,
+    caller: Principal,
     ApiPath(path): ApiPath<SessionPath>,
     ApiJson(request): ApiJson<ResumeSessionRequest>,
 ) -> Result<Json<ResumeSessionResponse>, ApiError> {
-    visible(&state, &path.id).await?;
+    visible(&state, &caller, &path.id).await?;
     if request.session_id.to_string() != path.id {
         return Err(ApiError::invalid(format!(
             "sessionId {:?} does not match the session in the path ({}).",
@@ -494,7 +504,7 @@ pub async fn resume(
         .collect::<Result<Vec<_>, _>>()?;
     state
         .engine
-        .resume(&principal(), &path.id, cwd, additional)
+        .resume(&caller, &path.id, cwd, additional)
         .await?;
     Ok(Json(ResumeSessionResponse::new()))
 }
@@ -515,9 +525,10 @@ pub async fn resume(
 )]
 pub async fn tool_context(
     State(state): State<AppState>,
+    caller: Principal,
     ApiPath(path): ApiPath<SessionPath>,
 ) -> Result<Json<ToolCallContext>, ApiError> {
-    let view = visible(&state, &path.id).await?;
+    let view = visible(&state, &caller, &path.id).await?;
     let cwd = view
         .working_directories
         .first()

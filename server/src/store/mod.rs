@@ -249,6 +249,8 @@ pub struct SessionFilter {
     pub project: Option<String>,
     /// Only sessions in this projected state.
     pub state: Option<String>,
+    /// Only sessions of these projects (a principal's scope); `None`: all.
+    pub projects: Option<Vec<String>>,
 }
 
 /// One page of sessions, most recently updated first.

@@ -532,7 +532,12 @@ impl Store for PostgresStore {
         before: Option<u64>,
         limit: u32,
     ) -> Result<SessionPage, StoreError> {
-        let sql = rows::session_page_sql(filter, before, |n| format!("${n}"));
+        let sql = rows::session_page_sql(
+            filter,
+            before,
+            |n| format!("${n}"),
+            |p| format!("project = ANY({p}::text[])"),
+        );
         let limit = clamp_limit(limit);
         let mut query = sqlx::query_as::<_, rows::Session>(AssertSqlSafe(sql));
         if let Some(project) = &filter.project {
@@ -540,6 +545,9 @@ impl Store for PostgresStore {
         }
         if let Some(state) = &filter.state {
             query = query.bind(state);
+        }
+        if let Some(projects) = &filter.projects {
+            query = query.bind(projects.clone());
         }
         if let Some(before) = before {
             query = query.bind(seq_to_db(before));

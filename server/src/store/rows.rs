@@ -149,6 +149,7 @@ pub(super) fn session_page_sql(
     filter: &SessionFilter,
     before: Option<u64>,
     placeholder: impl Fn(usize) -> String,
+    project_in: impl Fn(&str) -> String,
 ) -> String {
     let mut sql = String::from(
         "SELECT id, project, provider, title, state, turns, resumable, last_seq, \
@@ -164,6 +165,9 @@ pub(super) fn session_page_sql(
     }
     if filter.state.is_some() {
         sql.push_str(&format!(" AND state = {}", next()));
+    }
+    if filter.projects.is_some() {
+        sql.push_str(&format!(" AND {}", project_in(&next())));
     }
     if before.is_some() {
         sql.push_str(&format!(" AND last_seq < {}", next()));

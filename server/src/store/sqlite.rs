@@ -496,7 +496,12 @@ impl Store for SqliteStore {
         before: Option<u64>,
         limit: u32,
     ) -> Result<SessionPage, StoreError> {
-        let sql = rows::session_page_sql(filter, before, |_| "?".to_owned());
+        let sql = rows::session_page_sql(
+            filter,
+            before,
+            |_| "?".to_owned(),
+            |p| format!("project IN (SELECT value FROM json_each({p}))"),
+        );
         let limit = clamp_limit(limit);
         let mut query = sqlx::query_as::<_, rows::Session>(AssertSqlSafe(sql));
         if let Some(project) = &filter.project {
@@ -504,6 +509,9 @@ impl Store for SqliteStore {
         }
         if let Some(state) = &filter.state {
             query = query.bind(state);
+        }
+        if let Some(projects) = &filter.projects {
+            query = query.bind(serde_json::to_string(projects).unwrap_or_else(|_| "[]".into()));
         }
         if let Some(before) = before {
             query = query.bind(seq_to_db(before));

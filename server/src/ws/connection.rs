@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ahp_types::errors::{ahp_error_codes, json_rpc_error_codes};
 use axum::extract::ws::{Message, WebSocket};
@@ -21,11 +21,12 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use super::queue::{Backlog, Outbound, Queue, write_loop};
 use super::rpc::RpcError;
 use super::{
-    CATCH_UP_PAGE, CLOSE_LINGER, CLOSE_PING_TIMEOUT, CLOSE_SLOW_CONSUMER, CLOSE_TOO_BIG,
-    CLOSE_UNSUPPORTED_VERSION, MAX_INFLIGHT_DISPATCHES, WsLimits,
+    CATCH_UP_PAGE, CLOSE_LINGER, CLOSE_PING_TIMEOUT, CLOSE_SLOW_CONSUMER, CLOSE_TOKEN_EXPIRED,
+    CLOSE_TOO_BIG, CLOSE_UNSUPPORTED_VERSION, MAX_INFLIGHT_DISPATCHES, WsLimits,
 };
 use crate::AppState;
 use crate::auth::Principal;
+use crate::auth::limits::{ConnectionSlot, PrincipalLimits};
 use crate::engine::fanout::{HubItem, Routing, action_frame};
 use crate::engine::{DispatchOutcome, Engine};
 use crate::store::Origin;
@@ -82,6 +83,8 @@ pub(super) struct Connection {
     pub(super) answers: mpsc::UnboundedSender<Answered>,
     /// Permits for dispatches awaiting their outcome.
     pub(super) inflight: Arc<tokio::sync::Semaphore>,
+    /// Per-principal bounds.
+    pub(super) principal_limits: PrincipalLimits,
 }
 
 /// A dispatch's outcome on its way back to the connection that sent it.
@@ -123,7 +126,13 @@ pub(super) enum Next {
 }
 
 impl Connection {
-    pub(super) async fn run(socket: WebSocket, state: AppState, _permit: OwnedSemaphorePermit) {
+    pub(super) async fn run(
+        socket: WebSocket,
+        state: AppState,
+        principal: Principal,
+        _permit: OwnedSemaphorePermit,
+        _slot: ConnectionSlot,
+    ) {
         let (sink, mut stream) = socket.split();
         let (sender, receiver) = mpsc::unbounded_channel();
         let backlog = Arc::new(Backlog {
@@ -139,7 +148,7 @@ impl Connection {
         let mut connection = Connection {
             engine: state.engine.clone(),
             limits: state.ws.clone(),
-            principal: Principal::loopback_admin(),
+            principal,
             queue: Queue { sender, backlog },
             client_id: None,
             origin_scope: String::new(),
@@ -150,11 +159,26 @@ impl Connection {
             after_reply: Vec::new(),
             answers,
             inflight: Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_DISPATCHES)),
+            principal_limits: state.auth.limits.clone(),
         };
         let mut ping = tokio::time::interval(state.ws.ping_interval);
         ping.tick().await;
         let mut last_heard = Instant::now();
         let shutdown = state.shutdown.clone();
+        // A connection lives no longer than its token.
+        let expiry = connection.principal.expires_at.map(|exp| {
+            let now = jsonwebtoken::get_current_timestamp();
+            tokio::time::Instant::now()
+                + Duration::from_secs(exp.saturating_sub(now))
+                + Duration::from_secs(crate::auth::token::LEEWAY_SECS)
+        });
+        let expired = async move {
+            match expiry {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(expired);
         let verdict = loop {
             let next = tokio::select! {
                 incoming = stream.next() => match incoming {
@@ -196,6 +220,10 @@ impl Connection {
                     }
                 }
                 () = shutdown.cancelled() => Next::Close(1001, "server shutting down".into()),
+                () = &mut expired => Next::Close(
+                    CLOSE_TOKEN_EXPIRED,
+                    "token expired: reconnect with a fresh token and replay".into(),
+                ),
             };
             match next {
                 Next::Continue if connection.closing => {
@@ -279,8 +307,16 @@ impl Connection {
                 }
                 _ => Next::Continue,
             },
-            HubItem::Notice { channel, frame } => {
-                if self.subscriptions.contains_key(&*channel) && !self.queue.push(frame) {
+            HubItem::Notice {
+                channel,
+                frame,
+                project,
+            } => {
+                // Another project's session is never told of.
+                if self.subscriptions.contains_key(&*channel)
+                    && self.principal.can_see(&project)
+                    && !self.queue.push(frame)
+                {
                     return self.overflow();
                 }
                 Next::Continue

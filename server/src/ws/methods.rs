@@ -20,6 +20,10 @@ use crate::store::{Origin, SessionFilter};
 /// connection (the reference client starts again from 1 on each).
 pub const ORIGINS_META: &str = "tether/durableOrigins";
 
+/// JSON-RPC error code (in the range JSON-RPC leaves to servers) for a
+/// request over its principal's rate; `data.retryAfterMs` says when to retry.
+pub const TOO_MANY_REQUESTS: i32 = -32050;
+
 impl Connection {
     /// Takes the client id and the origin scope of `initialize` or
     /// `reconnect`.
@@ -253,6 +257,32 @@ impl Connection {
             client_seq,
             scope: self.origin_scope.clone(),
         };
+        if let Err(wait) = self.principal_limits.dispatch(&self.principal.sub) {
+            let reason = format!(
+                "Over this principal's dispatch rate; retry in {} ms.",
+                wait.as_millis().max(1)
+            );
+            return Err(match id {
+                Some(_) => RpcError {
+                    code: TOO_MANY_REQUESTS,
+                    message: reason,
+                    data: Some(json!({"retryAfterMs": wait.as_millis().max(1) as u64})),
+                },
+                // A notification has no answer but its echo: refused, not
+                // recorded, so the same dispatch may pass later.
+                None => {
+                    let frame = action_frame(
+                        self.engine.hub().published(),
+                        &channel,
+                        &action.to_string(),
+                        Some(&origin),
+                        Some(&reason),
+                    );
+                    self.send(frame);
+                    return Ok(());
+                }
+            });
+        }
         // Bounded: past this many unanswered dispatches the connection stops
         // reading until one is answered.
         let permit = self
@@ -386,13 +416,19 @@ impl Connection {
         let page = self
             .engine
             .store()
-            .sessions(&SessionFilter::default(), before, limit as u32)
+            .sessions(
+                &SessionFilter {
+                    projects: self.principal.project_scope(),
+                    ..SessionFilter::default()
+                },
+                before,
+                limit as u32,
+            )
             .await
             .map_err(RpcError::unavailable)?;
         let items: Vec<Value> = page
             .items
             .iter()
-            .filter(|row| self.principal.can_see(&row.record.project))
             .filter_map(|row| {
                 let mut view: SessionView = serde_json::from_str(&row.record.projection).ok()?;
                 view.last_seq = row.last_seq;

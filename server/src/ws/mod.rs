@@ -20,14 +20,15 @@ mod rpc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
 use axum::extract::ws::WebSocketUpgrade;
-use axum::http::StatusCode;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::AppState;
-use crate::http::error::problem;
+use crate::auth::credentials;
+use crate::http::error::{ApiError, problem};
 use connection::Connection;
 
 /// WebSocket limits.
@@ -75,6 +76,9 @@ pub const CLOSE_SLOW_CONSUMER: u16 = 4000;
 pub const CLOSE_PING_TIMEOUT: u16 = 4001;
 /// Close code after an unsupported protocol version.
 pub const CLOSE_UNSUPPORTED_VERSION: u16 = 4002;
+/// Close code when the connection's token expires: reconnect with a fresh
+/// token and replay from `lastSeenServerSeq`.
+pub const CLOSE_TOKEN_EXPIRED: u16 = 4003;
 /// Standard close code for an oversize message.
 pub const CLOSE_TOO_BIG: u16 = 1009;
 
@@ -93,7 +97,35 @@ pub fn router() -> Router<AppState> {
     Router::new().route("/ahp", get(upgrade))
 }
 
-async fn upgrade(State(state): State<AppState>, ws: WebSocketUpgrade) -> Response {
+async fn upgrade(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    ws: WebSocketUpgrade,
+) -> Response {
+    // The token is checked before the upgrade: a refused one is a 401, not
+    // a socket. Its query form is never logged (the request span names the
+    // route only).
+    let principal = match state
+        .auth
+        .authenticate(credentials::ws_token(&headers, query.as_deref()), "ws")
+    {
+        Ok(principal) => principal,
+        Err(err) => return err.into_response(),
+    };
+    let slot = match state.auth.limits.connect(&principal.sub) {
+        Ok(slot) => slot,
+        Err(limit) => {
+            return ApiError::TooMany {
+                retry_after_secs: 5,
+                detail: format!(
+                    "This principal already holds {limit} WebSocket connections, its limit; close \
+                     one or retry later."
+                ),
+            }
+            .into_response();
+        }
+    };
     let Ok(permit) = state.connections.clone().try_acquire_owned() else {
         return problem(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -104,13 +136,15 @@ async fn upgrade(State(state): State<AppState>, ws: WebSocketUpgrade) -> Respons
             )),
         );
     };
+    tracing::debug!(sub = %principal.sub, role = %principal.role, "websocket upgrade");
     let limit = state.ws.max_frame_bytes;
-    ws.max_message_size(limit)
+    ws.protocols(credentials::WS_PROTOCOLS)
+        .max_message_size(limit)
         .max_frame_size(limit)
         .read_buffer_size(READ_CHUNK)
         .on_upgrade(move |socket| {
             let tracker = state.tasks.clone();
-            tracker.track_future(Connection::run(socket, state, permit))
+            tracker.track_future(Connection::run(socket, state, principal, permit, slot))
         })
         .into_response()
 }

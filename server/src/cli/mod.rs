@@ -6,6 +6,10 @@
 //! Progress and reconnect notices go to stderr, and only when it is a
 //! terminal.
 
+mod token;
+
+pub use token::token;
+
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,6 +45,10 @@ pub struct Remote {
     /// `$XDG_STATE_HOME/tether/identity.json` (or under `~/.local/state`).
     #[arg(long, env = "TETHER_IDENTITY", global = true)]
     pub identity: Option<PathBuf>,
+    /// The bearer token for a server with authentication on (see
+    /// `tether token`).
+    #[arg(long, env = "TETHER_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 /// The client commands.
@@ -284,7 +292,26 @@ pub async fn run(command: RemoteCommand) -> ExitCode {
 
 impl Remote {
     fn client(&self) -> Result<Client, Failed> {
-        Ok(Client::new(&self.url)?)
+        let client = Client::new(&self.url)?;
+        Ok(match self.tokens() {
+            Some(tokens) => client.with_tokens(tokens),
+            None => client,
+        })
+    }
+
+    fn tokens(&self) -> Option<tether_client::token::Tokens> {
+        self.token.as_ref().map(|token| {
+            Arc::new(tether_client::token::StaticToken::new(token.clone()))
+                as tether_client::token::Tokens
+        })
+    }
+
+    /// A stream configuration with this command's token, if any.
+    fn with_token(&self, config: StreamConfig) -> StreamConfig {
+        match self.tokens() {
+            Some(tokens) => config.with_tokens(tokens),
+            None => config,
+        }
     }
 
     /// The persistent identity, or an ephemeral one where no state
@@ -306,7 +333,7 @@ impl Remote {
     }
 
     fn stream_config(&self) -> Result<StreamConfig, Failed> {
-        Ok(StreamConfig::new(self.url.clone()).with_identity(self.identity()?))
+        Ok(self.with_token(StreamConfig::new(self.url.clone()).with_identity(self.identity()?)))
     }
 }
 
@@ -519,7 +546,9 @@ async fn tail(args: TailArgs) -> Outcome {
     };
 
     // Tail only reads: an ephemeral identity, no identity file.
-    let config = StreamConfig::new(args.remote.url.clone());
+    let config = args
+        .remote
+        .with_token(StreamConfig::new(args.remote.url.clone()));
     let mut stream = SessionStream::open(config, channels, start).await?;
     while let Some(event) = stream.next().await {
         match event {
