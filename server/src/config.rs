@@ -503,6 +503,16 @@ mod tests {
                 .check_bind()
                 .is_ok()
         );
+        // With authentication on, a remote bind needs no opt-in.
+        let secret = "0123456789abcdef0123456789abcdef";
+        let authenticated = args(&["--bind", "0.0.0.0:7878", "--auth-secret", secret]);
+        assert!(authenticated.check_bind().is_ok());
+        assert!(authenticated.serve_config().unwrap().auth.enabled());
+        let weak = args(&["--auth-secret", "short"])
+            .serve_config()
+            .unwrap_err();
+        assert!(weak.to_string().contains("at least 32"), "{weak}");
+        assert!(!args(&[]).serve_config().unwrap().auth.enabled());
     }
 
     #[test]

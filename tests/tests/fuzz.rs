@@ -541,3 +541,58 @@ fn websocket_frames_never_break_the_connection_or_the_server() {
     drop(socket);
     runtime.block_on(server.stop());
 }
+
+/// Token parsing: whatever a caller puts in `Authorization` — random text,
+/// real tokens mangled by one byte, valid segments glued to others — is
+/// never accepted unless it is the untouched token, and never panics.
+#[test]
+fn token_parsing_accepts_only_untouched_tokens() {
+    use tether_server::auth::Role;
+    use tether_server::auth::token::Authenticator;
+    let auth = Authenticator::new(b"the fuzz target's secret, 32 bytes or more").unwrap();
+    let valid = auth
+        .mint(
+            "fuzz",
+            Role::Operator,
+            &["p".into()],
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    assert!(auth.verify(&valid).is_ok());
+    for seed in corpus("tokens.json") {
+        assert!(auth.verify(&seed).is_err(), "{seed:?} was accepted");
+    }
+    let deadline = Instant::now() + BUDGET;
+    let ran = Cell::new(0_u32);
+    let length = valid.len();
+    let mangled = (0..length, any::<u8>()).prop_map({
+        let valid = valid.clone();
+        move |(at, byte)| {
+            let mut bytes = valid.clone().into_bytes();
+            bytes[at] = byte;
+            String::from_utf8_lossy(&bytes).into_owned()
+        }
+    });
+    let strategy = prop_oneof![2 => mangled, 1 => "[A-Za-z0-9_.-]{0,400}", 1 => ".{0,64}"];
+    let result = runner().run(&strategy, |input| {
+        if Instant::now() > deadline {
+            return Ok(());
+        }
+        ran.set(ran.get() + 1);
+        let verdict = std::panic::catch_unwind(|| auth.verify(&input))
+            .map_err(|_| TestCaseError::fail(format!("verify panicked on {input:?}")))?;
+        if verdict.is_ok() && input != valid {
+            // A change that decodes to the same token (base64 padding bits)
+            // is the same token; anything else must be refused.
+            let same = auth.verify(&input).ok().map(|p| p.sub) == Some("fuzz".to_owned());
+            if !same {
+                return Err(TestCaseError::fail(format!("{input:?} was accepted")));
+            }
+        }
+        Ok(())
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+    report(&ran);
+}

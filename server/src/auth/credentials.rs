@@ -68,6 +68,12 @@ impl Auth {
         self.tokens.is_some()
     }
 
+    /// The clock skew tokens are allowed; a connection is closed this long
+    /// after its token's `exp`.
+    pub fn leeway(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.tokens.as_ref().map_or(0, |t| t.leeway()))
+    }
+
     /// Failed authentications since start.
     pub fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)

@@ -121,6 +121,18 @@ impl Authenticator {
         })
     }
 
+    /// The same authenticator allowing `secs` of clock skew instead of
+    /// [`LEEWAY_SECS`] (tests use 0 to see expiry at once).
+    pub fn with_leeway(mut self, secs: u64) -> Self {
+        self.validation.leeway = secs;
+        self
+    }
+
+    /// The clock skew allowed, in seconds.
+    pub fn leeway(&self) -> u64 {
+        self.validation.leeway
+    }
+
     /// The principal a token names, or why it is refused.
     pub fn verify(&self, token: &str) -> Result<Principal, Refused> {
         let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)

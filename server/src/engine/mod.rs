@@ -45,6 +45,9 @@ pub enum RefusalKind {
     /// requires a host to ignore such a dispatch silently, with no echo;
     /// REST answers 404. Not recorded.
     NotFound,
+    /// The caller's role may not dispatch (a viewer). REST answers 403. Not
+    /// recorded: the same origin may be sent again with another token.
+    Forbidden,
 }
 
 /// A refused dispatch.
@@ -488,12 +491,10 @@ impl Engine {
             )))
         };
         if !principal.can_write() {
-            let refusal = Refusal::from("Viewers cannot dispatch actions.");
-            return Submitted::Done(
-                self.ctx
-                    .reject(origin.as_ref(), channel, &action, refusal)
-                    .await,
-            );
+            return Submitted::Done(DispatchOutcome::Rejected(Refusal::new(
+                RefusalKind::Forbidden,
+                "Viewers cannot dispatch actions.",
+            )));
         }
         // A channel that is not a URI of this host cannot exist.
         let Ok(parsed) = Channel::parse(channel) else {

@@ -417,6 +417,7 @@ fn rejection(refusal: Refusal) -> ApiError {
         ),
         RefusalKind::Conflict => ApiError::new(StatusCode::CONFLICT, "rejected", refusal.reason),
         RefusalKind::NotFound => ApiError::new(StatusCode::NOT_FOUND, "not_found", refusal.reason),
+        RefusalKind::Forbidden => ApiError::new(StatusCode::FORBIDDEN, "forbidden", refusal.reason),
         RefusalKind::Invalid => {
             ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "rejected", refusal.reason)
         }

@@ -166,11 +166,10 @@ impl Connection {
         let mut last_heard = Instant::now();
         let shutdown = state.shutdown.clone();
         // A connection lives no longer than its token.
+        let leeway = state.auth.leeway();
         let expiry = connection.principal.expires_at.map(|exp| {
             let now = jsonwebtoken::get_current_timestamp();
-            tokio::time::Instant::now()
-                + Duration::from_secs(exp.saturating_sub(now))
-                + Duration::from_secs(crate::auth::token::LEEWAY_SECS)
+            tokio::time::Instant::now() + Duration::from_secs(exp.saturating_sub(now)) + leeway
         });
         let expired = async move {
             match expiry {
