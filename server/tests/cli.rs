@@ -130,7 +130,15 @@ fn the_compose_file_sets_only_variables_the_server_reads() {
         set.contains(&"TETHER_DATABASE_URL".to_owned()),
         "compose configures Postgres: {set:?}"
     );
-    assert!(set.contains(&"TETHER_INSECURE_ALLOW_REMOTE".to_owned()));
+    // Authentication on, from a secret file; no insecure opt-in.
+    assert!(
+        set.contains(&"TETHER_AUTH_SECRET_FILE".to_owned()),
+        "{set:?}"
+    );
+    assert!(
+        !set.contains(&"TETHER_INSECURE_ALLOW_REMOTE".to_owned()),
+        "{set:?}"
+    );
     for key in &set {
         assert!(
             known.contains(key),

@@ -443,6 +443,18 @@ async fn another_projects_sessions_do_not_exist_for_a_principal(db: TestDb) {
         code(&unknown),
         "the same error as an unknown channel"
     );
+    let root_state = watcher
+        .subscribe(ahp_types::ROOT_RESOURCE_URI.into())
+        .await
+        .unwrap()
+        .0
+        .snapshot
+        .unwrap()
+        .state;
+    let ahp_types::state::SnapshotState::Root(root_state) = root_state else {
+        panic!("a root state")
+    };
+    assert_eq!(root_state.active_sessions, None, "no host-wide count");
     let listed: Value = watcher
         .request(
             "listSessions",
@@ -508,6 +520,15 @@ async fn another_projects_sessions_do_not_exist_for_a_principal(db: TestDb) {
     tokio::time::timeout(WAIT, async {
         loop {
             let event = root.recv().await.expect("events");
+            if let ahp::SubscriptionEvent::Action(envelope) = &event.event {
+                assert!(
+                    !matches!(
+                        envelope.action,
+                        ahp_types::actions::StateAction::RootActiveSessionsChanged(_)
+                    ),
+                    "the host-wide session count is not told to a scoped principal"
+                );
+            }
             let told = match &event.event {
                 ahp::SubscriptionEvent::SessionAdded(added) => Some(added.summary.resource.clone()),
                 ahp::SubscriptionEvent::SessionSummaryChanged(changed) => {

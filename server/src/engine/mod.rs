@@ -625,9 +625,17 @@ impl Engine {
             Channel::parse(channel).map_err(|e| EngineError::InvalidParams(e.to_string()))?;
         if parsed == Channel::Root {
             let root = self.ctx.root.lock().await;
+            let mut state = serde_json::to_value(&root.state).unwrap_or(Value::Null);
+            // The count of active sessions counts every project's: a
+            // principal limited to some projects is not told it.
+            if principal.project_scope().is_some()
+                && let Value::Object(map) = &mut state
+            {
+                map.remove("activeSessions");
+            }
             return Ok(ChannelSnapshot {
                 resource: ROOT.to_owned(),
-                state: serde_json::to_value(&root.state).unwrap_or(Value::Null),
+                state,
                 from_seq: root.last_seq,
             });
         }

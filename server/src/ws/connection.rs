@@ -59,6 +59,16 @@ pub(super) const NOT_OFFERED: [&str; 22] = [
     "fetchAutomationRuns",
 ];
 
+/// Whether an envelope of `channel` is kept from `principal`: the root
+/// channel's count of active sessions counts every project's sessions, so a
+/// principal limited to some projects is never sent it (`text` is the
+/// envelope's action or its whole frame).
+pub(super) fn hidden_from(principal: &Principal, channel: &str, text: &str) -> bool {
+    channel == tether_protocol::channel::ROOT
+        && principal.project_scope().is_some()
+        && text.contains("\"root/activeSessionsChanged\"")
+}
+
 /// One connection's state, owned by its task.
 pub(super) struct Connection {
     pub(super) engine: Engine,
@@ -298,6 +308,9 @@ impl Connection {
             HubItem::Envelope(published) => match self.subscriptions.get_mut(&published.channel) {
                 Some(subscription) if published.seq > subscription.after => {
                     subscription.after = published.seq;
+                    if hidden_from(&self.principal, &published.channel, &published.frame) {
+                        return Next::Continue;
+                    }
                     if self.queue.push(published.frame.clone()) {
                         Next::Continue
                     } else {
@@ -372,7 +385,7 @@ impl Connection {
                     .subscriptions
                     .get(&envelope.channel)
                     .is_some_and(|have| envelope.seq > have.after);
-                if wanted {
+                if wanted && !hidden_from(&self.principal, &envelope.channel, &envelope.action) {
                     let frame = action_frame(
                         envelope.seq,
                         &envelope.channel,

@@ -6,7 +6,7 @@ use tether_protocol::channel::Channel;
 use tether_protocol::view::SessionView;
 
 use super::CATCH_UP_PAGE;
-use super::connection::{Answered, Connection, Next, Reply, Subscription};
+use super::connection::{Answered, Connection, Next, Reply, Subscription, hidden_from};
 use super::rpc::{RpcError, channel_param, client_id_param, session_param, u64_param};
 use crate::engine::fanout::{action_frame, envelope_text};
 use crate::engine::{CreateSession, DispatchOutcome, EngineError, RefusalKind, summary};
@@ -194,7 +194,11 @@ impl Connection {
                 .map_err(RpcError::unavailable)?;
             let Some(last) = page.last() else { break };
             after = last.seq;
-            for envelope in page.iter().filter(|e| e.seq <= horizon) {
+            for envelope in page
+                .iter()
+                .filter(|e| e.seq <= horizon)
+                .filter(|e| !hidden_from(&self.principal, &e.channel, &e.action))
+            {
                 let text = envelope_text(
                     envelope.seq,
                     &envelope.channel,
