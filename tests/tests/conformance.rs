@@ -30,6 +30,7 @@ backend_tests!(
     initialize_leaves_out_initial_subscriptions_that_are_gone,
     optional_commands_answer_method_not_found,
     a_long_chat_keeps_a_bounded_window_and_serves_older_turns,
+    sequence_numbers_past_2_63_are_invalid_params_naming_the_range,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -764,5 +765,46 @@ async fn a_long_chat_keeps_a_bounded_window_and_serves_older_turns(db: TestDb) {
     assert_eq!(turn_ids(&host).last().map(String::as_str), Some("t9000"));
     assert!(host.turns.len() <= TURN_WINDOW);
     assert!(host.turns_next_cursor.is_some());
+    server.stop().await;
+}
+
+/// AHP integers are signed 64-bit: a `clientSeq` or `lastSeenServerSeq`
+/// above 2^63-1 is a JSON-RPC -32602 that names the field and its range,
+/// never a server error, and the connection keeps working.
+async fn sequence_numbers_past_2_63_are_invalid_params_naming_the_range(db: TestDb) {
+    let server = TestServer::start(&db).await;
+    create(&server.client(), "big", Vec::new()).await;
+    let mut ws = raw(&server).await;
+    let too_big = json!(9_223_372_036_854_775_808_u64);
+    send(
+        &mut ws,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "dispatchAction", "params": {
+            "channel": "ahp-session:/big", "clientSeq": too_big,
+            "action": {"type": "session/titleChanged", "title": "x"}}}),
+    )
+    .await;
+    let answer = next_json(&mut ws).await;
+    assert_eq!(answer["error"]["code"], -32602, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("clientSeq") && message.contains("9223372036854775807"),
+        "{message}"
+    );
+    send(
+        &mut ws,
+        json!({"jsonrpc": "2.0", "id": 3, "method": "reconnect", "params": {
+            "channel": ROOT_RESOURCE_URI, "clientId": "raw", "lastSeenServerSeq": too_big,
+            "subscriptions": []}}),
+    )
+    .await;
+    let answer = next_json(&mut ws).await;
+    assert_eq!(answer["error"]["code"], -32602, "{answer}");
+    send(
+        &mut ws,
+        json!({"jsonrpc": "2.0", "id": 4, "method": "ping", "params": {"channel": ROOT_RESOURCE_URI}}),
+    )
+    .await;
+    assert_eq!(next_json(&mut ws).await["id"], 4, "still serving");
+    assert_eq!(session_state(&server, "ahp-session:/big").await.title, "");
     server.stop().await;
 }

@@ -118,12 +118,21 @@ fn title(seq: u64, text: &str) -> Value {
     json!({"clientId": "matrix", "clientSeq": seq, "action": {"type": "session/titleChanged", "title": text}})
 }
 
-/// An upstream AHP client on `/ahp` with `token` in the upgrade's header.
-async fn ahp_with(server: &TestServer, token: &str, client_id: &str) -> ahp::Client {
-    let mut request = server.ws_url().into_client_request().unwrap();
+/// A WebSocket upgrade request for `url` carrying `token` in its header.
+fn authorized(
+    url: &str,
+    token: &str,
+) -> tokio_tungstenite::tungstenite::handshake::client::Request {
+    let mut request = url.into_client_request().unwrap();
     request
         .headers_mut()
         .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+}
+
+/// An upstream AHP client on `/ahp` with `token` in the upgrade's header.
+async fn ahp_with(server: &TestServer, token: &str, client_id: &str) -> ahp::Client {
+    let request = authorized(&server.ws_url(), token);
     let (stream, _) = tokio_tungstenite::connect_async(request)
         .await
         .expect("the upgrade is accepted");
@@ -470,11 +479,7 @@ async fn another_projects_sessions_do_not_exist_for_a_principal(db: TestDb) {
         .collect();
     assert_eq!(ids, ["ahp-session:/mine"]);
     let fresh = {
-        let mut request = server.ws_url().into_client_request().unwrap();
-        request.headers_mut().insert(
-            "authorization",
-            format!("Bearer {operator}").parse().unwrap(),
-        );
+        let request = authorized(&server.ws_url(), &operator);
         let (stream, _) = tokio_tungstenite::connect_async(request).await.unwrap();
         ahp::Client::connect(
             ahp_ws::WebSocketTransport::from_stream(stream),
@@ -669,10 +674,7 @@ async fn bad_tokens_are_refused_without_a_hint(db: TestDb) {
             body["detail"], "A valid bearer token is required.",
             "{what}: no hint"
         );
-        let mut request = server.ws_url().into_client_request().unwrap();
-        request
-            .headers_mut()
-            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let request = authorized(&server.ws_url(), token);
         match tokio_tungstenite::connect_async(request).await {
             Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
                 assert_eq!(response.status(), 401, "{what} on /ahp")
@@ -745,10 +747,7 @@ async fn an_expired_token_closes_its_socket_and_the_sdk_resumes_with_no_gap(db: 
         .await;
 
     let short = mint("short", Role::Viewer, &["p1"], Duration::from_secs(2));
-    let mut request = server.ws_url().into_client_request().unwrap();
-    request
-        .headers_mut()
-        .insert("authorization", format!("Bearer {short}").parse().unwrap());
+    let request = authorized(&server.ws_url(), &short);
     let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
     ws.send(Message::Text(
         json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -894,10 +893,7 @@ async fn per_principal_bounds_answer_429_with_when_to_retry(db: TestDb) {
         other => panic!("{other:?}"),
     }
     let _second = ahp_with(&server, &greedy, "greedy-2").await;
-    let mut request = server.ws_url().into_client_request().unwrap();
-    request
-        .headers_mut()
-        .insert("authorization", format!("Bearer {greedy}").parse().unwrap());
+    let request = authorized(&server.ws_url(), &greedy);
     match tokio_tungstenite::connect_async(request).await {
         Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
             assert_eq!(response.status(), 429);
@@ -910,10 +906,7 @@ async fn per_principal_bounds_answer_429_with_when_to_retry(db: TestDb) {
     drop(first);
     tokio::time::timeout(WAIT, async {
         loop {
-            let mut request = server.ws_url().into_client_request().unwrap();
-            request
-                .headers_mut()
-                .insert("authorization", format!("Bearer {greedy}").parse().unwrap());
+            let request = authorized(&server.ws_url(), &greedy);
             if tokio_tungstenite::connect_async(request).await.is_ok() {
                 break;
             }

@@ -7,7 +7,9 @@ use tether_protocol::view::SessionView;
 
 use super::CATCH_UP_PAGE;
 use super::connection::{Answered, Connection, Next, Reply, Subscription, hidden_from};
-use super::rpc::{RpcError, channel_param, client_id_param, session_param, u64_param};
+use super::rpc::{
+    RpcError, channel_param, client_id_param, session_param, strings_param, u64_param,
+};
 use crate::engine::fanout::{action_frame, envelope_text};
 use crate::engine::{CreateSession, DispatchOutcome, EngineError, RefusalKind, summary};
 use crate::store::{Origin, SessionFilter};
@@ -42,13 +44,7 @@ impl Connection {
     }
 
     pub(super) async fn initialize(&mut self, params: Value) -> Result<Value, RpcError> {
-        let offered: Vec<String> = params
-            .get("protocolVersions")
-            .cloned()
-            .and_then(|v| serde_json::from_value(v).ok())
-            .ok_or_else(|| {
-                RpcError::invalid("params.protocolVersions (an array of strings) is required.")
-            })?;
+        let offered = strings_param(&params, "protocolVersions", "an array of strings")?;
         let client_id = client_id_param(&params)?;
         let version = match ahp_types::negotiate_protocol_version(&offered) {
             Ok(Some(version)) => version.to_owned(),
@@ -142,13 +138,7 @@ impl Connection {
     pub(super) async fn reconnect(&mut self, params: Value) -> Result<Reply, RpcError> {
         let client_id = client_id_param(&params)?;
         let last_seen = u64_param(&params, "lastSeenServerSeq")?;
-        let wanted: Vec<String> = params
-            .get("subscriptions")
-            .cloned()
-            .and_then(|v| serde_json::from_value(v).ok())
-            .ok_or_else(|| {
-                RpcError::invalid("params.subscriptions (an array of channel URIs) is required.")
-            })?;
+        let wanted = strings_param(&params, "subscriptions", "an array of channel URIs")?;
         if wanted.len() > self.limits.max_subscriptions {
             return Err(RpcError::invalid(&format!(
                 "At most {} subscriptions per connection.",

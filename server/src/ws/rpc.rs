@@ -95,3 +95,16 @@ pub(super) fn session_param(params: &Value) -> Result<String, RpcError> {
         Err(err) => Err(RpcError::invalid(&format!("{err}."))),
     }
 }
+
+/// A required `params.<name>` array of strings; `what` describes it.
+pub(super) fn strings_param(
+    params: &Value,
+    name: &str,
+    what: &str,
+) -> Result<Vec<String>, RpcError> {
+    params
+        .get(name)
+        .cloned()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .ok_or_else(|| RpcError::invalid(&format!("params.{name} ({what}) is required.")))
+}
