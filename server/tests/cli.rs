@@ -297,3 +297,18 @@ fn a_killed_server_loses_no_acknowledged_action() {
         .status();
     assert!(second.wait().unwrap().success());
 }
+
+#[test]
+fn a_second_host_on_one_sqlite_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("one.db").display());
+    let (mut first, _addr, _log) = start_server(&["--database-url", &db], dir.path());
+    let second = serve(&["--bind", "127.0.0.1:0", "--database-url", &db]);
+    assert_one_line_failure(&second, "SQLite serves one host");
+    first.kill().unwrap();
+    first.wait().unwrap();
+    // Once the first is gone, the file is free again.
+    let (mut again, _addr, _log) = start_server(&["--database-url", &db], dir.path());
+    again.kill().unwrap();
+    again.wait().unwrap();
+}

@@ -8,6 +8,7 @@
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -34,6 +35,10 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct SqliteStore {
     writer: SqlitePool,
     readers: SqlitePool,
+    /// The file, locked exclusively while the store is open: SQLite serves
+    /// one host (several hosts share a Postgres database instead), and a
+    /// second `tether serve` on the same file would split the stream.
+    lock: Arc<Mutex<Option<std::fs::File>>>,
 }
 
 impl SqliteStore {
@@ -43,6 +48,7 @@ impl SqliteStore {
             target: format!("SQLite database {path}"),
             reason,
         };
+        let lock = Self::lock_file(path).map_err(fail)?;
         let base = SqliteConnectOptions::new()
             .filename(Path::new(path))
             .journal_mode(SqliteJournalMode::Wal)
@@ -77,7 +83,35 @@ impl SqliteStore {
             .connect_with(base.read_only(true))
             .await
             .map_err(|e| fail(e.to_string()))?;
-        Ok(Self { writer, readers })
+        Ok(Self {
+            writer,
+            readers,
+            lock: Arc::new(Mutex::new(lock)),
+        })
+    }
+
+    /// Takes the file's exclusive lock (creating the file when it does not
+    /// exist yet, as SQLite would); `None` for an in-memory database.
+    fn lock_file(path: &str) -> Result<Option<std::fs::File>, String> {
+        if path == ":memory:" || path.starts_with("file::memory:") {
+            return Ok(None);
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| e.to_string())?;
+        match file.try_lock() {
+            Ok(()) => Ok(Some(file)),
+            Err(std::fs::TryLockError::WouldBlock) => Err(
+                "another Tether process already serves this file; SQLite serves one host (use \
+                 Postgres for several)"
+                    .to_owned(),
+            ),
+            Err(std::fs::TryLockError::Error(err)) => Err(format!("cannot lock it: {err}")),
+        }
     }
 
     async fn outcome_in(
@@ -591,6 +625,8 @@ impl Store for SqliteStore {
     async fn close(&self) {
         self.readers.close().await;
         self.writer.close().await;
+        // Another process may serve the file from now on.
+        drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
 }
 
