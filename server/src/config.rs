@@ -174,6 +174,12 @@ pub struct ServeArgs {
     #[arg(long, env = "TETHER_AUTH_SECRET_FILE", conflicts_with = "auth_secret")]
     pub auth_secret_file: Option<PathBuf>,
 
+    /// An identity provider's public keys (a JWKS document): RS256 and
+    /// ES256 tokens signed by them are accepted, chosen by `kid`. Turns
+    /// authentication on, with or without a secret.
+    #[arg(long, env = "TETHER_AUTH_JWKS_FILE")]
+    pub auth_jwks_file: Option<PathBuf>,
+
     /// A separate bearer token for `/metrics` (for a scraper), besides
     /// admin tokens.
     #[arg(long, env = "TETHER_METRICS_TOKEN", hide_env_values = true)]
@@ -302,6 +308,7 @@ impl fmt::Debug for ServeArgs {
             .field("insecure_allow_remote", &self.insecure_allow_remote)
             .field("auth_secret", &self.auth_secret.as_ref().map(|_| "***"))
             .field("auth_secret_file", &self.auth_secret_file)
+            .field("auth_jwks_file", &self.auth_jwks_file)
             .field("metrics_token", &self.metrics_token.as_ref().map(|_| "***"))
             .field("database", &self.database)
             .field("max_body_bytes", &self.max_body_bytes)
@@ -386,7 +393,9 @@ impl Default for ServeConfig {
 impl ServeArgs {
     /// Checks the bind rule: loopback, or an explicit opt-in.
     pub fn check_bind(&self) -> Result<(), ConfigError> {
-        let authenticated = self.auth_secret.is_some() || self.auth_secret_file.is_some();
+        let authenticated = self.auth_secret.is_some()
+            || self.auth_secret_file.is_some()
+            || self.auth_jwks_file.is_some();
         if self.bind.ip().is_loopback() || self.insecure_allow_remote || authenticated {
             Ok(())
         } else {
@@ -441,11 +450,22 @@ impl ServeArgs {
 
     fn auth(&self) -> Result<crate::auth::credentials::Auth, ConfigError> {
         use crate::auth::limits::{LimitsConfig, PrincipalLimits};
-        let Some(secret) = self.auth_secret()? else {
-            return Ok(crate::auth::credentials::Auth::default());
+        let secret = self.auth_secret()?;
+        let jwks = match &self.auth_jwks_file {
+            None => None,
+            Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                ConfigError::AuthSecret(format!(
+                    "cannot read the JWKS file {}: {e}",
+                    path.display()
+                ))
+            })?),
         };
-        let tokens = crate::auth::token::Authenticator::new(&secret)
-            .map_err(|e| ConfigError::AuthSecret(e.to_string()))?;
+        if secret.is_none() && jwks.is_none() {
+            return Ok(crate::auth::credentials::Auth::default());
+        }
+        let tokens =
+            crate::auth::token::Authenticator::with_keys(secret.as_deref(), jwks.as_deref())
+                .map_err(|e| ConfigError::AuthSecret(e.to_string()))?;
         let limits = PrincipalLimits::new(Some(LimitsConfig {
             connections: self.max_connections_per_principal.max(1),
             dispatch_rate: self.dispatch_rate.max(0.001),

@@ -28,6 +28,7 @@ backend_tests!(
     bad_tokens_are_refused_without_a_hint,
     an_expired_token_closes_its_socket_and_the_sdk_resumes_with_no_gap,
     per_principal_bounds_answer_429_with_when_to_retry,
+    identity_provider_tokens_are_checked_against_the_jwks,
 );
 
 const SECRET: &[u8] = b"a test secret that is long enough, 256 bits+";
@@ -1076,4 +1077,91 @@ async fn query_tokens_never_reach_the_log_and_the_binary_mints_and_checks_secret
         !text.contains(signature) && !text.contains(&bogus),
         "a token reached the log"
     );
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!(
+        "{}/fixtures/jwks/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+/// With `TETHER_AUTH_JWKS_FILE`, RS256 and ES256 tokens of an identity
+/// provider are accepted when their `kid` names a key of that type; one key
+/// accepts one algorithm, and a `kid`-less, mismatched or tampered token is
+/// refused like any other.
+async fn identity_provider_tokens_are_checked_against_the_jwks(db: TestDb) {
+    let jwks = String::from_utf8(fixture("jwks.json")).unwrap();
+    let tokens = Authenticator::with_keys(None, Some(&jwks)).expect("the JWKS loads");
+    assert!(!tokens.can_mint(), "a JWKS alone cannot mint");
+    let config = ServeConfig {
+        auth: Auth::new(
+            Some(tokens),
+            None,
+            PrincipalLimits::new(Some(LimitsConfig::default())),
+        ),
+        ..ServeConfig::default()
+    };
+    let server = TestServer::start_with(db.open().await, config).await;
+    let now = jsonwebtoken::get_current_timestamp();
+    let claims = json!({"sub": "idp-user", "role": "viewer", "projects": ["p1"], "exp": now + 600});
+    let sign =
+        |alg: jsonwebtoken::Algorithm, kid: Option<&str>, key: &jsonwebtoken::EncodingKey| {
+            let mut header = jsonwebtoken::Header::new(alg);
+            header.kid = kid.map(str::to_owned);
+            jsonwebtoken::encode(&header, &claims, key).unwrap()
+        };
+    let rsa = jsonwebtoken::EncodingKey::from_rsa_der(&fixture("rsa.der"));
+    let ec = jsonwebtoken::EncodingKey::from_ec_der(&fixture("ec.der"));
+    let good = [
+        (
+            "RS256",
+            sign(jsonwebtoken::Algorithm::RS256, Some("rsa-1"), &rsa),
+        ),
+        (
+            "ES256",
+            sign(jsonwebtoken::Algorithm::ES256, Some("ec-1"), &ec),
+        ),
+    ];
+    for (what, token) in &good {
+        let (status, _, body) = Api::new(&server, Some(token.clone()))
+            .call("GET", "/v1/sessions", None)
+            .await;
+        assert_eq!(status, 200, "{what}: {body}");
+        let client = ahp_with(&server, token, &format!("idp-{what}")).await;
+        client.ping().await.expect("the WebSocket takes it too");
+        client.shutdown().await;
+    }
+    let tampered = {
+        let token = &good[0].1;
+        let mut parts: Vec<String> = token.split('.').map(str::to_owned).collect();
+        let claims =
+            json!({"sub": "idp-user", "role": "admin", "projects": ["*"], "exp": now + 600});
+        parts[1] = b64(claims.to_string().as_bytes());
+        parts.join(".")
+    };
+    let bad = [
+        ("no kid", sign(jsonwebtoken::Algorithm::RS256, None, &rsa)),
+        (
+            "RSA kid on an ES256 token",
+            sign(jsonwebtoken::Algorithm::ES256, Some("rsa-1"), &ec),
+        ),
+        (
+            "unknown kid",
+            sign(jsonwebtoken::Algorithm::RS256, Some("rsa-2"), &rsa),
+        ),
+        (
+            "HS256 with no secret configured",
+            mint("x", Role::Admin, &["*"], Duration::from_secs(60)),
+        ),
+        ("tampered claims", tampered),
+    ];
+    for (what, token) in &bad {
+        let (status, _, _) = Api::new(&server, Some(token.clone()))
+            .call("GET", "/v1/sessions", None)
+            .await;
+        assert_eq!(status, 401, "{what}");
+    }
+    server.stop().await;
 }

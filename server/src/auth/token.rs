@@ -1,9 +1,13 @@
-//! Bearer tokens: HS256 JWTs, validated with `jsonwebtoken`.
+//! Bearer tokens: JWTs validated with `jsonwebtoken`.
 //!
-//! Exactly one algorithm is accepted (a token whose header names another —
-//! `none`, RS256 — is refused before its signature is looked at), `exp` and
-//! `sub` are required, `nbf` is honoured, and both get a small leeway for
-//! clock skew. Claims: `sub`, `role`, `projects` (names, or `["*"]`), `exp`.
+//! Two kinds of key, each accepting exactly one algorithm: the shared
+//! secret (HS256; `tether token` mints with it), and the public keys of an
+//! identity provider's JWKS file (RS256 for an RSA key, ES256 for a P-256
+//! key, chosen by the token's `kid`). A token whose header names any other
+//! algorithm — `none` among them — is refused before its signature is
+//! looked at. `exp` and `sub` are required, `nbf` is honoured, both with a
+//! small leeway for clock skew. Claims: `sub`, `role`, `projects` (names,
+//! or `["*"]`), `exp`.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -86,10 +90,13 @@ pub enum TokenError {
     Sign(String),
 }
 
-/// Validates and mints tokens with one secret.
+/// Validates tokens (and mints them with the secret).
 pub struct Authenticator {
-    encoding: EncodingKey,
-    decoding: DecodingKey,
+    /// The shared secret's keys, when one is configured.
+    hmac: Option<(EncodingKey, DecodingKey)>,
+    /// An identity provider's public keys by `kid`, with the one algorithm
+    /// each accepts.
+    jwks: Vec<(String, Algorithm, DecodingKey)>,
     validation: Validation,
 }
 
@@ -105,18 +112,42 @@ impl fmt::Debug for Authenticator {
 impl Authenticator {
     /// An authenticator for `secret` (at least [`MIN_SECRET_BYTES`]).
     pub fn new(secret: &[u8]) -> Result<Self, TokenError> {
-        if secret.len() < MIN_SECRET_BYTES {
-            return Err(TokenError::WeakSecret(secret.len()));
+        Self::with_keys(Some(secret), None)
+    }
+
+    /// An authenticator for a secret and/or the keys of a JWKS document
+    /// (JSON text); at least one of the two.
+    pub fn with_keys(secret: Option<&[u8]>, jwks: Option<&str>) -> Result<Self, TokenError> {
+        let hmac = match secret {
+            None => None,
+            Some(secret) if secret.len() < MIN_SECRET_BYTES => {
+                return Err(TokenError::WeakSecret(secret.len()));
+            }
+            Some(secret) => {
+                let key = |e: jsonwebtoken::errors::Error| TokenError::Sign(e.to_string());
+                Some((
+                    EncodingKey::from_secret(secret).map_err(key)?,
+                    DecodingKey::from_secret(secret).map_err(key)?,
+                ))
+            }
+        };
+        let jwks = match jwks {
+            None => Vec::new(),
+            Some(text) => jwks_keys(text)?,
+        };
+        if hmac.is_none() && jwks.is_empty() {
+            return Err(TokenError::Claim(
+                "authentication needs a secret or a JWKS file with at least one key".to_owned(),
+            ));
         }
         let mut validation = Validation::new(Algorithm::HS256);
         validation.leeway = LEEWAY_SECS;
         validation.validate_nbf = true;
         validation.validate_aud = false;
         validation.set_required_spec_claims(&["exp", "sub"]);
-        let key = |e: jsonwebtoken::errors::Error| TokenError::Sign(e.to_string());
         Ok(Self {
-            encoding: EncodingKey::from_secret(secret).map_err(key)?,
-            decoding: DecodingKey::from_secret(secret).map_err(key)?,
+            hmac,
+            jwks,
             validation,
         })
     }
@@ -135,13 +166,40 @@ impl Authenticator {
 
     /// The principal a token names, or why it is refused.
     pub fn verify(&self, token: &str) -> Result<Principal, Refused> {
-        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
-            .map_err(|err| match err.kind() {
-                ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => Refused::Algorithm,
-                ErrorKind::InvalidSignature => Refused::Signature,
-                ErrorKind::ExpiredSignature => Refused::Expired,
-                ErrorKind::ImmatureSignature => Refused::NotYetValid,
-                _ => Refused::Malformed,
+        let header = jsonwebtoken::decode_header(token).map_err(|err| match err.kind() {
+            ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => Refused::Algorithm,
+            _ => Refused::Malformed,
+        })?;
+        // The key decides the one algorithm it accepts: the secret HS256,
+        // a JWKS key the algorithm its type implies.
+        let (key, algorithm) = match header.alg {
+            Algorithm::HS256 => (
+                &self.hmac.as_ref().ok_or(Refused::Algorithm)?.1,
+                Algorithm::HS256,
+            ),
+            _ => {
+                let kid = header.kid.as_deref().ok_or(Refused::Algorithm)?;
+                let (_, algorithm, key) = self
+                    .jwks
+                    .iter()
+                    .find(|(id, algorithm, _)| id == kid && *algorithm == header.alg)
+                    .ok_or(Refused::Algorithm)?;
+                (key, *algorithm)
+            }
+        };
+        let mut validation = self.validation.clone();
+        validation.algorithms = vec![algorithm];
+        let data =
+            jsonwebtoken::decode::<Claims>(token, key, &validation).map_err(|err| {
+                match err.kind() {
+                    ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
+                        Refused::Algorithm
+                    }
+                    ErrorKind::InvalidSignature => Refused::Signature,
+                    ErrorKind::ExpiredSignature => Refused::Expired,
+                    ErrorKind::ImmatureSignature => Refused::NotYetValid,
+                    _ => Refused::Malformed,
+                }
             })?;
         principal_of(data.claims).ok_or(Refused::Malformed)
     }
@@ -172,11 +230,65 @@ impl Authenticator {
         self.sign(&claims)
     }
 
-    /// Signs arbitrary claims (tests and tools; [`Authenticator::mint`]
-    /// checks them first).
+    /// Signs arbitrary claims with the secret (tests and tools;
+    /// [`Authenticator::mint`] checks them first).
     pub fn sign(&self, claims: &Claims) -> Result<String, TokenError> {
-        jsonwebtoken::encode(&Header::new(Algorithm::HS256), claims, &self.encoding)
+        let (encoding, _) = self.hmac.as_ref().ok_or_else(|| {
+            TokenError::Claim("minting needs the auth secret, not only a JWKS".to_owned())
+        })?;
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), claims, encoding)
             .map_err(|e| TokenError::Sign(e.to_string()))
+    }
+}
+
+/// The signing keys of a JWKS document with the one algorithm each
+/// accepts: RS256 for RSA keys, ES256 for P-256 keys. Keys of other kinds,
+/// without a `kid`, for encryption, or naming another `alg` are refused.
+fn jwks_keys(text: &str) -> Result<Vec<(String, Algorithm, DecodingKey)>, TokenError> {
+    use jsonwebtoken::jwk::{
+        AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm, PublicKeyUse,
+    };
+    let bad = |why: String| TokenError::Claim(format!("the JWKS file: {why}"));
+    let set: JwkSet = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let mut keys = Vec::new();
+    for jwk in &set.keys {
+        let kid = jwk
+            .common
+            .key_id
+            .clone()
+            .ok_or_else(|| bad("every key needs a \"kid\"".to_owned()))?;
+        if matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption)) {
+            continue;
+        }
+        let (algorithm, named) = match &jwk.algorithm {
+            AlgorithmParameters::RSA(_) => (Algorithm::RS256, KeyAlgorithm::RS256),
+            AlgorithmParameters::EllipticCurve(ec) if ec.curve == EllipticCurve::P256 => {
+                (Algorithm::ES256, KeyAlgorithm::ES256)
+            }
+            _ => {
+                return Err(bad(format!(
+                    "key {kid}: only RSA and P-256 keys are accepted"
+                )));
+            }
+        };
+        if jwk.common.key_algorithm.is_some_and(|alg| alg != named) {
+            return Err(bad(format!(
+                "key {kid} names an algorithm other than {algorithm:?}"
+            )));
+        }
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| bad(format!("key {kid}: {e}")))?;
+        keys.push((kid, algorithm, key));
+    }
+    if keys.is_empty() {
+        return Err(bad("no signing key".to_owned()));
+    }
+    Ok(keys)
+}
+
+impl Authenticator {
+    /// Whether it can mint tokens (it has the secret).
+    pub fn can_mint(&self) -> bool {
+        self.hmac.is_some()
     }
 }
 
