@@ -91,6 +91,23 @@ pub enum Scenario {
     /// Many sessions in the store: session-page and projection latency
     /// over REST.
     List(ListArgs),
+    /// One long chat: subscribe time, snapshot size and one turn's round
+    /// trip as the chat's history grows.
+    Chat(ChatArgs),
+}
+
+/// `chat`.
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    /// Echo turns the chat runs before anything is measured.
+    #[arg(long, default_value_t = 10_000)]
+    pub turns: u64,
+    /// Subscribes measured, each from a fresh connection.
+    #[arg(long, default_value_t = 20)]
+    pub subscribes: usize,
+    /// Turns measured after the seeding.
+    #[arg(long, default_value_t = 100)]
+    pub probe_turns: usize,
 }
 
 /// `ingest`.

@@ -85,5 +85,6 @@ pub async fn run(cli: Cli) -> Result<Report> {
         Scenario::Connections(args) => scenario::connections::run(&ctx, args).await,
         Scenario::Catchup(args) => scenario::catchup::run(&ctx, args).await,
         Scenario::List(args) => scenario::list::run(&ctx, args).await,
+        Scenario::Chat(args) => scenario::chat::run(&ctx, args).await,
     }
 }

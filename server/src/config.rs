@@ -177,8 +177,16 @@ pub struct ServeArgs {
     /// An identity provider's public keys (a JWKS document): RS256 and
     /// ES256 tokens signed by them are accepted, chosen by `kid`. Turns
     /// authentication on, with or without a secret.
-    #[arg(long, env = "TETHER_AUTH_JWKS_FILE")]
+    #[arg(long, env = "TETHER_AUTH_JWKS_FILE", requires_all = ["auth_jwks_issuer", "auth_jwks_audience"])]
     pub auth_jwks_file: Option<PathBuf>,
+
+    /// The `iss` the identity provider's tokens must carry.
+    #[arg(long, env = "TETHER_AUTH_JWKS_ISSUER")]
+    pub auth_jwks_issuer: Option<String>,
+
+    /// The `aud` the identity provider's tokens for this server must carry.
+    #[arg(long, env = "TETHER_AUTH_JWKS_AUDIENCE")]
+    pub auth_jwks_audience: Option<String>,
 
     /// A separate bearer token for `/metrics` (for a scraper), besides
     /// admin tokens.
@@ -463,9 +471,13 @@ impl ServeArgs {
         if secret.is_none() && jwks.is_none() {
             return Ok(crate::auth::credentials::Auth::default());
         }
-        let tokens =
-            crate::auth::token::Authenticator::with_keys(secret.as_deref(), jwks.as_deref())
-                .map_err(|e| ConfigError::AuthSecret(e.to_string()))?;
+        let provider = jwks.as_deref().map(|jwks| crate::auth::token::Provider {
+            jwks,
+            issuer: self.auth_jwks_issuer.as_deref().unwrap_or_default(),
+            audience: self.auth_jwks_audience.as_deref().unwrap_or_default(),
+        });
+        let tokens = crate::auth::token::Authenticator::with_keys(secret.as_deref(), provider)
+            .map_err(|e| ConfigError::AuthSecret(e.to_string()))?;
         let limits = PrincipalLimits::new(Some(LimitsConfig {
             connections: self.max_connections_per_principal.max(1),
             dispatch_rate: self.dispatch_rate.max(0.001),

@@ -2,6 +2,7 @@
 //! a few at a time, and seed a session with envelopes.
 
 pub mod catchup;
+pub mod chat;
 pub mod connections;
 pub mod fanout;
 pub mod ingest;

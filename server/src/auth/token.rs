@@ -98,6 +98,21 @@ pub struct Authenticator {
     /// each accepts.
     jwks: Vec<(String, Algorithm, DecodingKey)>,
     validation: Validation,
+    /// What the identity provider's tokens must say of themselves: its
+    /// issuer (`iss`) and this server as their audience (`aud`), so a
+    /// token it issued for another application is refused.
+    provider: Validation,
+}
+
+/// The identity provider whose tokens are accepted.
+#[derive(Debug, Clone, Copy)]
+pub struct Provider<'a> {
+    /// Its JWKS document, as JSON text.
+    pub jwks: &'a str,
+    /// The `iss` its tokens carry.
+    pub issuer: &'a str,
+    /// The `aud` its tokens for this server carry.
+    pub audience: &'a str,
 }
 
 impl fmt::Debug for Authenticator {
@@ -115,9 +130,12 @@ impl Authenticator {
         Self::with_keys(Some(secret), None)
     }
 
-    /// An authenticator for a secret and/or the keys of a JWKS document
-    /// (JSON text); at least one of the two.
-    pub fn with_keys(secret: Option<&[u8]>, jwks: Option<&str>) -> Result<Self, TokenError> {
+    /// An authenticator for a secret and/or an identity provider's keys;
+    /// at least one of the two.
+    pub fn with_keys(
+        secret: Option<&[u8]>,
+        provider: Option<Provider<'_>>,
+    ) -> Result<Self, TokenError> {
         let hmac = match secret {
             None => None,
             Some(secret) if secret.len() < MIN_SECRET_BYTES => {
@@ -131,9 +149,9 @@ impl Authenticator {
                 ))
             }
         };
-        let jwks = match jwks {
+        let jwks = match &provider {
             None => Vec::new(),
-            Some(text) => jwks_keys(text)?,
+            Some(provider) => jwks_keys(provider.jwks)?,
         };
         if hmac.is_none() && jwks.is_empty() {
             return Err(TokenError::Claim(
@@ -145,10 +163,23 @@ impl Authenticator {
         validation.validate_nbf = true;
         validation.validate_aud = false;
         validation.set_required_spec_claims(&["exp", "sub"]);
+        let mut for_provider = validation.clone();
+        if let Some(provider) = provider {
+            if provider.issuer.is_empty() || provider.audience.is_empty() {
+                return Err(TokenError::Claim(
+                    "a JWKS needs the issuer and the audience its tokens must name".to_owned(),
+                ));
+            }
+            for_provider.validate_aud = true;
+            for_provider.set_issuer(&[provider.issuer]);
+            for_provider.set_audience(&[provider.audience]);
+            for_provider.set_required_spec_claims(&["exp", "sub", "iss", "aud"]);
+        }
         Ok(Self {
             hmac,
             jwks,
             validation,
+            provider: for_provider,
         })
     }
 
@@ -156,6 +187,7 @@ impl Authenticator {
     /// [`LEEWAY_SECS`] (tests use 0 to see expiry at once).
     pub fn with_leeway(mut self, secs: u64) -> Self {
         self.validation.leeway = secs;
+        self.provider.leeway = secs;
         self
     }
 
@@ -187,7 +219,11 @@ impl Authenticator {
                 (key, *algorithm)
             }
         };
-        let mut validation = self.validation.clone();
+        let mut validation = if algorithm == Algorithm::HS256 {
+            self.validation.clone()
+        } else {
+            self.provider.clone()
+        };
         validation.algorithms = vec![algorithm];
         let data =
             jsonwebtoken::decode::<Claims>(token, key, &validation).map_err(|err| {

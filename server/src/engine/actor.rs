@@ -373,11 +373,12 @@ impl SessionActor {
                 self.ctx.remember_chat(chat, &self.id);
             }
             for chunk in m.take_trimmed().chunks(ARCHIVE_CHUNK) {
-                self.ctx
-                    .store
-                    .archive_turns(chunk)
-                    .await
-                    .map_err(|e| format!("cannot archive turns: {e}"))?;
+                // The session serves on without them: the archive is a
+                // cache of the log, filled again at the next load.
+                if let Err(err) = self.ctx.store.archive_turns(chunk).await {
+                    tracing::warn!(session = %self.id, error = %err, "turns not archived");
+                    break;
+                }
             }
         }
         self.model = model;
@@ -1017,6 +1018,18 @@ async fn eager_load(
     d: &Dispatch,
 ) -> Result<Option<Value>, Refusal> {
     if d.origin.is_none() || action_type(&d.action) != Some("chat/truncated") {
+        return Ok(None);
+    }
+    // Nothing is loaded for a caller the dispatch itself would refuse: one
+    // that may not see or drive the session, or a session that has ended
+    // (`check_dispatch` then answers, as for any dispatch).
+    let ended = matches!(model.projection.settled.as_ref(),
+        Some(s) if s.state == tether_protocol::projection::SessionLifeState::Ended);
+    let allowed = d
+        .principal
+        .as_ref()
+        .is_some_and(|p| p.can_write() && p.can_see(&model.created.project));
+    if ended || !allowed {
         return Ok(None);
     }
     let Some(turn_id) = d.action.get("turnId").and_then(Value::as_str) else {

@@ -501,6 +501,14 @@ impl Engine {
             return missing();
         };
         if parsed == Channel::Root {
+            // The root state is every project's: a principal limited to
+            // some projects may not change it.
+            if principal.project_scope().is_some() {
+                return Submitted::Done(DispatchOutcome::Rejected(Refusal::new(
+                    RefusalKind::Forbidden,
+                    "Only a principal of every project may change the root state.",
+                )));
+            }
             return Submitted::Done(self.dispatch_root(origin, action).await);
         }
         let session = match self.session_of(&parsed).await {
@@ -641,7 +649,13 @@ impl Engine {
         }
         let not_found = || EngineError::NotFound(format!("Channel {channel} does not exist."));
         let session = self.session_of(&parsed).await?.ok_or_else(not_found)?;
-        self.session_view(principal, &session).await?;
+        // Another project's channel answers exactly as a missing one.
+        self.session_view(principal, &session)
+            .await
+            .map_err(|err| match err {
+                EngineError::NotFound(_) => not_found(),
+                other => other,
+            })?;
         let found = self
             .ask(&session, |reply| Command::Snapshot {
                 channel: channel.to_owned(),

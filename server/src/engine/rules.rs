@@ -22,6 +22,21 @@ fn scope_of(channel: &Channel) -> &'static str {
     }
 }
 
+/// Host-originated actions no token may dispatch, an agent's included:
+/// they change which chats a session owns, load archived turns, or record
+/// the host's own view of the session's life. Only the host writes them.
+const HOST_ONLY: [&str; 9] = [
+    "session/chatAdded",
+    "session/chatRemoved",
+    "session/chatsReordered",
+    "session/creationFailed",
+    "chat/turnsLoaded",
+    "x-tether/sessionCreated",
+    "x-tether/sessionSettled",
+    "x-tether/agentOpened",
+    "x-tether/documentEdited",
+];
+
 /// Checks that a client may dispatch `action` on `channel` at all: it has a
 /// type, belongs on this kind of channel and is client-dispatchable (or the
 /// caller may dispatch host-originated actions: `host_actions`, an agent's
@@ -38,6 +53,7 @@ pub fn check_dispatchable<'a>(
                 .to_owned(),
         );
     };
+    let host_actions = host_actions && !HOST_ONLY.contains(&kind);
     if kind.starts_with(EXTENSION_PREFIX) {
         if !host_actions && !is_client_dispatchable(kind) {
             return Err(format!(

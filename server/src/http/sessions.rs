@@ -387,8 +387,12 @@ pub async fn dispatch(
             ),
         });
     }
-    // REST callers name their own origin: it is durable.
-    let origin = Origin::durable(request.client_id.clone(), request.client_seq);
+    // REST callers name their own origin: it is durable (per principal).
+    let origin = Origin {
+        client_id: request.client_id.clone(),
+        client_seq: request.client_seq,
+        scope: Origin::durable_scope(&caller),
+    };
     match state
         .engine
         .dispatch(&caller, Some(origin), &channel, request.action)

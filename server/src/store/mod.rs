@@ -108,8 +108,9 @@ pub struct Origin {
     pub client_id: String,
     /// The client's own sequence number for the dispatch.
     pub client_seq: u64,
-    /// Where `client_seq` is unique: empty for durable origins, a
-    /// connection's own token otherwise.
+    /// Where `client_seq` is unique: for durable origins the empty scope
+    /// (no authentication) or `sub:<token sub>`, otherwise `conn:` and a
+    /// connection's own token.
     pub scope: String,
 }
 
@@ -123,9 +124,14 @@ impl Origin {
         }
     }
 
-    /// Whether this origin keys exactly-once for good.
-    pub fn is_durable(&self) -> bool {
-        self.scope.is_empty()
+    /// The durable scope of a caller: the empty scope without
+    /// authentication, else its token's `sub`, so that one principal can
+    /// never use up (or answer with) another's sequence numbers.
+    pub fn durable_scope(principal: &crate::auth::Principal) -> String {
+        match principal.expires_at {
+            None => String::new(),
+            Some(_) => format!("sub:{}", principal.sub),
+        }
     }
 }
 

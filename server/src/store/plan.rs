@@ -100,6 +100,7 @@ pub fn plan<'a>(batch: &'a [NewEnvelope], last_seq: i64, existing: &HashSet<Orig
             );
         }
     }
+    let turns = latest_turns(turns.into_iter());
     let mut sessions: Vec<(&SessionRecord, i64)> = records
         .into_values()
         .filter_map(|record| Some((record, *latest_seq.get(record.id.as_str())?)))
@@ -113,6 +114,21 @@ pub fn plan<'a>(batch: &'a [NewEnvelope], last_seq: i64, existing: &HashSet<Orig
         slots,
         last_seq: next,
     }
+}
+
+/// One row per archive key, the latest, in order: a chat truncated into
+/// its archive and grown again archives the same ordinal twice, and
+/// Postgres refuses an upsert that touches one row twice.
+pub fn latest_turns<'a>(
+    turns: impl DoubleEndedIterator<Item = &'a ArchivedTurn>,
+) -> Vec<&'a ArchivedTurn> {
+    let mut seen = HashSet::new();
+    let mut latest: Vec<&ArchivedTurn> = turns
+        .rev()
+        .filter(|t| seen.insert((t.chat.as_str(), t.generation, t.ordinal)))
+        .collect();
+    latest.reverse();
+    latest
 }
 
 /// The origins of the batch's duplicates, in batch order: the store looks

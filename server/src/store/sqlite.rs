@@ -453,7 +453,7 @@ impl Store for SqliteStore {
 
     async fn archive_turns(&self, turns: &[ArchivedTurn]) -> Result<(), StoreError> {
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        let refs: Vec<&ArchivedTurn> = turns.iter().collect();
+        let refs = plan::latest_turns(turns.iter());
         Self::archive_in(&mut tx, &refs).await?;
         tx.commit().await?;
         Ok(())

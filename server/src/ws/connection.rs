@@ -162,7 +162,7 @@ impl Connection {
             queue: Queue { sender, backlog },
             client_id: None,
             origin_scope: String::new(),
-            connection_scope: uuid::Uuid::new_v4().simple().to_string(),
+            connection_scope: format!("conn:{}", uuid::Uuid::new_v4().simple()),
             subscriptions: HashMap::new(),
             routing,
             closing: false,

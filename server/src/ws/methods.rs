@@ -36,7 +36,7 @@ impl Connection {
             .and_then(Value::as_bool)
             .unwrap_or(false);
         self.origin_scope = if durable {
-            String::new()
+            Origin::durable_scope(&self.principal)
         } else {
             self.connection_scope.clone()
         };
@@ -465,6 +465,17 @@ impl Connection {
                 ));
             }
         };
+        // Each load is a commit: it counts against the principal's rate.
+        if let Err(wait) = self.principal_limits.dispatch(&self.principal.sub) {
+            return Err(RpcError {
+                code: TOO_MANY_REQUESTS,
+                message: format!(
+                    "Over this principal's rate; retry in {} ms.",
+                    wait.as_millis().max(1)
+                ),
+                data: Some(json!({"retryAfterMs": wait.as_millis().max(1) as u64})),
+            });
+        }
         let loaded = self
             .engine
             .fetch_turns(&self.principal, &chat, cursor)
