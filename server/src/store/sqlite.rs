@@ -35,7 +35,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct SqliteStore {
     writer: SqlitePool,
     readers: SqlitePool,
-    /// The file, locked exclusively while the store is open: SQLite serves
+    /// The database's lock file, locked exclusively while the store is open: SQLite serves
     /// one host (several hosts share a Postgres database instead), and a
     /// second `tether serve` on the same file would split the stream.
     lock: Arc<Mutex<Option<std::fs::File>>>,
@@ -90,8 +90,10 @@ impl SqliteStore {
         })
     }
 
-    /// Takes the file's exclusive lock (creating the file when it does not
-    /// exist yet, as SQLite would); `None` for an in-memory database.
+    /// Takes the exclusive lock of the database's `-lock` file beside it;
+    /// `None` for an in-memory database. A file of its own, not the
+    /// database: closing any descriptor of the database file would drop the
+    /// POSIX locks SQLite itself holds on it in this process.
     fn lock_file(path: &str) -> Result<Option<std::fs::File>, String> {
         if path == ":memory:" || path.starts_with("file::memory:") {
             return Ok(None);
@@ -101,7 +103,7 @@ impl SqliteStore {
             .write(true)
             .create(true)
             .truncate(false)
-            .open(path)
+            .open(format!("{path}-lock"))
             .map_err(|e| e.to_string())?;
         match file.try_lock() {
             Ok(()) => Ok(Some(file)),
