@@ -673,6 +673,23 @@ async fn a_long_chat_keeps_a_bounded_window_and_serves_older_turns(db: TestDb) {
         }
     }
 
+    // A turn id already used, in the window or archived, is refused: turns
+    // are numbered by position.
+    for reused in ["t9999", "t5"] {
+        client
+            .dispatch(
+                CHAT.into(),
+                action(json!({"type": "chat/turnStarted", "turnId": reused,
+                    "startedAt": "2026-12-01T11:30:00.000Z",
+                    "message": {"text": "again?", "origin": {"kind": "user"}}})),
+            )
+            .await
+            .unwrap();
+        let refused = next_chat_envelope(&mut sub).await;
+        let why = refused.rejection_reason.unwrap_or_default();
+        assert!(why.contains("already used"), "{reused}: {why:?}");
+    }
+
     // Bad cursors are refused; nothing is loaded.
     for bad in ["nonsense", "7.100", "0.x"] {
         match fetch_turns(&client, CHAT, Some(bad)).await {

@@ -1008,6 +1008,50 @@ async fn turns_loaded(
     Ok(action)
 }
 
+/// A new turn's id must be new to its chat, the archived turns included:
+/// turns are numbered by position and `chat/turnsLoaded` drops the ids a
+/// window already has, so a reused id would shift every older turn.
+async fn check_new_turn_id(
+    ctx: &Ctx,
+    model: &SessionModel,
+    chat: &str,
+    action: &Value,
+) -> Result<(), Refusal> {
+    let Some(turn_id) = action.get("turnId").and_then(Value::as_str) else {
+        return Ok(());
+    };
+    let Some(state) = model.chats.get(chat) else {
+        return Ok(());
+    };
+    let reused = || {
+        Refusal::new(
+            RefusalKind::Invalid,
+            format!("Turn id {turn_id:?} is already used in {chat}; start the turn with a new id."),
+        )
+    };
+    if state.turns.iter().any(|t| t.id == turn_id)
+        || state.active_turn.as_ref().is_some_and(|t| t.id == turn_id)
+    {
+        return Err(reused());
+    }
+    let window = model.window(chat);
+    if window.archived == 0 {
+        return Ok(());
+    }
+    match ctx
+        .store
+        .archived_ordinal(chat, window.generation, turn_id)
+        .await
+    {
+        Ok(Some(ordinal)) if ordinal < window.archived => Err(reused()),
+        Ok(_) => Ok(()),
+        Err(err) => Err(Refusal::new(
+            RefusalKind::Unavailable,
+            format!("The turn archive is unavailable ({err}); retry."),
+        )),
+    }
+}
+
 /// AHP 1.0: before applying an action that refers to a turn outside the
 /// loaded window, the host loads that turn (and those after it, so the
 /// window stays unbroken). Today `chat/truncated {turnId}` is the one such
@@ -1111,6 +1155,9 @@ async fn check_dispatch(
         }
         let caps = agent.map(|a| a.workdirs).unwrap_or_default();
         check_workdirs(model, caps, &kind, &mut d.action)?;
+        if kind == "chat/turnStarted" {
+            check_new_turn_id(ctx, model, &d.channel, &d.action).await?;
+        }
         kind
     } else {
         action_type(&d.action).unwrap_or_default().to_owned()
