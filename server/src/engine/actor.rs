@@ -9,111 +9,22 @@
 //! from the store, so its state is always the fold of what was committed.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use ahp::reducers::ReduceOutcome;
 use serde_json::Value;
 use tether_protocol::actions::{AGENT_OPENED, SESSION_SETTLED, action_type};
 use tether_protocol::channel::Channel;
 use tether_protocol::model::{SessionCreated, SessionModel, typed_action};
 use tether_protocol::view::SessionView;
-use tether_protocol::window::TurnWindow;
 use tokio::sync::{mpsc, oneshot};
 
+pub use super::command::{Command, Dispatch, DispatchOutcome};
 use super::commit::CommitOutcome;
-use super::fanout::{Published, published_from_store};
-use super::rules::{check_dispatchable, check_workdirs};
+use super::summary::{Announcer, SUMMARY_COALESCE};
+use super::turns::{ARCHIVE_CHUNK, TURNS_LOADED, eager_load, turns_loaded};
+use super::validate::{check_dispatch, retry_outcome};
 use super::{Ctx, EngineError, Refusal, RefusalKind};
-use crate::auth::Principal;
-use crate::effects::EffectRequest;
-use crate::store::{
-    NewEnvelope, Origin, OriginOutcome, Rejection, SessionRecord, Snapshot, now_ms,
-};
 
-/// The answer to a dispatch.
-#[derive(Debug, Clone)]
-pub enum DispatchOutcome {
-    /// Accepted (now or, for a retry, originally) as this envelope.
-    Accepted(Arc<Published>),
-    /// Refused, with its kind and a reason a person can act on.
-    Rejected(Refusal),
-}
-
-/// One action to validate, apply and commit.
-#[derive(Debug)]
-pub struct Dispatch {
-    /// The dispatching client; `None` for host-originated actions.
-    pub origin: Option<Origin>,
-    /// Target channel (the session or one of its chats).
-    pub channel: String,
-    /// The action object.
-    pub action: Value,
-    /// The caller, checked against the session's project (`None` for the host).
-    pub principal: Option<Principal>,
-    /// Where the outcome goes.
-    pub reply: Option<oneshot::Sender<DispatchOutcome>>,
-}
-
-/// A message to a session actor.
-#[derive(Debug)]
-pub enum Command {
-    /// Validate, apply and commit an action.
-    Dispatch(Dispatch),
-    /// Create the session.
-    Create {
-        /// Its first record.
-        created: SessionCreated,
-        /// The outcome.
-        reply: oneshot::Sender<Result<SessionView, EngineError>>,
-    },
-    /// Settle the session for good (closed when resumable, else ended).
-    Dispose {
-        /// The outcome.
-        reply: oneshot::Sender<Result<SessionView, EngineError>>,
-    },
-    /// A channel's state and the seq it includes, taken together.
-    Snapshot {
-        /// The session or one of its chats.
-        channel: String,
-        /// `(state, fromSeq)`, or `None` when the channel is not this session's.
-        reply: oneshot::Sender<Result<Option<(Value, u64)>, EngineError>>,
-    },
-    /// Adds a chat to the session (`session/chatAdded`, host-originated).
-    CreateChat {
-        /// The new chat's URI.
-        chat: String,
-        /// The outcome.
-        reply: oneshot::Sender<Result<(), EngineError>>,
-    },
-    /// Resumes the session's agent (ACP `session/resume` semantics).
-    Resume {
-        /// The caller's primary directory, canonical `file:` URI.
-        cwd: String,
-        /// The complete new list of additional directories (canonical URIs).
-        additional: Vec<String>,
-        /// The outcome.
-        reply: oneshot::Sender<Result<SessionView, EngineError>>,
-    },
-    /// At start-up: fail an open turn and settle a session nobody settled.
-    Sweep {
-        /// Whether anything was written.
-        reply: oneshot::Sender<Result<bool, EngineError>>,
-    },
-    /// Loads older turns of a chat into its window (`fetchTurns`).
-    FetchTurns {
-        /// The chat's URI.
-        chat: String,
-        /// A `turnsNextCursor` this host issued; `None`: the next page.
-        cursor: Option<String>,
-        /// The seq of the `chat/turnsLoaded` committed, if any.
-        reply: oneshot::Sender<Result<Option<u64>, EngineError>>,
-    },
-    /// The session's view.
-    View {
-        /// `None` when the session does not exist.
-        reply: oneshot::Sender<Result<Option<SessionView>, EngineError>>,
-    },
-}
+use crate::store::{NewEnvelope, SessionRecord, Snapshot, now_ms};
 
 pub(super) struct SessionActor {
     id: String,
@@ -126,35 +37,8 @@ pub(super) struct SessionActor {
     since_snapshot: u64,
     /// Host-originated actions waiting to be committed (agent answers).
     follow_ups: Vec<(String, Value)>,
-    /// The summary root subscribers last heard of (`listSessions`,
-    /// `root/sessionAdded`, then each `root/sessionSummaryChanged`).
-    announced: Option<Value>,
-    /// When the last `root/sessionSummaryChanged` went out.
-    announced_at: Instant,
-    /// A change of `modifiedAt` alone is waiting for the coalescing window.
-    summary_pending: bool,
-}
-
-/// How often a session's summary changes of `modifiedAt` alone (every
-/// streamed chunk of a turn bumps it) reach root subscribers: at most once
-/// per this window, the last one trailing. Every other change goes at once.
-const SUMMARY_COALESCE: Duration = Duration::from_secs(1);
-
-/// Summary fields that never change and are never carried in
-/// `root/sessionSummaryChanged`.
-const SUMMARY_IDENTITY: [&str; 3] = ["resource", "provider", "createdAt"];
-
-/// The mutable fields of `now` that differ from `before`.
-fn summary_changes(before: &Value, now: &Value) -> serde_json::Map<String, Value> {
-    let mut changes = serde_json::Map::new();
-    if let Value::Object(now) = now {
-        for (key, value) in now {
-            if !SUMMARY_IDENTITY.contains(&key.as_str()) && before.get(key) != Some(value) {
-                changes.insert(key.clone(), value.clone());
-            }
-        }
-    }
-    changes
+    /// What root subscribers last heard of its summary.
+    announcer: Announcer,
 }
 
 impl SessionActor {
@@ -168,9 +52,7 @@ impl SessionActor {
             agent_live: false,
             since_snapshot: 0,
             follow_ups: Vec::new(),
-            announced: None,
-            announced_at: Instant::now(),
-            summary_pending: false,
+            announcer: Announcer::new(),
         };
         if let Err(err) = actor.reload().await {
             tracing::error!(session = %actor.id, error = %err, "cannot load session");
@@ -184,7 +66,7 @@ impl SessionActor {
         }
         actor.announce(true);
         loop {
-            let wait = if actor.summary_pending {
+            let wait = if actor.announcer.pending {
                 SUMMARY_COALESCE
             } else {
                 actor.ctx.config.actor_idle
@@ -193,7 +75,7 @@ impl SessionActor {
                 Ok(Some(command)) => command,
                 Ok(None) => break,
                 Err(_) => {
-                    if actor.summary_pending {
+                    if actor.announcer.pending {
                         actor.announce(true);
                         continue;
                     }
@@ -226,48 +108,17 @@ impl SessionActor {
                 command => actor.handle(command).await,
             }
         }
-        if actor.summary_pending {
+        if actor.announcer.pending {
             actor.announce(true);
         }
         actor.write_snapshot().await;
     }
 
-    /// Tells root subscribers which summary fields changed since they last
-    /// heard (`root/sessionSummaryChanged`, only the changed mutable
-    /// fields). A change of `modifiedAt` alone waits for the coalescing
-    /// window unless `now` says it is due. The first call sets the baseline.
+    /// Tells root subscribers what changed in the session's summary.
     fn announce(&mut self, now: bool) {
-        let Some(model) = &self.model else { return };
-        let current = super::summary(&self.view(model));
-        let Some(before) = &self.announced else {
-            self.announced = Some(current);
-            return;
-        };
-        let changes = summary_changes(before, &current);
-        if changes.is_empty() {
-            self.summary_pending = false;
-            return;
+        if let Some(model) = &self.model {
+            self.announcer.announce(&self.ctx.hub, model, now);
         }
-        let only_time = changes.keys().all(|key| key == "modifiedAt");
-        if only_time && !now && self.announced_at.elapsed() < SUMMARY_COALESCE {
-            self.summary_pending = true;
-            return;
-        }
-        self.ctx.hub.notify(
-            tether_protocol::channel::ROOT,
-            &model.created.project,
-            super::notification(
-                "root/sessionSummaryChanged",
-                serde_json::json!({
-                    "channel": tether_protocol::channel::ROOT,
-                    "session": self.uri,
-                    "changes": changes,
-                }),
-            ),
-        );
-        self.announced = Some(current);
-        self.announced_at = Instant::now();
-        self.summary_pending = false;
     }
 
     fn fail(&self, command: Command, err: EngineError) {
@@ -890,367 +741,8 @@ impl SessionActor {
     }
 }
 
-/// The answer to a dispatch whose origin already has an outcome: that
-/// outcome when it is a true retry (the same channel and the same action),
-/// otherwise a refusal that names the reused sequence number and nothing of
-/// the other dispatch (it may be on a channel the caller cannot see). Either
-/// way nothing is applied.
-pub(super) fn retry_outcome(
-    known: &OriginOutcome,
-    channel: &str,
-    action: &Value,
-) -> DispatchOutcome {
-    let (first_channel, first_action, origin) = match known {
-        OriginOutcome::Accepted(original) => (
-            original.channel.as_str(),
-            original.action.as_str(),
-            original.origin.as_ref(),
-        ),
-        OriginOutcome::Rejected(first) => (
-            first.channel.as_str(),
-            first.action.as_str(),
-            Some(&first.origin),
-        ),
-    };
-    let same = first_channel == channel
-        && serde_json::from_str::<Value>(first_action).is_ok_and(|o| &o == action);
-    match known {
-        OriginOutcome::Accepted(original) if same => {
-            DispatchOutcome::Accepted(Arc::new(published_from_store(original)))
-        }
-        OriginOutcome::Rejected(first) if same => {
-            DispatchOutcome::Rejected(Refusal::new(RefusalKind::Invalid, first.reason.clone()))
-        }
-        _ => DispatchOutcome::Rejected(Refusal::new(
-            RefusalKind::Conflict,
-            format!(
-                "clientSeq {} of client {:?} was already used for a different dispatch; a client \
-                 must not reuse sequence numbers: continue above its highest clientSeq or use a \
-                 new clientId.",
-                origin.map_or(0, |o| o.client_seq),
-                origin.map_or("", |o| o.client_id.as_str()),
-            ),
-        )),
-    }
-}
-
-/// The type of the action that loads older turns into a chat's window.
-const TURNS_LOADED: &str = "chat/turnsLoaded";
-
-/// Archived turns written per statement when a reload re-archives them.
-const ARCHIVE_CHUNK: usize = 500;
-
-/// The most bytes of turns one `chat/turnsLoaded` carries: clients cap the
-/// messages they read (the upstream Rust client at 16 MiB), and a page of
-/// turns must fit one with room to spare.
-const MAX_LOAD_BYTES: usize = 4 * 1024 * 1024;
-
-/// The `chat/turnsLoaded` that brings `ordinals` of `chat` back from the
-/// archive into its window. With `partial`, a range over the byte budget is
-/// cut from its old end (the cursor then points at what is left); without,
-/// it is refused.
-async fn turns_loaded(
-    ctx: &Ctx,
-    chat: &str,
-    window: TurnWindow,
-    ordinals: std::ops::Range<u64>,
-    partial: bool,
-) -> Result<Value, Refusal> {
-    let unavailable = |reason: String| Refusal::new(RefusalKind::Unavailable, reason);
-    let turns = ctx
-        .store
-        .archived_turns(chat, window.generation, ordinals.clone())
-        .await
-        .map_err(|e| unavailable(format!("The turn archive is unavailable ({e}); retry.")))?;
-    let contiguous = turns
-        .iter()
-        .zip(ordinals.clone())
-        .all(|(turn, ordinal)| turn.ordinal == ordinal);
-    if turns.len() as u64 != ordinals.end - ordinals.start || !contiguous {
-        return Err(unavailable(format!(
-            "The turn archive of {chat} lacks turns {}..{}; it is rebuilt from the transcript \
-             when the session next loads.",
-            ordinals.start, ordinals.end
-        )));
-    }
-    let mut bytes = 0;
-    let mut start = ordinals.end;
-    for turn in turns.iter().rev() {
-        if bytes + turn.body.len() > MAX_LOAD_BYTES && start < ordinals.end {
-            if !partial {
-                return Err(Refusal::new(
-                    RefusalKind::Invalid,
-                    format!(
-                        "The turn this action refers to is {} turns back, more than one load \
-                         of {MAX_LOAD_BYTES} bytes holds; load older turns with fetchTurns first.",
-                        ordinals.end - ordinals.start
-                    ),
-                ));
-            }
-            break;
-        }
-        bytes += turn.body.len();
-        start = turn.ordinal;
-    }
-    let mut bodies = Vec::with_capacity(turns.len());
-    for turn in turns.iter().filter(|t| t.ordinal >= start) {
-        bodies.push(serde_json::from_str::<Value>(&turn.body).map_err(|e| {
-            unavailable(format!(
-                "Archived turn {} of {chat} is unreadable: {e}.",
-                turn.ordinal
-            ))
-        })?);
-    }
-    let mut action = serde_json::json!({"type": TURNS_LOADED, "turns": bodies});
-    if let Some(cursor) = window.cursor(start) {
-        action["turnsNextCursor"] = Value::String(cursor);
-    }
-    Ok(action)
-}
-
-/// A new turn's id must be new to its chat, the archived turns included:
-/// turns are numbered by position and `chat/turnsLoaded` drops the ids a
-/// window already has, so a reused id would shift every older turn.
-async fn check_new_turn_id(
-    ctx: &Ctx,
-    model: &SessionModel,
-    chat: &str,
-    action: &Value,
-) -> Result<(), Refusal> {
-    let Some(turn_id) = action.get("turnId").and_then(Value::as_str) else {
-        return Ok(());
-    };
-    let Some(state) = model.chats.get(chat) else {
-        return Ok(());
-    };
-    let reused = || {
-        Refusal::new(
-            RefusalKind::Invalid,
-            format!("Turn id {turn_id:?} is already used in {chat}; start the turn with a new id."),
-        )
-    };
-    if state.turns.iter().any(|t| t.id == turn_id)
-        || state.active_turn.as_ref().is_some_and(|t| t.id == turn_id)
-    {
-        return Err(reused());
-    }
-    let window = model.window(chat);
-    if window.archived == 0 {
-        return Ok(());
-    }
-    match ctx
-        .store
-        .archived_ordinal(chat, window.generation, turn_id)
-        .await
-    {
-        Ok(Some(ordinal)) if ordinal < window.archived => Err(reused()),
-        Ok(_) => Ok(()),
-        Err(err) => Err(Refusal::new(
-            RefusalKind::Unavailable,
-            format!("The turn archive is unavailable ({err}); retry."),
-        )),
-    }
-}
-
-/// AHP 1.0: before applying an action that refers to a turn outside the
-/// loaded window, the host loads that turn (and those after it, so the
-/// window stays unbroken). Today `chat/truncated {turnId}` is the one such
-/// action a client may dispatch.
-async fn eager_load(
-    ctx: &Ctx,
-    model: &SessionModel,
-    d: &Dispatch,
-) -> Result<Option<Value>, Refusal> {
-    if d.origin.is_none() || action_type(&d.action) != Some("chat/truncated") {
-        return Ok(None);
-    }
-    // Nothing is loaded for a caller the dispatch itself would refuse: one
-    // that may not see or drive the session, or a session that has ended
-    // (`check_dispatch` then answers, as for any dispatch).
-    let ended = matches!(model.projection.settled.as_ref(),
-        Some(s) if s.state == tether_protocol::projection::SessionLifeState::Ended);
-    let allowed = d
-        .principal
-        .as_ref()
-        .is_some_and(|p| p.can_write() && p.can_see(&model.created.project));
-    if ended || !allowed {
-        return Ok(None);
-    }
-    let Some(turn_id) = d.action.get("turnId").and_then(Value::as_str) else {
-        return Ok(None);
-    };
-    let Some(chat) = model.chats.get(&d.channel) else {
-        return Ok(None);
-    };
-    let window = model.window(&d.channel);
-    if window.archived == 0 || chat.turns.iter().any(|t| t.id == turn_id) {
-        return Ok(None);
-    }
-    let ordinal = ctx
-        .store
-        .archived_ordinal(&d.channel, window.generation, turn_id)
-        .await
-        .map_err(|e| {
-            Refusal::new(
-                RefusalKind::Unavailable,
-                format!("The turn archive is unavailable ({e}); retry."),
-            )
-        })?;
-    match ordinal {
-        Some(ordinal) if ordinal < window.archived => {
-            turns_loaded(ctx, &d.channel, window, ordinal..window.archived, false)
-                .await
-                .map(Some)
-        }
-        _ => Ok(None),
-    }
-}
-
 fn reply(to: Option<oneshot::Sender<DispatchOutcome>>, outcome: DispatchOutcome) {
     if let Some(to) = to {
         let _ = to.send(outcome);
-    }
-}
-
-/// Runs the whole validation pipeline for one dispatch and, when it passes,
-/// applies it to `model`. Client dispatches get every rule and the side
-/// effect; host-originated ones only the reducer.
-async fn check_dispatch(
-    ctx: &Ctx,
-    model: &mut SessionModel,
-    agent: Option<&crate::agents::AgentSpec>,
-    d: &mut Dispatch,
-) -> Result<(), Refusal> {
-    if let Some(principal) = &d.principal
-        && !principal.can_see(&model.created.project)
-    {
-        return Err(Refusal::new(
-            RefusalKind::NotFound,
-            format!("Channel {} does not exist.", d.channel),
-        ));
-    }
-    let channel = Channel::parse(&d.channel).map_err(|e| e.to_string())?;
-    if matches!(channel, Channel::Chat(_)) && !model.chats.contains_key(&d.channel) {
-        // A chat the session removed (or never had).
-        return Err(Refusal::new(
-            RefusalKind::NotFound,
-            format!("Channel {} does not exist.", d.channel),
-        ));
-    }
-    let kind = if d.origin.is_some() {
-        let host_actions = d
-            .principal
-            .as_ref()
-            .is_some_and(Principal::can_dispatch_host_actions);
-        let kind = check_dispatchable(&channel, &d.action, host_actions)?.to_owned();
-        if matches!(model.projection.settled.as_ref(), Some(s) if s.state == tether_protocol::projection::SessionLifeState::Ended)
-        {
-            return Err(Refusal::new(
-                RefusalKind::Conflict,
-                format!(
-                    "Session {} has ended; it accepts no more actions. Start a new session.",
-                    model.id
-                ),
-            ));
-        }
-        let caps = agent.map(|a| a.workdirs).unwrap_or_default();
-        check_workdirs(model, caps, &kind, &mut d.action)?;
-        if kind == "chat/turnStarted" {
-            check_new_turn_id(ctx, model, &d.channel, &d.action).await?;
-        }
-        kind
-    } else {
-        action_type(&d.action).unwrap_or_default().to_owned()
-    };
-    let typed = typed_action(&d.action);
-    if matches!(typed, ahp_types::actions::StateAction::Unknown(_)) && !kind.starts_with("x-") {
-        return Err(format!(
-            "Action {kind} is malformed: a field is missing or has the wrong type (see the AHP \
-             1.0 action reference)."
-        )
-        .into());
-    }
-    let (outcome, trial) = model.try_apply(&d.channel, &d.action, &typed);
-    let trial = match (outcome, trial) {
-        (ReduceOutcome::Applied | ReduceOutcome::NoOp, Some(trial)) => trial,
-        (ReduceOutcome::Invalid(err), _) => {
-            return Err(format!(
-                "Action {kind} is not valid in the session's current state: {err:?}."
-            )
-            .into());
-        }
-        _ => {
-            return Err(format!("Action {kind} does not apply to {}.", d.channel).into());
-        }
-    };
-    if let Some(origin) = &d.origin {
-        let request = EffectRequest {
-            channel: &d.channel,
-            action: &d.action,
-            state: &model.session,
-            origin: Some((&origin.client_id, origin.client_seq)),
-        };
-        let timeout = ctx.config.effect_timeout;
-        match tokio::time::timeout(timeout, ctx.effects.apply(&request)).await {
-            Ok(result) => result?,
-            Err(_) => {
-                return Err(Refusal::new(
-                    RefusalKind::Unavailable,
-                    format!(
-                        "The side-effect backend is unavailable: it did not answer within {} ms; \
-                         try again later.",
-                        timeout.as_millis()
-                    ),
-                ));
-            }
-        }
-    }
-    model.accept(trial, &d.action, &typed);
-    Ok(())
-}
-
-impl Ctx {
-    /// Records a rejection (for client dispatches) and returns the outcome
-    /// that holds: an earlier acceptance of the same origin wins.
-    pub(super) async fn reject(
-        &self,
-        origin: Option<&Origin>,
-        channel: &str,
-        action: &Value,
-        refusal: Refusal,
-    ) -> DispatchOutcome {
-        self.metrics
-            .rejections
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let Some(origin) = origin else {
-            tracing::warn!(%channel, reason = %refusal.reason, "host-originated action refused");
-            return DispatchOutcome::Rejected(refusal);
-        };
-        // A transient failure is not the origin's outcome: a retry may pass.
-        // Nor is a missing channel: it may exist by the time of the retry.
-        if matches!(
-            refusal.kind,
-            RefusalKind::Unavailable | RefusalKind::NotFound
-        ) {
-            return DispatchOutcome::Rejected(refusal);
-        }
-        let reason = refusal.reason.clone();
-        let rejection = Rejection {
-            origin: origin.clone(),
-            channel: channel.to_owned(),
-            action: action.to_string(),
-            reason: reason.clone(),
-            at_ms: now_ms(),
-        };
-        match self.store.record_rejection(rejection).await {
-            Ok(OriginOutcome::Rejected(first)) if first.reason == refusal.reason => {
-                DispatchOutcome::Rejected(refusal)
-            }
-            Ok(known) => retry_outcome(&known, channel, action),
-            Err(err) => {
-                tracing::warn!(error = %err, "rejection not recorded");
-                DispatchOutcome::Rejected(refusal)
-            }
-        }
     }
 }

@@ -8,125 +8,42 @@
 //! ```
 
 mod actor;
+mod command;
 mod commit;
+mod error;
 pub mod fanout;
 pub mod rebuild;
+mod root;
 mod rules;
+mod summary;
+mod turns;
+mod validate;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ahp::reducers::{ReduceOutcome, apply_action_to_root};
-use ahp_types::state::RootState;
 use serde_json::{Value, json};
 use tether_protocol::channel::{Channel, ROOT};
-use tether_protocol::model::{SessionCreated, typed_action};
+use tether_protocol::model::SessionCreated;
 use tether_protocol::view::SessionView;
 use tether_protocol::workdir::canonical_file_uri;
 use tokio::sync::{mpsc, oneshot};
 
 pub use actor::DispatchOutcome;
+pub use error::{EngineError, Refusal, RefusalKind};
+pub use summary::summary;
 
-/// What kind of refusal a dispatch got; it decides the REST status and
-/// whether the refusal is recorded as the origin's final outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RefusalKind {
-    /// The action is invalid (or not allowed) as sent.
-    Invalid,
-    /// The session's state forbids it (ended) or the sequence number was
-    /// reused for another action.
-    Conflict,
-    /// Storage or a side-effect backend was unavailable. Not recorded: the
-    /// same dispatch may succeed when retried.
-    Unavailable,
-    /// The channel does not exist (or the caller may not see it). AHP
-    /// requires a host to ignore such a dispatch silently, with no echo;
-    /// REST answers 404. Not recorded.
-    NotFound,
-    /// The caller's role may not dispatch (a viewer). REST answers 403. Not
-    /// recorded: the same origin may be sent again with another token.
-    Forbidden,
-}
-
-/// A refused dispatch.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{reason}")]
-pub struct Refusal {
-    /// Its kind.
-    pub kind: RefusalKind,
-    /// A sentence a person can act on.
-    pub reason: String,
-}
-
-impl Refusal {
-    /// A refusal of `kind`.
-    pub fn new(kind: RefusalKind, reason: impl Into<String>) -> Self {
-        Self {
-            kind,
-            reason: reason.into(),
-        }
-    }
-}
-
-impl From<String> for Refusal {
-    fn from(reason: String) -> Self {
-        Self::new(RefusalKind::Invalid, reason)
-    }
-}
-
-impl From<&str> for Refusal {
-    fn from(reason: &str) -> Self {
-        Self::new(RefusalKind::Invalid, reason)
-    }
-}
-
-impl From<crate::effects::EffectError> for Refusal {
-    fn from(err: crate::effects::EffectError) -> Self {
-        match err {
-            crate::effects::EffectError::Refused(reason) => Self::new(RefusalKind::Invalid, reason),
-            crate::effects::EffectError::Unavailable(reason) => {
-                Self::new(RefusalKind::Unavailable, reason)
-            }
-        }
-    }
-}
 use actor::{Command, Dispatch, SessionActor};
-use commit::{CommitOutcome, Committer};
+use commit::Committer;
 use fanout::Hub;
+use root::{RootModel, load_root};
 
 use crate::agents::Agents;
 use crate::auth::Principal;
 use crate::effects::Effects;
-use crate::store::{NewEnvelope, Origin, Snapshot, Store, StoreError, now_ms};
-
-/// Errors of engine operations other than dispatch (which answers with a
-/// [`DispatchOutcome`]).
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum EngineError {
-    /// The session or channel does not exist (or the caller may not see it).
-    #[error("{0}")]
-    NotFound(String),
-    /// The session already exists.
-    #[error("{0}")]
-    AlreadyExists(String),
-    /// The state does not allow it.
-    #[error("{0}")]
-    Conflict(String),
-    /// The request is malformed or breaks a rule.
-    #[error("{0}")]
-    InvalidParams(String),
-    /// No agent serves the provider.
-    #[error("{0}")]
-    ProviderNotFound(String),
-    /// The caller may not do this.
-    #[error("{0}")]
-    Forbidden(String),
-    /// Storage or a backend is unavailable.
-    #[error("{0}")]
-    Unavailable(String),
-}
+use crate::store::{Origin, Store, StoreError, now_ms};
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -223,11 +140,6 @@ pub struct CreateSession {
     pub title: Option<String>,
     /// AHP `SessionActiveClient`.
     pub active_client: Option<Value>,
-}
-
-struct RootModel {
-    state: RootState,
-    last_seq: u64,
 }
 
 pub(crate) struct Ctx {
@@ -536,93 +448,6 @@ impl Engine {
         Submitted::Pending(answer)
     }
 
-    async fn dispatch_root(&self, origin: Option<Origin>, action: Value) -> DispatchOutcome {
-        // The root channel is the host's alone: no token dispatches its
-        // host-originated actions.
-        match rules::check_dispatchable(&Channel::Root, &action, false) {
-            Ok(_) => {}
-            Err(reason) => {
-                return self
-                    .ctx
-                    .reject(origin.as_ref(), ROOT, &action, reason.into())
-                    .await;
-            }
-        }
-        match self.commit_root(action.clone(), origin.clone()).await {
-            Ok(outcome) => outcome,
-            Err(reason) => {
-                self.ctx
-                    .reject(origin.as_ref(), ROOT, &action, reason)
-                    .await
-            }
-        }
-    }
-
-    /// Validates, commits and applies a root action under the root lock.
-    async fn commit_root(
-        &self,
-        action: Value,
-        origin: Option<Origin>,
-    ) -> Result<DispatchOutcome, Refusal> {
-        let mut root = self.ctx.root.lock().await;
-        let typed = typed_action(&action);
-        let mut trial = root.state.clone();
-        match apply_action_to_root(&mut trial, &typed) {
-            ReduceOutcome::Applied | ReduceOutcome::NoOp => {}
-            other => {
-                return Err(Refusal::from(format!(
-                    "Action {} does not apply to the root channel ({other:?}).",
-                    tether_protocol::actions::action_type(&action).unwrap_or("?")
-                )));
-            }
-        }
-        let outcome = self
-            .ctx
-            .committer
-            .append(vec![NewEnvelope {
-                channel: ROOT.to_owned(),
-                session_id: None,
-                action: action.to_string(),
-                origin,
-                session: None,
-                chats: Vec::new(),
-                turns: Vec::new(),
-            }])
-            .await
-            .map_err(|_| {
-                "Storage unavailable: the action was not recorded; retry it.".to_owned()
-            })?;
-        match outcome.into_iter().next() {
-            Some(CommitOutcome::Committed(published)) => {
-                root.state = trial;
-                root.last_seq = published.seq;
-                if published.seq % 64 == 0 {
-                    self.snapshot_root(&root).await;
-                }
-                Ok(DispatchOutcome::Accepted(published))
-            }
-            Some(CommitOutcome::Duplicate(known)) => {
-                Ok(actor::retry_outcome(&known, ROOT, &action))
-            }
-            None => Err(Refusal::new(RefusalKind::Unavailable, STORAGE_UNAVAILABLE)),
-        }
-    }
-
-    async fn snapshot_root(&self, root: &RootModel) {
-        let Ok(state) = serde_json::to_string(&root.state) else {
-            return;
-        };
-        let snapshot = Snapshot {
-            channel: ROOT.to_owned(),
-            seq: root.last_seq,
-            state,
-            at_ms: now_ms(),
-        };
-        if let Err(err) = self.ctx.store.put_snapshot(snapshot).await {
-            tracing::warn!(error = %err, "root snapshot not written");
-        }
-    }
-
     /// A channel's state and the seq it includes, taken atomically.
     pub async fn snapshot(
         &self,
@@ -777,21 +602,6 @@ impl Engine {
             ),
         );
         Ok(view)
-    }
-
-    async fn change_active_sessions(&self, delta: i64) {
-        let current = self
-            .ctx
-            .root
-            .lock()
-            .await
-            .state
-            .active_sessions
-            .unwrap_or(0);
-        let action = json!({"type": "root/activeSessionsChanged", "activeSessions": (current + delta).max(0)});
-        if let Err(err) = self.commit_root(action, None).await {
-            tracing::warn!(error = %err.reason, "active session count not recorded");
-        }
     }
 
     /// Adds a chat to a session.
@@ -955,49 +765,4 @@ fn capitalise_first(text: &str) -> String {
 /// A JSON-RPC notification's text.
 pub fn notification(method: &str, params: Value) -> String {
     json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string()
-}
-
-/// The AHP `SessionSummary` of a view.
-pub fn summary(view: &SessionView) -> Value {
-    json!({
-        "resource": view.resource,
-        "provider": view.provider,
-        "title": view.title.clone().unwrap_or_default(),
-        "status": view.status,
-        "project": {"uri": format!("tether-project:/{}", view.project), "displayName": view.project},
-        "workingDirectories": view.working_directories,
-        "createdAt": view.created_at,
-        "modifiedAt": view.updated_at,
-        "defaultChat": view.default_chat,
-    })
-}
-
-async fn load_root(store: &dyn Store) -> Result<RootModel, StoreError> {
-    let mut root = match store.latest_snapshot(ROOT).await? {
-        Some(snapshot) => RootModel {
-            state: serde_json::from_str(&snapshot.state)
-                .map_err(|e| StoreError::Corrupt(format!("root snapshot: {e}")))?,
-            last_seq: snapshot.seq,
-        },
-        None => RootModel {
-            state: serde_json::from_value(json!({"agents": [], "activeSessions": 0}))
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-            last_seq: 0,
-        },
-    };
-    let channels = [ROOT.to_owned()];
-    loop {
-        let page = store
-            .read_after(root.last_seq, Some(&channels), 2_000)
-            .await?;
-        let Some(last) = page.last() else { break };
-        let last = last.seq;
-        for envelope in page {
-            let action: Value = serde_json::from_str(&envelope.action)
-                .map_err(|e| StoreError::Corrupt(format!("root envelope {}: {e}", envelope.seq)))?;
-            apply_action_to_root(&mut root.state, &typed_action(&action));
-        }
-        root.last_seq = last;
-    }
-    Ok(root)
 }

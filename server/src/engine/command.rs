@@ -1,0 +1,98 @@
+//! What a session actor is asked to do, and what a dispatch answers.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use tether_protocol::model::SessionCreated;
+use tether_protocol::view::SessionView;
+use tokio::sync::oneshot;
+
+use super::fanout::Published;
+use super::{EngineError, Refusal};
+use crate::auth::Principal;
+use crate::store::Origin;
+
+/// The answer to a dispatch.
+#[derive(Debug, Clone)]
+pub enum DispatchOutcome {
+    /// Accepted (now or, for a retry, originally) as this envelope.
+    Accepted(Arc<Published>),
+    /// Refused, with its kind and a reason a person can act on.
+    Rejected(Refusal),
+}
+
+/// One action to validate, apply and commit.
+#[derive(Debug)]
+pub struct Dispatch {
+    /// The dispatching client; `None` for host-originated actions.
+    pub origin: Option<Origin>,
+    /// Target channel (the session or one of its chats).
+    pub channel: String,
+    /// The action object.
+    pub action: Value,
+    /// The caller, checked against the session's project (`None` for the host).
+    pub principal: Option<Principal>,
+    /// Where the outcome goes.
+    pub reply: Option<oneshot::Sender<DispatchOutcome>>,
+}
+
+/// A message to a session actor.
+#[derive(Debug)]
+pub enum Command {
+    /// Validate, apply and commit an action.
+    Dispatch(Dispatch),
+    /// Create the session.
+    Create {
+        /// Its first record.
+        created: SessionCreated,
+        /// The outcome.
+        reply: oneshot::Sender<Result<SessionView, EngineError>>,
+    },
+    /// Settle the session for good (closed when resumable, else ended).
+    Dispose {
+        /// The outcome.
+        reply: oneshot::Sender<Result<SessionView, EngineError>>,
+    },
+    /// A channel's state and the seq it includes, taken together.
+    Snapshot {
+        /// The session or one of its chats.
+        channel: String,
+        /// `(state, fromSeq)`, or `None` when the channel is not this session's.
+        reply: oneshot::Sender<Result<Option<(Value, u64)>, EngineError>>,
+    },
+    /// Adds a chat to the session (`session/chatAdded`, host-originated).
+    CreateChat {
+        /// The new chat's URI.
+        chat: String,
+        /// The outcome.
+        reply: oneshot::Sender<Result<(), EngineError>>,
+    },
+    /// Resumes the session's agent (ACP `session/resume` semantics).
+    Resume {
+        /// The caller's primary directory, canonical `file:` URI.
+        cwd: String,
+        /// The complete new list of additional directories (canonical URIs).
+        additional: Vec<String>,
+        /// The outcome.
+        reply: oneshot::Sender<Result<SessionView, EngineError>>,
+    },
+    /// At start-up: fail an open turn and settle a session nobody settled.
+    Sweep {
+        /// Whether anything was written.
+        reply: oneshot::Sender<Result<bool, EngineError>>,
+    },
+    /// Loads older turns of a chat into its window (`fetchTurns`).
+    FetchTurns {
+        /// The chat's URI.
+        chat: String,
+        /// A `turnsNextCursor` this host issued; `None`: the next page.
+        cursor: Option<String>,
+        /// The seq of the `chat/turnsLoaded` committed, if any.
+        reply: oneshot::Sender<Result<Option<u64>, EngineError>>,
+    },
+    /// The session's view.
+    View {
+        /// `None` when the session does not exist.
+        reply: oneshot::Sender<Result<Option<SessionView>, EngineError>>,
+    },
+}

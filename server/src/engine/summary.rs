@@ -1,0 +1,149 @@
+//! Session summaries (AHP `SessionSummary`) and their live changes
+//! (`root/sessionSummaryChanged`, only the changed mutable fields).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tether_protocol::channel::ROOT;
+use tether_protocol::model::SessionModel;
+use tether_protocol::view::SessionView;
+
+use super::fanout::Hub;
+
+/// How often a session's summary changes of `modifiedAt` alone (every
+/// streamed chunk of a turn bumps it) reach root subscribers: at most once
+/// per this window, the last one trailing. Every other change goes at once.
+pub(super) const SUMMARY_COALESCE: Duration = Duration::from_secs(1);
+
+/// Summary fields that never change and are never carried in
+/// `root/sessionSummaryChanged`.
+const SUMMARY_IDENTITY: [&str; 3] = ["resource", "provider", "createdAt"];
+
+/// The fields of a summary, wherever they are read from.
+struct Fields<'a> {
+    resource: &'a str,
+    provider: &'a str,
+    title: &'a str,
+    status: u32,
+    project: &'a str,
+    working_directories: &'a [String],
+    created_at: &'a str,
+    modified_at: &'a str,
+    default_chat: Option<&'a str>,
+}
+
+impl Fields<'_> {
+    fn to_json(&self) -> Value {
+        json!({
+            "resource": self.resource,
+            "provider": self.provider,
+            "title": self.title,
+            "status": self.status,
+            "project": {"uri": format!("tether-project:/{}", self.project), "displayName": self.project},
+            "workingDirectories": self.working_directories,
+            "createdAt": self.created_at,
+            "modifiedAt": self.modified_at,
+            "defaultChat": self.default_chat,
+        })
+    }
+}
+
+/// The AHP `SessionSummary` of a view (a read-model row's).
+pub fn summary(view: &SessionView) -> Value {
+    Fields {
+        resource: &view.resource,
+        provider: &view.provider,
+        title: view.title.as_deref().unwrap_or_default(),
+        status: view.status,
+        project: &view.project,
+        working_directories: &view.working_directories,
+        created_at: &view.created_at,
+        modified_at: &view.updated_at,
+        default_chat: view.default_chat.as_deref(),
+    }
+    .to_json()
+}
+
+/// The summary of a live model, read from it directly: the actor computes
+/// it after every batch, and a whole view would copy the projection.
+fn summary_of(model: &SessionModel, modified_at: &str) -> Value {
+    let title = model.projection.title();
+    Fields {
+        resource: &model.uri(),
+        provider: &model.session.provider,
+        title: title.as_deref().unwrap_or_default(),
+        status: model.summary_status(),
+        project: &model.created.project,
+        working_directories: model
+            .session
+            .working_directories
+            .as_deref()
+            .unwrap_or_default(),
+        created_at: &model.created.created_at,
+        modified_at,
+        default_chat: model.session.default_chat.as_deref(),
+    }
+    .to_json()
+}
+
+/// What root subscribers last heard of one session's summary.
+#[derive(Debug)]
+pub(super) struct Announcer {
+    /// The summary they last heard of (`listSessions`, `root/sessionAdded`,
+    /// then each `root/sessionSummaryChanged`); `None` before the baseline.
+    announced: Option<Value>,
+    /// When the last change went out.
+    at: Instant,
+    /// A change of `modifiedAt` alone is waiting for the coalescing window.
+    pub(super) pending: bool,
+}
+
+impl Announcer {
+    pub(super) fn new() -> Self {
+        Self {
+            announced: None,
+            at: Instant::now(),
+            pending: false,
+        }
+    }
+
+    /// Tells root subscribers which summary fields of `model` changed since
+    /// they last heard. A change of `modifiedAt` alone waits for the
+    /// coalescing window unless `now` says it is due. The first call sets
+    /// the baseline.
+    pub(super) fn announce(&mut self, hub: &Hub, model: &SessionModel, now: bool) {
+        let current = summary_of(model, &super::rfc3339(crate::store::now_ms()));
+        let Some(before) = &self.announced else {
+            self.announced = Some(current);
+            return;
+        };
+        let mut changes = serde_json::Map::new();
+        if let Value::Object(fields) = &current {
+            for (key, value) in fields {
+                if !SUMMARY_IDENTITY.contains(&key.as_str()) && before.get(key) != Some(value) {
+                    changes.insert(key.clone(), value.clone());
+                }
+            }
+        }
+        if changes.is_empty() {
+            self.pending = false;
+            return;
+        }
+        let only_time = changes.keys().all(|key| key == "modifiedAt");
+        if only_time && !now && self.at.elapsed() < SUMMARY_COALESCE {
+            self.pending = true;
+            return;
+        }
+        hub.notify(
+            ROOT,
+            &model.created.project,
+            super::notification(
+                "root/sessionSummaryChanged",
+                json!({"channel": ROOT, "session": model.uri(), "changes": changes}),
+            ),
+        );
+        self.announced = Some(current);
+        self.at = Instant::now();
+        self.pending = false;
+    }
+}

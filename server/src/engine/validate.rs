@@ -1,0 +1,206 @@
+//! The validation pipeline a dispatch goes through before its commit, and
+//! the outcomes of refusals and retries.
+
+use std::sync::Arc;
+
+use ahp::reducers::ReduceOutcome;
+use serde_json::Value;
+use tether_protocol::actions::action_type;
+use tether_protocol::channel::Channel;
+use tether_protocol::model::{SessionModel, typed_action};
+
+use super::actor::{Dispatch, DispatchOutcome};
+use super::fanout::published_from_store;
+use super::rules::{check_dispatchable, check_workdirs};
+use super::turns::check_new_turn_id;
+use super::{Ctx, Refusal, RefusalKind};
+use crate::auth::Principal;
+use crate::effects::EffectRequest;
+use crate::store::{Origin, OriginOutcome, Rejection, now_ms};
+
+/// The answer to a dispatch whose origin already has an outcome: that
+/// outcome when it is a true retry (the same channel and the same action),
+/// otherwise a refusal that names the reused sequence number and nothing of
+/// the other dispatch (it may be on a channel the caller cannot see). Either
+/// way nothing is applied.
+pub(super) fn retry_outcome(
+    known: &OriginOutcome,
+    channel: &str,
+    action: &Value,
+) -> DispatchOutcome {
+    let (first_channel, first_action, origin) = match known {
+        OriginOutcome::Accepted(original) => (
+            original.channel.as_str(),
+            original.action.as_str(),
+            original.origin.as_ref(),
+        ),
+        OriginOutcome::Rejected(first) => (
+            first.channel.as_str(),
+            first.action.as_str(),
+            Some(&first.origin),
+        ),
+    };
+    let same = first_channel == channel
+        && serde_json::from_str::<Value>(first_action).is_ok_and(|o| &o == action);
+    match known {
+        OriginOutcome::Accepted(original) if same => {
+            DispatchOutcome::Accepted(Arc::new(published_from_store(original)))
+        }
+        OriginOutcome::Rejected(first) if same => {
+            DispatchOutcome::Rejected(Refusal::new(RefusalKind::Invalid, first.reason.clone()))
+        }
+        _ => DispatchOutcome::Rejected(Refusal::new(
+            RefusalKind::Conflict,
+            format!(
+                "clientSeq {} of client {:?} was already used for a different dispatch; a client \
+                 must not reuse sequence numbers: continue above its highest clientSeq or use a \
+                 new clientId.",
+                origin.map_or(0, |o| o.client_seq),
+                origin.map_or("", |o| o.client_id.as_str()),
+            ),
+        )),
+    }
+}
+
+/// Runs the whole validation pipeline for one dispatch and, when it passes,
+/// applies it to `model`. Client dispatches get every rule and the side
+/// effect; host-originated ones only the reducer.
+pub(super) async fn check_dispatch(
+    ctx: &Ctx,
+    model: &mut SessionModel,
+    agent: Option<&crate::agents::AgentSpec>,
+    d: &mut Dispatch,
+) -> Result<(), Refusal> {
+    if let Some(principal) = &d.principal
+        && !principal.can_see(&model.created.project)
+    {
+        return Err(Refusal::new(
+            RefusalKind::NotFound,
+            format!("Channel {} does not exist.", d.channel),
+        ));
+    }
+    let channel = Channel::parse(&d.channel).map_err(|e| e.to_string())?;
+    if matches!(channel, Channel::Chat(_)) && !model.chats.contains_key(&d.channel) {
+        // A chat the session removed (or never had).
+        return Err(Refusal::new(
+            RefusalKind::NotFound,
+            format!("Channel {} does not exist.", d.channel),
+        ));
+    }
+    let kind = if d.origin.is_some() {
+        let host_actions = d
+            .principal
+            .as_ref()
+            .is_some_and(Principal::can_dispatch_host_actions);
+        let kind = check_dispatchable(&channel, &d.action, host_actions)?.to_owned();
+        if matches!(model.projection.settled.as_ref(), Some(s) if s.state == tether_protocol::projection::SessionLifeState::Ended)
+        {
+            return Err(Refusal::new(
+                RefusalKind::Conflict,
+                format!(
+                    "Session {} has ended; it accepts no more actions. Start a new session.",
+                    model.id
+                ),
+            ));
+        }
+        let caps = agent.map(|a| a.workdirs).unwrap_or_default();
+        check_workdirs(model, caps, &kind, &mut d.action)?;
+        if kind == "chat/turnStarted" {
+            check_new_turn_id(ctx, model, &d.channel, &d.action).await?;
+        }
+        kind
+    } else {
+        action_type(&d.action).unwrap_or_default().to_owned()
+    };
+    let typed = typed_action(&d.action);
+    if matches!(typed, ahp_types::actions::StateAction::Unknown(_)) && !kind.starts_with("x-") {
+        return Err(format!(
+            "Action {kind} is malformed: a field is missing or has the wrong type (see the AHP \
+             1.0 action reference)."
+        )
+        .into());
+    }
+    let (outcome, trial) = model.try_apply(&d.channel, &d.action, &typed);
+    let trial = match (outcome, trial) {
+        (ReduceOutcome::Applied | ReduceOutcome::NoOp, Some(trial)) => trial,
+        (ReduceOutcome::Invalid(err), _) => {
+            return Err(format!(
+                "Action {kind} is not valid in the session's current state: {err:?}."
+            )
+            .into());
+        }
+        _ => {
+            return Err(format!("Action {kind} does not apply to {}.", d.channel).into());
+        }
+    };
+    if let Some(origin) = &d.origin {
+        let request = EffectRequest {
+            channel: &d.channel,
+            action: &d.action,
+            state: &model.session,
+            origin: Some((&origin.client_id, origin.client_seq)),
+        };
+        let timeout = ctx.config.effect_timeout;
+        match tokio::time::timeout(timeout, ctx.effects.apply(&request)).await {
+            Ok(result) => result?,
+            Err(_) => {
+                return Err(Refusal::new(
+                    RefusalKind::Unavailable,
+                    format!(
+                        "The side-effect backend is unavailable: it did not answer within {} ms; \
+                         try again later.",
+                        timeout.as_millis()
+                    ),
+                ));
+            }
+        }
+    }
+    model.accept(trial, &d.action, &typed);
+    Ok(())
+}
+
+impl Ctx {
+    /// Records a rejection (for client dispatches) and returns the outcome
+    /// that holds: an earlier acceptance of the same origin wins.
+    pub(super) async fn reject(
+        &self,
+        origin: Option<&Origin>,
+        channel: &str,
+        action: &Value,
+        refusal: Refusal,
+    ) -> DispatchOutcome {
+        self.metrics
+            .rejections
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some(origin) = origin else {
+            tracing::warn!(%channel, reason = %refusal.reason, "host-originated action refused");
+            return DispatchOutcome::Rejected(refusal);
+        };
+        // A transient failure is not the origin's outcome: a retry may pass.
+        // Nor is a missing channel: it may exist by the time of the retry.
+        if matches!(
+            refusal.kind,
+            RefusalKind::Unavailable | RefusalKind::NotFound
+        ) {
+            return DispatchOutcome::Rejected(refusal);
+        }
+        let reason = refusal.reason.clone();
+        let rejection = Rejection {
+            origin: origin.clone(),
+            channel: channel.to_owned(),
+            action: action.to_string(),
+            reason: reason.clone(),
+            at_ms: now_ms(),
+        };
+        match self.store.record_rejection(rejection).await {
+            Ok(OriginOutcome::Rejected(first)) if first.reason == refusal.reason => {
+                DispatchOutcome::Rejected(refusal)
+            }
+            Ok(known) => retry_outcome(&known, channel, action),
+            Err(err) => {
+                tracing::warn!(error = %err, "rejection not recorded");
+                DispatchOutcome::Rejected(refusal)
+            }
+        }
+    }
+}
