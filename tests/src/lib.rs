@@ -563,3 +563,44 @@ pub fn title_of(envelope: &ahp_types::actions::ActionEnvelope) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+/// A raw WebSocket, for what no client library would send.
+pub type RawWs =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A raw WebSocket to the server's `/ahp` (not initialized).
+pub async fn raw(server: &TestServer) -> RawWs {
+    tokio_tungstenite::connect_async(server.ws_url())
+        .await
+        .expect("connect the WebSocket")
+        .0
+}
+
+/// Sends one text frame.
+pub async fn raw_send(ws: &mut RawWs, text: &str) {
+    use futures_util::SinkExt;
+    ws.send(tokio_tungstenite::tungstenite::Message::Text(text.into()))
+        .await
+        .expect("send a frame");
+}
+
+/// The next JSON message, or the close frame's code and reason.
+pub async fn raw_next(ws: &mut RawWs) -> Result<serde_json::Value, (u16, String)> {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    loop {
+        let message = tokio::time::timeout(ENVELOPE_WAIT, ws.next())
+            .await
+            .expect("a message in time")
+            .expect("stream open");
+        match message {
+            Ok(Message::Text(text)) => return Ok(serde_json::from_str(&text).expect("JSON")),
+            Ok(Message::Close(frame)) => {
+                let frame = frame.expect("a close frame with a code");
+                return Err((frame.code.into(), frame.reason.to_string()));
+            }
+            Ok(_) => continue,
+            Err(err) => return Err((0, err.to_string())),
+        }
+    }
+}

@@ -8,12 +8,12 @@ use ahp_types::actions::ActionEnvelope;
 use ahp_types::commands::ReconnectResult;
 use ahp_types::state::SnapshotState;
 use ahp_types::{PROTOCOL_VERSION, ROOT_RESOURCE_URI};
-use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tether_server::agents::{AgentSpec, WorkdirCapability};
 use tether_server::config::{EffectsConfig, ServeConfig};
-use tether_tests::{TestDb, TestServer, action, backend_tests, next_envelope, title_of};
-use tokio_tungstenite::tungstenite::Message;
+use tether_tests::{
+    TestDb, TestServer, action, backend_tests, next_envelope, raw, raw_next, raw_send, title_of,
+};
 
 backend_tests!(
     a_console_creates_a_session_and_runs_an_echo_turn,
@@ -652,39 +652,6 @@ async fn a_retried_dispatch_is_applied_once(db: TestDb) {
     };
     assert_eq!(state.title, "once");
     server.stop().await;
-}
-
-type Raw =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn raw(server: &TestServer) -> Raw {
-    tokio_tungstenite::connect_async(server.ws_url())
-        .await
-        .unwrap()
-        .0
-}
-
-async fn raw_send(ws: &mut Raw, value: &str) {
-    ws.send(Message::Text(value.into())).await.unwrap();
-}
-
-/// The next JSON message, or the close frame's code and reason.
-async fn raw_next(ws: &mut Raw) -> Result<Value, (u16, String)> {
-    loop {
-        let message = tokio::time::timeout(WAIT, ws.next())
-            .await
-            .expect("a message in time")
-            .expect("stream open");
-        match message {
-            Ok(Message::Text(text)) => return Ok(serde_json::from_str(&text).unwrap()),
-            Ok(Message::Close(frame)) => {
-                let frame = frame.expect("a close frame with a code");
-                return Err((frame.code.into(), frame.reason.to_string()));
-            }
-            Ok(_) => continue,
-            Err(err) => return Err((0, err.to_string())),
-        }
-    }
 }
 
 async fn bad_input_gets_an_error_and_the_connection_keeps_working(db: TestDb) {

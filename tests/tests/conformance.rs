@@ -12,14 +12,15 @@ use ahp::{ClientError, MultiHostStateMirror, SubscriptionEvent, TransportError};
 use ahp_types::ROOT_RESOURCE_URI;
 use ahp_types::actions::{ActionEnvelope, StateAction};
 use ahp_types::state::{ChatState, SessionState, SnapshotState};
-use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tether_client::Client;
 use tether_protocol::rest::{CreateSessionRequest, DispatchRequest};
 use tether_protocol::window::{TURN_WINDOW, TURNS_PAGE};
 use tether_server::store::NewEnvelope;
-use tether_tests::{Proxy, TestDb, TestServer, action, backend_tests, next_envelope, title_of};
-use tokio_tungstenite::tungstenite::Message;
+use tether_tests::{
+    Proxy, RawWs, TestDb, TestServer, action, backend_tests, next_envelope, raw_next, raw_send,
+    title_of,
+};
 
 backend_tests!(
     the_reference_client_keeps_writing_across_reconnects,
@@ -418,13 +419,9 @@ async fn root_subscribers_see_each_summary_change(db: TestDb) {
     server.stop().await;
 }
 
-type Raw =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn raw(server: &TestServer) -> Raw {
-    let (mut ws, _) = tokio_tungstenite::connect_async(server.ws_url())
-        .await
-        .unwrap();
+/// A raw WebSocket, initialized.
+async fn raw(server: &TestServer) -> RawWs {
+    let mut ws = tether_tests::raw(server).await;
     send(
         &mut ws,
         json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -436,23 +433,12 @@ async fn raw(server: &TestServer) -> Raw {
     ws
 }
 
-async fn send(ws: &mut Raw, value: Value) {
-    ws.send(Message::Text(value.to_string().into()))
-        .await
-        .unwrap();
+async fn send(ws: &mut RawWs, value: Value) {
+    raw_send(ws, &value.to_string()).await;
 }
 
-async fn next_json(ws: &mut Raw) -> Value {
-    loop {
-        let message = tokio::time::timeout(WAIT, ws.next())
-            .await
-            .expect("a message in time")
-            .expect("the socket is open")
-            .expect("a frame");
-        if let Message::Text(text) = message {
-            return serde_json::from_str(text.as_str()).expect("JSON");
-        }
-    }
+async fn next_json(ws: &mut RawWs) -> Value {
+    raw_next(ws).await.expect("a JSON message, not a close")
 }
 
 /// AHP: a dispatch to a channel that does not exist is ignored silently,

@@ -124,7 +124,13 @@ impl Principal {
     /// host without authentication is a plain AHP client here: AHP keeps
     /// host-originated actions the host's own.
     pub fn can_dispatch_host_actions(&self) -> bool {
-        self.role >= Role::Agent && self.expires_at.is_some()
+        self.role >= Role::Agent && self.authenticated()
+    }
+
+    /// Whether it comes from a token (every token expires), not the
+    /// loopback caller of a host without authentication.
+    pub fn authenticated(&self) -> bool {
+        self.expires_at.is_some()
     }
 
     /// Whether it may read `/metrics`.

@@ -128,9 +128,10 @@ impl Origin {
     /// authentication, else its token's `sub`, so that one principal can
     /// never use up (or answer with) another's sequence numbers.
     pub fn durable_scope(principal: &crate::auth::Principal) -> String {
-        match principal.expires_at {
-            None => String::new(),
-            Some(_) => format!("sub:{}", principal.sub),
+        if principal.authenticated() {
+            format!("sub:{}", principal.sub)
+        } else {
+            String::new()
         }
     }
 }

@@ -265,14 +265,7 @@ impl Connection {
                 // A notification has no answer but its echo: refused, not
                 // recorded, so the same dispatch may pass later.
                 None => {
-                    let frame = action_frame(
-                        self.engine.hub().published(),
-                        &channel,
-                        &action.to_string(),
-                        Some(&origin),
-                        Some(&reason),
-                    );
-                    self.send(frame);
+                    self.echo_refusal(&channel, &action, &origin, &reason);
                     return Ok(());
                 }
             });
@@ -311,6 +304,19 @@ impl Connection {
         Ok(())
     }
 
+    /// Sends a refused dispatch back to its sender alone: the AHP echo with
+    /// `rejectionReason`.
+    fn echo_refusal(&self, channel: &str, action: &Value, origin: &Origin, reason: &str) -> Next {
+        let frame = action_frame(
+            self.engine.hub().published(),
+            channel,
+            &action.to_string(),
+            Some(origin),
+            Some(reason),
+        );
+        self.send(frame)
+    }
+
     /// Delivers a dispatch's outcome to its sender.
     pub(super) fn on_answer(&mut self, answered: Answered) -> Next {
         let next = match answered.outcome {
@@ -337,16 +343,12 @@ impl Connection {
                     None => Next::Continue,
                 };
             }
-            DispatchOutcome::Rejected(refusal) => {
-                let frame = action_frame(
-                    self.engine.hub().published(),
-                    &answered.channel,
-                    &answered.action.to_string(),
-                    Some(&answered.origin),
-                    Some(&refusal.reason),
-                );
-                self.send(frame)
-            }
+            DispatchOutcome::Rejected(refusal) => self.echo_refusal(
+                &answered.channel,
+                &answered.action,
+                &answered.origin,
+                &refusal.reason,
+            ),
         };
         match (next, answered.id) {
             (Next::Continue, Some(id)) => self.send_result(id, Value::Null),
