@@ -242,6 +242,12 @@ pub struct ServeArgs {
     #[arg(long, env = "TETHER_EFFECT_TIMEOUT_MS", default_value_t = 5_000)]
     pub effect_timeout_ms: u64,
 
+    /// Several hosts on one Postgres: how long a session's lease lasts
+    /// unrenewed, in milliseconds. A host that dies holds its sessions this
+    /// long at most; hosts renew every third of it.
+    #[arg(long, env = "TETHER_LEASE_TTL_MS", default_value_t = 10_000)]
+    pub lease_ttl_ms: u64,
+
     /// Directories working directories must lie in (comma-separated; symlinks
     /// are resolved first). Empty: no restriction.
     #[arg(long, env = "TETHER_ALLOWED_ROOTS", value_delimiter = ',')]
@@ -433,6 +439,7 @@ impl ServeArgs {
                 snapshot_every: self.snapshot_every.max(1),
                 hub_buffer: self.inbox_capacity.max(16),
                 effect_timeout: Duration::from_millis(self.effect_timeout_ms.max(1)),
+                lease_ttl: Duration::from_millis(self.lease_ttl_ms.max(500)),
                 ..EngineConfig::default()
             },
             ws: WsLimits {

@@ -7,6 +7,7 @@
 pub mod agents;
 pub mod auth;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod effects;
 pub mod engine;
@@ -95,6 +96,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let store = state.store.clone();
+    let engine = state.engine.clone();
     let grace = state.config.shutdown_grace;
     let sockets = state.shutdown.clone();
     let tasks = state.tasks.clone();
@@ -133,6 +135,9 @@ pub async fn serve(
     if tokio::time::timeout(grace, tasks.wait()).await.is_err() {
         tracing::warn!("WebSocket connections still open after the grace period");
     }
+    // Other hosts take this host's sessions over at once, not after the
+    // lease time.
+    engine.leave().await;
     store.close().await;
     tracing::info!("store closed; server stopped");
     match result {

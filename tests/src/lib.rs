@@ -305,6 +305,28 @@ impl ServerProcess {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// `ws://127.0.0.1:<port>/ahp`.
+    pub fn ws_url(&self) -> String {
+        format!("ws://127.0.0.1:{}/ahp", self.port)
+    }
+
+    /// A REST client for this process.
+    pub fn client(&self) -> tether_client::Client {
+        tether_client::Client::new(&self.base_url()).expect("valid base URL")
+    }
+
+    /// Stops the process with SIGTERM (a graceful shutdown) and waits.
+    pub async fn terminate(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if let Some(pid) = child.id() {
+                let _ = std::process::Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status();
+            }
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait()).await;
+        }
+    }
+
     /// Kills the process with SIGKILL: no graceful shutdown, no store close.
     pub async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -328,7 +350,13 @@ impl ServerProcess {
             .args(&self.args)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            // TETHER_TEST_SERVER_LOGS=1 shows the servers' logs (RUST_LOG
+            // picks what they log).
+            .stderr(if std::env::var_os("TETHER_TEST_SERVER_LOGS").is_some() {
+                std::process::Stdio::inherit()
+            } else {
+                std::process::Stdio::null()
+            })
             .kill_on_drop(true)
             .spawn()
             .expect("start tether serve");
@@ -570,7 +598,12 @@ pub type RawWs =
 
 /// A raw WebSocket to the server's `/ahp` (not initialized).
 pub async fn raw(server: &TestServer) -> RawWs {
-    tokio_tungstenite::connect_async(server.ws_url())
+    raw_at(&server.ws_url()).await
+}
+
+/// A raw WebSocket to `url` (not initialized).
+pub async fn raw_at(url: &str) -> RawWs {
+    tokio_tungstenite::connect_async(url)
         .await
         .expect("connect the WebSocket")
         .0

@@ -64,6 +64,7 @@ fn committed(outcomes: &[Appended]) -> Vec<u64> {
         .map(|o| match o {
             Appended::Committed { seq, .. } => *seq,
             Appended::Duplicate(d) => panic!("unexpected duplicate: {d:?}"),
+            Appended::Fenced => panic!("unexpected fence"),
         })
         .collect()
 }

@@ -73,7 +73,7 @@ impl FromStr for Role {
 }
 
 /// The caller of a request or the owner of a connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Principal {
     /// Who it is (the token's `sub`); logged, never the token.
     pub sub: String,

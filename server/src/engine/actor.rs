@@ -12,13 +12,14 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use tether_protocol::actions::{AGENT_OPENED, SESSION_SETTLED, action_type};
-use tether_protocol::channel::Channel;
+use tether_protocol::channel::{Channel, ROOT};
 use tether_protocol::model::{SessionCreated, SessionModel, typed_action};
 use tether_protocol::view::SessionView;
 use tokio::sync::{mpsc, oneshot};
 
 pub use super::command::{Command, Dispatch, DispatchOutcome};
 use super::commit::CommitOutcome;
+use super::forward::ProxyEnd;
 use super::summary::{Announcer, SUMMARY_COALESCE};
 use super::turns::{ARCHIVE_CHUNK, TURNS_LOADED, eager_load, turns_loaded};
 use super::validate::{check_dispatch, retry_outcome};
@@ -39,11 +40,28 @@ pub(super) struct SessionActor {
     follow_ups: Vec<(String, Value)>,
     /// What root subscribers last heard of its summary.
     announcer: Announcer,
+    /// Another host took the lease: stop after the current command.
+    stepped_down: bool,
 }
 
 impl SessionActor {
     /// Loads the session from the store and runs until evicted.
+    ///
+    /// With several hosts it starts as a proxy (see `forward`) and becomes
+    /// the session's writer only once it holds the lease; it lets the lease
+    /// go when it stops.
     pub(super) async fn run(id: String, ctx: Arc<Ctx>, mut mailbox: mpsc::Receiver<Command>) {
+        let mut first = None;
+        let mut taken_from = None;
+        if let Some(cluster) = ctx.cluster.clone() {
+            match super::forward::run_proxy(&id, &ctx, &cluster, &mut mailbox).await {
+                ProxyEnd::Stopped => return,
+                ProxyEnd::TakeOver { command, from } => {
+                    first = Some(command);
+                    taken_from = from;
+                }
+            }
+        }
         let mut actor = SessionActor {
             uri: Channel::session_uri(&id),
             id,
@@ -53,19 +71,46 @@ impl SessionActor {
             since_snapshot: 0,
             follow_ups: Vec::new(),
             announcer: Announcer::new(),
+            stepped_down: false,
         };
         if let Err(err) = actor.reload().await {
             tracing::error!(session = %actor.id, error = %err, "cannot load session");
             actor.ctx.forget_actor(&actor.id);
             // Answer what is queued so nobody waits for a dead actor.
             mailbox.close();
+            if let Some(command) = first {
+                actor.fail(command, EngineError::Unavailable(err.clone()));
+            }
             while let Some(command) = mailbox.recv().await {
                 actor.fail(command, EngineError::Unavailable(err.clone()));
             }
+            actor.release().await;
             return;
         }
         actor.announce(true);
+        if let Some(from) = taken_from {
+            // The host that held the session before let it go or died: its
+            // agent is gone with it, so the session is settled as the boot
+            // sweep settles a restarted host's.
+            match actor.sweep().await {
+                Ok(true) => tracing::info!(session = %actor.id, from = %from,
+                    "took the session over from another host and settled it"),
+                Ok(false) => {
+                    tracing::debug!(session = %actor.id, from = %from, "took the session over")
+                }
+                Err(err) => {
+                    tracing::warn!(session = %actor.id, error = %err, "take-over sweep failed")
+                }
+            }
+        }
+        if let Some(command) = first {
+            actor.handle(command).await;
+        }
         loop {
+            if actor.stepped_down {
+                actor.step_down(mailbox).await;
+                return;
+            }
             let wait = if actor.announcer.pending {
                 SUMMARY_COALESCE
             } else {
@@ -112,6 +157,53 @@ impl SessionActor {
             actor.announce(true);
         }
         actor.write_snapshot().await;
+        actor.release().await;
+    }
+
+    /// Lets the lease go (several hosts): the actor has stopped.
+    async fn release(&self) {
+        if let Some(cluster) = &self.ctx.cluster {
+            cluster.release(&self.id).await;
+        }
+    }
+
+    /// Another host holds the lease now: stop, and hand what is queued to
+    /// a new actor, which forwards it to that host.
+    async fn step_down(self, mut mailbox: mpsc::Receiver<Command>) {
+        tracing::warn!(session = %self.id, "another host holds this session's lease now; stepping down");
+        self.ctx.forget_actor(&self.id);
+        mailbox.close();
+        while let Some(command) = mailbox.recv().await {
+            if let Some(sender) = self.ctx.mailbox(&self.id) {
+                let _ = sender.send(command).await;
+            }
+        }
+    }
+
+    /// Whether this host still holds the lease long enough to validate and
+    /// run side effects on its state (several hosts); re-acquires it when
+    /// it is about to run out.
+    async fn still_writer(&mut self) -> bool {
+        let Some(cluster) = &self.ctx.cluster else {
+            return true;
+        };
+        if self.stepped_down {
+            return false;
+        }
+        if cluster.holds(&self.id, cluster.ttl() / 2) {
+            return true;
+        }
+        match cluster.acquire(&self.id).await {
+            Ok(crate::cluster::Lease::Mine { from: None }) => true,
+            Ok(_) => {
+                self.stepped_down = true;
+                false
+            }
+            Err(err) => {
+                tracing::warn!(session = %self.id, error = %err, "cannot renew the session's lease");
+                false
+            }
+        }
     }
 
     /// Tells root subscribers what changed in the session's summary.
@@ -309,8 +401,16 @@ impl SessionActor {
             .await
             .map_err(|e| EngineError::Unavailable(e.to_string()))?;
         let mut model = model;
-        if let Some(CommitOutcome::Committed(published)) = outcome.first() {
-            model.last_seq = published.seq;
+        match outcome.first() {
+            Some(CommitOutcome::Committed(published)) => model.last_seq = published.seq,
+            Some(CommitOutcome::Fenced) => {
+                self.stepped_down = true;
+                return Err(EngineError::Unavailable(format!(
+                    "Session {} is now served by another host; retry.",
+                    self.id
+                )));
+            }
+            _ => {}
         }
         for chat in model.chats.keys() {
             self.ctx.remember_chat(chat, &self.id);
@@ -327,7 +427,25 @@ impl SessionActor {
         let model = self.model.as_ref().ok_or_else(|| {
             EngineError::Unavailable("the session could not be reloaded".to_owned())
         })?;
-        Ok(self.view(model))
+        let view = self.view(model);
+        // Told here, by the session's writer: other hosts hear of it from
+        // the log (see `root`), whichever host the request came through.
+        self.engine().change_active_sessions(1).await;
+        self.ctx.hub.notify(
+            ROOT,
+            &view.project,
+            super::notification(
+                "root/sessionAdded",
+                serde_json::json!({"channel": ROOT, "summary": super::summary(&view)}),
+            ),
+        );
+        Ok(view)
+    }
+
+    fn engine(&self) -> super::Engine {
+        super::Engine {
+            ctx: self.ctx.clone(),
+        }
     }
 
     /// Commits host-originated actions now and reports the first refusal.
@@ -517,7 +635,17 @@ impl SessionActor {
         let model = self.model.as_ref().ok_or_else(|| {
             EngineError::Unavailable("the session could not be reloaded".to_owned())
         })?;
-        Ok(self.view(model))
+        let view = self.view(model);
+        self.engine().change_active_sessions(-1).await;
+        self.ctx.hub.notify(
+            ROOT,
+            &view.project,
+            super::notification(
+                "root/sessionRemoved",
+                serde_json::json!({"channel": ROOT, "session": view.resource}),
+            ),
+        );
+        Ok(view)
     }
 
     /// Commits the queued host-originated actions (and any they cause).
@@ -555,6 +683,18 @@ impl SessionActor {
 
     /// Validates, applies and commits a batch; answers every dispatch.
     async fn dispatch_batch(&mut self, batch: Vec<Dispatch>) {
+        if !self.still_writer().await {
+            let reason = if self.stepped_down {
+                format!("Session {} is now served by another host; retry.", self.id)
+            } else {
+                super::STORAGE_UNAVAILABLE.to_owned()
+            };
+            for d in batch {
+                let refusal = Refusal::new(RefusalKind::Unavailable, reason.clone());
+                reply(d.reply, DispatchOutcome::Rejected(refusal));
+            }
+            return;
+        }
         let Some(model) = self.model.as_mut() else {
             for d in batch {
                 let reason = format!("Channel {} does not exist.", d.channel);
@@ -680,6 +820,15 @@ impl SessionActor {
                         CommitOutcome::Duplicate(known) => {
                             reload = true;
                             reply(d.reply, retry_outcome(&known, &d.channel, &d.action));
+                        }
+                        CommitOutcome::Fenced => {
+                            self.stepped_down = true;
+                            let reason = format!(
+                                "Session {} is now served by another host; retry.",
+                                self.id
+                            );
+                            let refusal = Refusal::new(RefusalKind::Unavailable, reason);
+                            reply(d.reply, DispatchOutcome::Rejected(refusal));
                         }
                     }
                 }

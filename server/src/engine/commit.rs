@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering;
 use tokio::sync::{mpsc, oneshot};
 
 use super::Metrics;
-use super::fanout::{Hub, Published, action_frame};
+use super::delivery::Delivery;
+use super::fanout::{Published, action_frame};
 use crate::store::{Appended, NewEnvelope, OriginOutcome, Snapshot, Store};
 
 /// The outcome of one appended envelope.
@@ -18,6 +19,8 @@ pub enum CommitOutcome {
     Committed(Arc<Published>),
     /// Its origin already had an outcome; nothing was written.
     Duplicate(OriginOutcome),
+    /// Another host holds the session's lease; nothing was written.
+    Fenced,
 }
 
 /// Why a commit failed: the whole batch was not written.
@@ -52,13 +55,13 @@ impl Committer {
     /// transaction; `queue` bounds the requests waiting for it.
     pub fn start(
         store: Arc<dyn Store>,
-        hub: Arc<Hub>,
+        delivery: Arc<Delivery>,
         metrics: Arc<Metrics>,
         max_batch: usize,
         queue: usize,
     ) -> Self {
         let (sender, receiver) = mpsc::channel(queue.max(1));
-        tokio::spawn(run(store, hub, metrics, receiver, max_batch.max(1)));
+        tokio::spawn(run(store, delivery, metrics, receiver, max_batch.max(1)));
         Self { sender }
     }
 
@@ -103,7 +106,7 @@ impl Committer {
 
 async fn run(
     store: Arc<dyn Store>,
-    hub: Arc<Hub>,
+    delivery: Arc<Delivery>,
     metrics: Arc<Metrics>,
     mut receiver: mpsc::Receiver<Request>,
     max_batch: usize,
@@ -132,6 +135,9 @@ async fn run(
             replies.push(request.reply);
         }
         let snapshot_count = snapshots.len();
+        // With several hosts, nothing is published while this batch is in
+        // the database but not yet on the hub (see `delivery`).
+        let gate = delivery.enter().await;
         // The store borrows the batch, so the frames below are built from
         // the same envelopes without copying every action first.
         match store.append_with_snapshots(&all, &snapshots).await {
@@ -140,29 +146,34 @@ async fn run(
                 metrics
                     .committed_envelopes
                     .fetch_add(size as u64, Ordering::Relaxed);
-                let mut outcomes =
-                    appended
-                        .into_iter()
-                        .zip(all)
-                        .map(|(result, envelope)| match result {
-                            Appended::Committed { seq, .. } => {
-                                let frame = action_frame(
-                                    seq,
-                                    &envelope.channel,
-                                    &envelope.action,
-                                    envelope.origin.as_ref(),
-                                    None,
-                                );
-                                let published = Arc::new(Published {
-                                    seq,
-                                    channel: envelope.channel,
-                                    frame: frame.into(),
-                                });
-                                hub.publish(published.clone());
-                                CommitOutcome::Committed(published)
-                            }
-                            Appended::Duplicate(outcome) => CommitOutcome::Duplicate(outcome),
-                        });
+                let mut fresh = Vec::with_capacity(size);
+                let outcomes: Vec<CommitOutcome> = appended
+                    .into_iter()
+                    .zip(all)
+                    .map(|(result, envelope)| match result {
+                        Appended::Committed { seq, .. } => {
+                            let frame = action_frame(
+                                seq,
+                                &envelope.channel,
+                                &envelope.action,
+                                envelope.origin.as_ref(),
+                                None,
+                            );
+                            let published = Arc::new(Published {
+                                seq,
+                                channel: envelope.channel,
+                                frame: frame.into(),
+                            });
+                            fresh.push(published.clone());
+                            CommitOutcome::Committed(published)
+                        }
+                        Appended::Duplicate(outcome) => CommitOutcome::Duplicate(outcome),
+                        Appended::Fenced => CommitOutcome::Fenced,
+                    })
+                    .collect();
+                delivery.publish_local(fresh).await;
+                drop(gate);
+                let mut outcomes = outcomes.into_iter();
                 for (count, reply) in counts.into_iter().zip(replies) {
                     let mine: Vec<_> = outcomes.by_ref().take(count).collect();
                     if let Some(reply) = reply {
@@ -171,6 +182,7 @@ async fn run(
                 }
             }
             Err(err) => {
+                drop(gate);
                 tracing::error!(error = %err, envelopes = size, snapshots = snapshot_count,
                     "group commit failed");
                 let err = CommitError(err.to_string());

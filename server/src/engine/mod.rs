@@ -10,8 +10,10 @@
 mod actor;
 mod command;
 mod commit;
+mod delivery;
 mod error;
 pub mod fanout;
+mod forward;
 pub mod rebuild;
 mod root;
 mod rules;
@@ -37,11 +39,14 @@ pub use summary::summary;
 
 use actor::{Command, Dispatch, SessionActor};
 use commit::Committer;
+use delivery::Delivery;
 use fanout::Hub;
 use root::{RootModel, load_root};
 
 use crate::agents::Agents;
 use crate::auth::Principal;
+use crate::cluster::Cluster;
+use crate::cluster::forward::Pending;
 use crate::effects::Effects;
 use crate::store::{Origin, Store, StoreError, now_ms};
 
@@ -60,6 +65,9 @@ pub struct EngineConfig {
     pub snapshot_every: u64,
     /// Longest a side effect may take.
     pub effect_timeout: Duration,
+    /// With several hosts on one Postgres: how long a session's lease lasts
+    /// unrenewed, which bounds how long a dead host's sessions wait.
+    pub lease_ttl: Duration,
 }
 
 impl Default for EngineConfig {
@@ -71,6 +79,7 @@ impl Default for EngineConfig {
             actor_idle: Duration::from_secs(300),
             snapshot_every: 256,
             effect_timeout: Duration::from_secs(5),
+            lease_ttl: Duration::from_secs(10),
         }
     }
 }
@@ -144,6 +153,10 @@ pub struct CreateSession {
 
 pub(crate) struct Ctx {
     store: Arc<dyn Store>,
+    /// With several hosts on one Postgres: leases and forwarding.
+    cluster: Option<Arc<Cluster>>,
+    /// Forwarded writes waiting for their answers.
+    pending: Arc<Pending>,
     committer: Committer,
     hub: Arc<Hub>,
     agents: Agents,
@@ -173,6 +186,23 @@ impl Ctx {
         if let Ok(mut chats) = self.chats.lock() {
             chats.insert(chat.to_owned(), session.to_owned());
         }
+    }
+
+    /// The mailbox of a session's actor, started if needed. Not async: an
+    /// actor re-routes commands through it, and an async fn here would make
+    /// the actor's future contain itself.
+    fn mailbox(self: &Arc<Self>, id: &str) -> Option<mpsc::Sender<Command>> {
+        let mut actors = self.actors.lock().ok()?;
+        Some(
+            actors
+                .entry(id.to_owned())
+                .or_insert_with(|| {
+                    let (sender, mailbox) = mpsc::channel(MAILBOX);
+                    tokio::spawn(SessionActor::run(id.to_owned(), self.clone(), mailbox));
+                    sender
+                })
+                .clone(),
+        )
     }
 
     fn forget_actor(&self, id: &str) {
@@ -226,19 +256,27 @@ impl Engine {
         effects: Arc<dyn Effects>,
         config: EngineConfig,
     ) -> Result<Self, StoreError> {
+        let cluster = match store.shared() {
+            Some((pool, host)) => Some(Cluster::join(pool, host, config.lease_ttl).await?),
+            None => None,
+        };
         let host = store.host().await?;
         let hub = Arc::new(Hub::new(config.hub_buffer, host.last_seq));
         let metrics = Arc::new(Metrics::default());
+        let (delivery, remote) = Delivery::new(hub.clone(), store.clone(), cluster.clone());
         let committer = Committer::start(
             store.clone(),
-            hub.clone(),
+            delivery.clone(),
             metrics.clone(),
             config.commit_batch,
             4096,
         );
         let root = load_root(store.as_ref()).await?;
+        let pending = Arc::new(Pending::default());
         let ctx = Arc::new(Ctx {
             store,
+            cluster: cluster.clone(),
+            pending: pending.clone(),
             committer,
             hub,
             agents,
@@ -250,6 +288,12 @@ impl Engine {
             root: tokio::sync::Mutex::new(root),
         });
         let engine = Self { ctx };
+        delivery.start_tailer();
+        engine.start_remote(remote);
+        if let Some(cluster) = cluster {
+            cluster.start_collector(pending);
+            forward::start_server(engine.clone(), cluster);
+        }
         engine
             .boot_sweep()
             .await
@@ -264,6 +308,18 @@ impl Engine {
                 .map_err(|e| StoreError::Corrupt(format!("cannot advertise agents: {e}")))?;
         }
         Ok(engine)
+    }
+
+    /// Lets every session lease of this host go (shutdown).
+    pub async fn leave(&self) {
+        if let Some(cluster) = &self.ctx.cluster {
+            cluster.release_all().await;
+        }
+    }
+
+    /// This host's id among several hosts on one Postgres.
+    pub fn cluster_host(&self) -> Option<&str> {
+        self.ctx.cluster.as_deref().map(|c| c.host())
     }
 
     /// The fan-out hub.
@@ -321,18 +377,8 @@ impl Engine {
     /// Sends a command to a session's actor, starting it if needed.
     async fn send(&self, id: &str, mut command: Command) {
         for _ in 0..3 {
-            let sender = {
-                let Ok(mut actors) = self.ctx.actors.lock() else {
-                    return;
-                };
-                actors
-                    .entry(id.to_owned())
-                    .or_insert_with(|| {
-                        let (sender, mailbox) = mpsc::channel(MAILBOX);
-                        tokio::spawn(SessionActor::run(id.to_owned(), self.ctx.clone(), mailbox));
-                        sender
-                    })
-                    .clone()
+            let Some(sender) = self.ctx.mailbox(id) else {
+                return;
             };
             match sender.send(command).await {
                 Ok(()) => return,
@@ -563,19 +609,8 @@ impl Engine {
             created_at: rfc3339(now_ms()),
         };
         let id = request.id;
-        let view = self
-            .ask(&id, |reply| Command::Create { created, reply })
-            .await?;
-        self.change_active_sessions(1).await;
-        self.ctx.hub.notify(
-            ROOT,
-            &view.project,
-            notification(
-                "root/sessionAdded",
-                json!({"channel": ROOT, "summary": summary(&view)}),
-            ),
-        );
-        Ok(view)
+        self.ask(&id, |reply| Command::Create { created, reply })
+            .await
     }
 
     /// Disposes a session: settles it `closed` (resumable) or `ended`; the
@@ -591,17 +626,7 @@ impl Engine {
             ));
         }
         self.session_view(principal, id).await?;
-        let view = self.ask(id, |reply| Command::Dispose { reply }).await?;
-        self.change_active_sessions(-1).await;
-        self.ctx.hub.notify(
-            ROOT,
-            &view.project,
-            notification(
-                "root/sessionRemoved",
-                json!({"channel": ROOT, "session": view.resource}),
-            ),
-        );
-        Ok(view)
+        self.ask(id, |reply| Command::Dispose { reply }).await
     }
 
     /// Adds a chat to a session.

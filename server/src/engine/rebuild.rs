@@ -34,6 +34,16 @@ pub async fn load_model(
                 .map_err(|e| format!("snapshot of {uri} is unreadable: {e}"))?,
         );
     }
+    fold_tail(store, id, model).await
+}
+
+/// Folds the session's envelopes after `model` (all of them when `None`)
+/// into it.
+pub async fn fold_tail(
+    store: &dyn Store,
+    id: &str,
+    mut model: Option<SessionModel>,
+) -> Result<Option<SessionModel>, String> {
     let mut after = model.as_ref().map_or(0, |m| m.last_seq);
     loop {
         let page = store

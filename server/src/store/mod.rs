@@ -102,7 +102,7 @@ pub struct HostRecord {
 /// client numbers `clientSeq` per connection, so each of its connections is
 /// a scope of its own. The scope is never sent: on the wire an origin is
 /// `{clientId, clientSeq}`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Origin {
     /// The AHP client id.
     pub client_id: String,
@@ -212,6 +212,9 @@ pub enum Appended {
     /// Not appended: its origin already has an outcome, returned here. Nothing
     /// of the envelope (nor its read-model row) was written.
     Duplicate(OriginOutcome),
+    /// Not appended: another host holds the lease of the envelope's session
+    /// (several hosts on one Postgres). Nothing of it was written.
+    Fenced,
 }
 
 /// A session's read-model row as the writer supplies it.
@@ -300,6 +303,12 @@ pub struct SavedContext {
 pub trait Store: Send + Sync + fmt::Debug {
     /// Which backend this is.
     fn backend(&self) -> Backend;
+
+    /// With a database several hosts may share (Postgres): its pool and the
+    /// id this process writes as, which the append fences leases with.
+    fn shared(&self) -> Option<(sqlx::PgPool, String)> {
+        None
+    }
 
     /// The host record.
     async fn host(&self) -> Result<HostRecord, StoreError>;

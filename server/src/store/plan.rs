@@ -30,6 +30,8 @@ pub enum Slot {
     /// Its origin already has an outcome (in the store, or earlier in this
     /// batch); nothing is written for it.
     Duplicate,
+    /// Its session's lease is another host's; nothing is written for it.
+    Fenced,
 }
 
 /// The writes a batch makes.
@@ -57,13 +59,19 @@ pub fn origins(batch: &[NewEnvelope]) -> Vec<&Origin> {
 }
 
 /// Plans `batch` on top of `last_seq`, given the origins the store already
-/// has (`existing`).
+/// has (`existing`) and the sessions whose lease another host holds
+/// (`fenced`).
 ///
 /// A session's record rides on the last envelope of its actor's batch. When
 /// that envelope turns out to be a duplicate, the record still describes the
 /// session after the batch, so it is written with the session's latest fresh
 /// envelope instead of being dropped.
-pub fn plan<'a>(batch: &'a [NewEnvelope], last_seq: i64, existing: &HashSet<Origin>) -> Plan<'a> {
+pub fn plan<'a>(
+    batch: &'a [NewEnvelope],
+    last_seq: i64,
+    existing: &HashSet<Origin>,
+    fenced: &HashSet<String>,
+) -> Plan<'a> {
     let mut rows = Vec::with_capacity(batch.len());
     let mut slots = Vec::with_capacity(batch.len());
     let mut chats = Vec::new();
@@ -74,6 +82,14 @@ pub fn plan<'a>(batch: &'a [NewEnvelope], last_seq: i64, existing: &HashSet<Orig
     let mut records: HashMap<&str, &SessionRecord> = HashMap::new();
     let mut next = last_seq;
     for envelope in batch {
+        if envelope
+            .session_id
+            .as_ref()
+            .is_some_and(|id| fenced.contains(id))
+        {
+            slots.push(Slot::Fenced);
+            continue;
+        }
         if let Some(record) = &envelope.session {
             records.insert(&record.id, record);
         }
@@ -158,6 +174,7 @@ pub fn outcomes(
                 seq: rows::seq(*seq)?,
                 at_ms,
             }),
+            Slot::Fenced => Ok(Appended::Fenced),
             Slot::Duplicate => found
                 .next()
                 .flatten()
@@ -204,7 +221,7 @@ mod tests {
             envelope(Some(("a", 2)), Some("after the batch")), // already stored
         ];
         let existing = HashSet::from([Origin::durable("a", 2)]);
-        let plan = plan(&batch, 10, &existing);
+        let plan = plan(&batch, 10, &existing, &HashSet::new());
         assert_eq!(
             plan.slots,
             [
@@ -224,7 +241,12 @@ mod tests {
     #[test]
     fn a_batch_of_only_duplicates_writes_nothing() {
         let batch = vec![envelope(Some(("a", 1)), Some("t"))];
-        let plan = plan(&batch, 5, &HashSet::from([Origin::durable("a", 1)]));
+        let plan = plan(
+            &batch,
+            5,
+            &HashSet::from([Origin::durable("a", 1)]),
+            &HashSet::new(),
+        );
         assert!(plan.rows.is_empty() && plan.sessions.is_empty());
         assert_eq!(plan.last_seq, 5);
     }

@@ -3,8 +3,13 @@
 //! `serverSeq` comes from the host row, read `FOR UPDATE` inside the appending
 //! transaction. The row lock is held until commit, so appends from every host
 //! sharing the database commit one after another in seq order: a host tailing
-//! the log never sees seq N+1 committed while N is still in flight. After each
-//! append the transaction sends `NOTIFY tether_log` so tailing hosts wake up.
+//! the log never sees seq N+1 committed while N is still in flight.
+//!
+//! Each store writes as a host id of its own. An append locks the leases of
+//! the sessions it writes (`FOR SHARE`, so no lease changes hands until it
+//! commits) and skips the envelopes of sessions another host holds: the
+//! fence that makes a lease a guarantee (see `cluster`). Tailing hosts are
+//! woken after the commit, by `cluster`, not inside the transaction.
 
 use std::collections::HashSet;
 
@@ -21,13 +26,12 @@ use super::{
     seq_to_db,
 };
 
-/// The channel `NOTIFY`ed with the new `last_seq` after every append.
-pub const LOG_NOTIFY_CHANNEL: &str = "tether_log";
-
 /// The Postgres store.
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// The host id this store writes as (a UUID per process).
+    host: String,
 }
 
 impl PostgresStore {
@@ -58,7 +62,10 @@ impl PostgresStore {
         .execute(&pool)
         .await
         .map_err(|e| fail(e.to_string()))?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            host: Uuid::new_v4().to_string(),
+        })
     }
 
     async fn outcome_in(
@@ -157,6 +164,34 @@ impl PostgresStore {
         Ok(())
     }
 
+    /// The sessions of `batch` whose lease another host holds, with the
+    /// leases of all of them locked until commit.
+    async fn fenced(
+        tx: &mut Transaction<'static, Postgres>,
+        batch: &[NewEnvelope],
+        host: &str,
+    ) -> Result<HashSet<String>, StoreError> {
+        let mut sessions: Vec<&str> = batch
+            .iter()
+            .filter_map(|e| e.session_id.as_deref())
+            .collect();
+        sessions.sort_unstable();
+        sessions.dedup();
+        if sessions.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let others: Vec<String> = sqlx::query_scalar(
+            "SELECT session_id FROM (SELECT session_id, holder FROM leases \
+                                     WHERE session_id = ANY($1) FOR SHARE) AS l \
+             WHERE holder <> $2",
+        )
+        .bind(sessions)
+        .bind(host)
+        .fetch_all(&mut **tx)
+        .await?;
+        Ok(others.into_iter().collect())
+    }
+
     /// Which of `origins` already have an outcome (a log row or a
     /// recorded rejection), in one query.
     async fn existing_origins(
@@ -201,6 +236,10 @@ impl Store for PostgresStore {
         Backend::Postgres
     }
 
+    fn shared(&self) -> Option<(PgPool, String)> {
+        Some((self.pool.clone(), self.host.clone()))
+    }
+
     async fn host(&self) -> Result<HostRecord, StoreError> {
         let row: rows::Host = sqlx::query_as("SELECT epoch, last_seq FROM host WHERE id = 1")
             .fetch_one(&self.pool)
@@ -224,7 +263,8 @@ impl Store for PostgresStore {
         let last = Self::lock_host(&mut tx).await?;
         let at_ms = now_ms();
         let existing = Self::existing_origins(&mut tx, &plan::origins(batch)).await?;
-        let plan = plan::plan(batch, last, &existing);
+        let fenced = Self::fenced(&mut tx, batch, &self.host).await?;
+        let plan = plan::plan(batch, last, &existing, &fenced);
         // Every statement takes its rows as arrays: a constant number of
         // round trips per batch.
         if !plan.rows.is_empty() {
@@ -317,11 +357,6 @@ impl Store for PostgresStore {
         if plan.last_seq != last {
             sqlx::query("UPDATE host SET last_seq = $1 WHERE id = 1")
                 .bind(plan.last_seq)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(LOG_NOTIFY_CHANNEL)
-                .bind(plan.last_seq.to_string())
                 .execute(&mut *tx)
                 .await?;
         }

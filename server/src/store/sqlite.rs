@@ -270,7 +270,7 @@ impl Store for SqliteStore {
             .await?;
         let at_ms = now_ms();
         let existing = Self::existing_origins(&mut tx, &plan::origins(batch)).await?;
-        let plan = plan::plan(batch, last, &existing);
+        let plan = plan::plan(batch, last, &existing, &HashSet::new());
         // Every statement takes its rows as one JSON array: a constant number
         // of round trips to the SQLite thread per batch.
         if !plan.rows.is_empty() {

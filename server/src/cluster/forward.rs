@@ -1,0 +1,178 @@
+//! Forwarding a write to the host holding the session's lease, through the
+//! database.
+//!
+//! ```text
+//! sender:  INSERT forwards (holder, request) ; NOTIFY tether_forward <holder>
+//! holder:  UPDATE forwards SET claimed  (its own, unclaimed)  → run each
+//!          UPDATE forwards SET answer   ; NOTIFY tether_answer <sender>
+//! sender:  DELETE forwards (its own, answered) RETURNING answer
+//! ```
+//!
+//! A sender whose holder does not answer checks the lease: if it expired,
+//! the sender withdraws its unclaimed request and takes the session over.
+//! A request the holder claimed but never answered (it died mid-way) times
+//! out with "retry": the origin makes the retry exactly-once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::Cluster;
+use crate::store::StoreError;
+
+/// A claimed request: (row id, session id, request JSON).
+pub type Claimed = (i64, String, String);
+
+/// Answers this host waits for, by request id.
+#[derive(Debug, Default)]
+pub struct Pending {
+    waiting: Mutex<HashMap<i64, oneshot::Sender<String>>>,
+}
+
+impl Cluster {
+    /// Sends `request` for `session` to `holder`; the answer arrives on the
+    /// returned receiver (after [`Cluster::start_collector`] is running).
+    pub async fn forward(
+        &self,
+        pending: &Pending,
+        session: &str,
+        holder: &str,
+        request: &str,
+    ) -> Result<(i64, oneshot::Receiver<String>), StoreError> {
+        let id: i64 = sqlx::query_scalar(
+            "WITH f AS (INSERT INTO forwards (session_id, holder, sender, request) \
+                        VALUES ($1, $2, $3, $4) RETURNING id) \
+             SELECT f.id FROM f, pg_notify('tether_forward', $2) AS n",
+        )
+        .bind(session)
+        .bind(holder)
+        .bind(self.host())
+        .bind(request)
+        .fetch_one(self.pool())
+        .await?;
+        let (sender, receiver) = oneshot::channel();
+        if let Ok(mut waiting) = pending.waiting.lock() {
+            waiting.insert(id, sender);
+        }
+        // An answer that raced ahead of the registration is collected now.
+        self.wake.answer.notify_one();
+        Ok((id, receiver))
+    }
+
+    /// Withdraws a request nobody claimed yet; `false` when it was claimed
+    /// (or answered) already.
+    pub async fn withdraw(&self, pending: &Pending, id: i64) -> Result<bool, StoreError> {
+        let gone = sqlx::query("DELETE FROM forwards WHERE id = $1 AND NOT claimed")
+            .bind(id)
+            .execute(self.pool())
+            .await?
+            .rows_affected()
+            > 0;
+        if gone && let Ok(mut waiting) = pending.waiting.lock() {
+            waiting.remove(&id);
+        }
+        Ok(gone)
+    }
+
+    /// Gives up on a request whatever its state (it timed out).
+    pub async fn abandon(&self, pending: &Pending, id: i64) {
+        if let Ok(mut waiting) = pending.waiting.lock() {
+            waiting.remove(&id);
+        }
+        let _ = sqlx::query("DELETE FROM forwards WHERE id = $1")
+            .bind(id)
+            .execute(self.pool())
+            .await;
+    }
+
+    /// Claims every request waiting for this host.
+    pub async fn claim(&self) -> Result<Vec<Claimed>, StoreError> {
+        Ok(sqlx::query_as(
+            "UPDATE forwards SET claimed = TRUE WHERE holder = $1 AND NOT claimed \
+             RETURNING id, session_id, request",
+        )
+        .bind(self.host())
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// Writes the answer to a claimed request and wakes its sender.
+    pub async fn answer(&self, id: i64, answer: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "WITH a AS (UPDATE forwards SET answer = $2 WHERE id = $1 RETURNING sender) \
+             SELECT pg_notify('tether_answer', a.sender) FROM a",
+        )
+        .bind(id)
+        .bind(answer)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Starts the task that collects answers for `pending`.
+    pub fn start_collector(self: &Arc<Self>, pending: Arc<Pending>) {
+        tokio::spawn(collect_loop(Arc::downgrade(self), pending));
+    }
+
+    async fn collect(&self, pending: &Pending) -> Result<(), StoreError> {
+        let answered: Vec<(i64, String)> = sqlx::query_as(
+            "DELETE FROM forwards WHERE sender = $1 AND answer IS NOT NULL RETURNING id, answer",
+        )
+        .bind(self.host())
+        .fetch_all(self.pool())
+        .await?;
+        if answered.is_empty() {
+            return Ok(());
+        }
+        if let Ok(mut waiting) = pending.waiting.lock() {
+            for (id, answer) in answered {
+                if let Some(sender) = waiting.remove(&id) {
+                    let _ = sender.send(answer);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes requests older than `age` (their sender or holder died).
+    pub async fn sweep_forwards(&self, age: Duration) {
+        let _ = sqlx::query(
+            "DELETE FROM forwards WHERE created_at < now() - make_interval(secs => $1)",
+        )
+        .bind(age.as_secs_f64())
+        .execute(self.pool())
+        .await;
+    }
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.waiting.lock().map(|w| w.is_empty()).unwrap_or(true)
+    }
+}
+
+async fn collect_loop(cluster: Weak<Cluster>, pending: Arc<Pending>) {
+    loop {
+        let Some(strong) = cluster.upgrade() else {
+            return;
+        };
+        // Woken by a notification; polled while answers are awaited, in
+        // case a notification was lost.
+        let poll = if pending.is_empty() {
+            Duration::from_secs(5)
+        } else {
+            Duration::from_millis(100)
+        };
+        let _ = tokio::time::timeout(poll, strong.wake.answer.notified()).await;
+        if pending.is_empty() {
+            continue;
+        }
+        if let Err(err) = strong.collect(&pending).await {
+            tracing::warn!(error = %err, "cannot collect forwarded answers; retrying");
+            drop(strong);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! Several hosts on one Postgres database (DESIGN.md, "Several hosts on one
+//! Postgres"): the database is the only thing hosts share, and the only way
+//! they reach each other.
+//!
+//! * **Leases** make one host a session's single writer: the host running
+//!   the session's actor holds its lease and renews all its leases together;
+//!   another host takes a lease only once it has expired by the database's
+//!   clock. Every append fences on the leases of the sessions it writes
+//!   (see `store/postgres.rs`), so a host that lost a lease cannot write.
+//! * **Forwards** carry a write that reached a host which does not hold the
+//!   session's lease to the host that does ([`forward`] has the protocol).
+//! * **Wake-ups**: `LISTEN/NOTIFY` only wakes hosts up. `tether_log` carries
+//!   the new high seq after a commit (sent after the commit, coalesced, off
+//!   the committing path); `tether_forward` / `tether_answer` carry the id of
+//!   the host to wake. Every waiter also polls, so a lost notification (a
+//!   reconnect of the listening connection) costs latency, never data.
+
+pub mod forward;
+mod listen;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tokio::sync::{Notify, watch};
+
+use crate::store::StoreError;
+
+/// The channel that wakes tailing hosts after a commit (payload: new high seq).
+pub const LOG_CHANNEL: &str = "tether_log";
+/// The channel that wakes a host holding forwarded writes (payload: its id).
+pub const FORWARD_CHANNEL: &str = "tether_forward";
+/// The channel that wakes a host whose forwarded writes were answered.
+pub const ANSWER_CHANNEL: &str = "tether_answer";
+
+/// Advisory-lock key that serialises root-channel writes across hosts.
+const ROOT_LOCK: i64 = 0x7465_7468_6572_0001;
+
+/// What [`Cluster::acquire`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lease {
+    /// This host holds it now. `from` is the host that held it before,
+    /// when that was another host (a take-over).
+    Mine {
+        /// The previous holder, if another host.
+        from: Option<String>,
+    },
+    /// Another host holds it and its lease has not expired.
+    HeldBy(String),
+}
+
+/// The wake-ups the listener hands out.
+#[derive(Debug, Default)]
+pub struct Wakeups {
+    /// Something was committed (by any host).
+    pub log: Notify,
+    /// A forwarded write is waiting for this host.
+    pub forward: Notify,
+    /// A write this host forwarded was answered.
+    pub answer: Notify,
+}
+
+/// This host's view of the cluster.
+#[derive(Debug)]
+pub struct Cluster {
+    pool: PgPool,
+    host: String,
+    ttl: Duration,
+    /// Sessions whose lease this host holds, each with the moment until
+    /// which it is certainly still this host's: when the acquisition or the
+    /// last renewal was sent, plus the lease time. The database sets a later
+    /// expiry (it runs the statement after it was sent), so no other host
+    /// can take the lease before this passes.
+    held: Mutex<HashMap<String, Instant>>,
+    /// The listener's wake-ups.
+    pub wake: Wakeups,
+    /// The newest seq this host committed, for the coalescing notifier.
+    committed: watch::Sender<u64>,
+}
+
+impl Cluster {
+    /// Joins the cluster on `pool` as `host` (the id the store writes as)
+    /// and starts the listener, the lease renewer and the commit notifier.
+    pub async fn join(
+        pool: PgPool,
+        host: String,
+        ttl: Duration,
+    ) -> Result<std::sync::Arc<Self>, StoreError> {
+        let ttl = ttl.max(Duration::from_millis(500));
+        let (committed, _) = watch::channel(0);
+        let cluster = std::sync::Arc::new(Self {
+            pool,
+            host,
+            ttl,
+            held: Mutex::new(HashMap::new()),
+            wake: Wakeups::default(),
+            committed,
+        });
+        listen::start(&cluster).await?;
+        tokio::spawn(renew_loop(std::sync::Arc::downgrade(&cluster), ttl));
+        tokio::spawn(notify_loop(
+            cluster.pool.clone(),
+            cluster.committed.subscribe(),
+        ));
+        tracing::info!(host = %cluster.host, lease_ms = ttl.as_millis() as u64, "joined the cluster");
+        Ok(cluster)
+    }
+
+    /// This host's id (a UUID chosen at start).
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// How long a lease lasts without renewal.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Tells other hosts that `seq` is committed. Returns at once; the
+    /// notification goes out after the commit, and several commits in a row
+    /// share one.
+    pub fn committed(&self, seq: u64) {
+        self.committed.send_if_modified(|last| {
+            let newer = seq > *last;
+            if newer {
+                *last = seq;
+            }
+            newer
+        });
+    }
+
+    /// Takes the session's lease if it is free, expired or already ours.
+    pub async fn acquire(&self, session: &str) -> Result<Lease, StoreError> {
+        let sent = Instant::now();
+        let taken: Option<(Option<String>,)> = sqlx::query_as(
+            "WITH old AS (SELECT holder FROM leases WHERE session_id = $1) \
+             INSERT INTO leases (session_id, holder, expires_at) \
+             VALUES ($1, $2, now() + make_interval(secs => $3)) \
+             ON CONFLICT (session_id) DO UPDATE \
+                 SET holder = excluded.holder, expires_at = excluded.expires_at \
+                 WHERE leases.holder = excluded.holder OR leases.expires_at < now() \
+             RETURNING (SELECT holder FROM old)",
+        )
+        .bind(session)
+        .bind(&self.host)
+        .bind(self.ttl.as_secs_f64())
+        .fetch_optional(&self.pool)
+        .await?;
+        match taken {
+            Some((previous,)) => {
+                if let Ok(mut held) = self.held.lock() {
+                    held.insert(session.to_owned(), sent + self.ttl);
+                }
+                Ok(Lease::Mine {
+                    from: previous.filter(|p| p != &self.host),
+                })
+            }
+            None => {
+                let holder: Option<String> =
+                    sqlx::query_scalar("SELECT holder FROM leases WHERE session_id = $1")
+                        .bind(session)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                match holder {
+                    Some(holder) if holder != self.host => Ok(Lease::HeldBy(holder)),
+                    // Released or expired in between: try again once more.
+                    _ => Box::pin(self.acquire(session)).await,
+                }
+            }
+        }
+    }
+
+    /// Whether this host holds the session's lease for at least `margin`
+    /// more (by its own clock, which errs early).
+    pub fn holds(&self, session: &str, margin: Duration) -> bool {
+        let until = self.held.lock().ok().and_then(|h| h.get(session).copied());
+        until.is_some_and(|until| Instant::now() + margin < until)
+    }
+
+    /// Who holds the session's lease now, if anyone does (an expired or
+    /// released lease counts as nobody's).
+    pub async fn holder(&self, session: &str) -> Result<Option<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT holder FROM leases WHERE session_id = $1 AND expires_at >= now()",
+        )
+        .bind(session)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Lets the session's lease go at once (its actor stopped), keeping this
+    /// host as the last holder so a late write of ours is still fenced.
+    pub async fn release(&self, session: &str) {
+        if let Ok(mut held) = self.held.lock() {
+            held.remove(session);
+        }
+        let released = sqlx::query(
+            "UPDATE leases SET expires_at = '-infinity' WHERE session_id = $1 AND holder = $2",
+        )
+        .bind(session)
+        .bind(&self.host)
+        .execute(&self.pool)
+        .await;
+        if let Err(err) = released {
+            tracing::warn!(session, error = %err, "lease not released; it expires by itself");
+        }
+    }
+
+    /// Lets every lease go (shutdown): other hosts take the sessions over
+    /// at once instead of after the lease time.
+    pub async fn release_all(&self) {
+        if let Ok(mut held) = self.held.lock() {
+            held.clear();
+        }
+        let released = sqlx::query("UPDATE leases SET expires_at = '-infinity' WHERE holder = $1")
+            .bind(&self.host)
+            .execute(&self.pool)
+            .await;
+        if let Err(err) = released {
+            tracing::warn!(error = %err, "leases not released; they expire by themselves");
+        }
+    }
+
+    /// Renews every lease this host holds; forgets those it no longer holds.
+    async fn renew(&self) -> Result<(), StoreError> {
+        let sent = Instant::now();
+        let still: Vec<String> = sqlx::query_scalar(
+            "UPDATE leases SET expires_at = now() + make_interval(secs => $2) \
+             WHERE holder = $1 AND expires_at > '-infinity' RETURNING session_id",
+        )
+        .bind(&self.host)
+        .bind(self.ttl.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?;
+        let still: HashSet<String> = still.into_iter().collect();
+        if let Ok(mut held) = self.held.lock() {
+            held.retain(|session, until| {
+                if still.contains(session) {
+                    *until = sent + self.ttl;
+                    true
+                } else if *until > sent + self.ttl {
+                    // Acquired after this renewal was sent.
+                    true
+                } else {
+                    // Taken while this host could not renew (a pause
+                    // longer than the lease): its actor re-acquires or
+                    // steps down at its next write.
+                    tracing::warn!(session, "lease lost to another host");
+                    false
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Serialises root-channel writes across hosts until the guard is
+    /// released. Held on a connection of its own: if this host dies, the
+    /// database drops the lock with the connection.
+    pub async fn lock_root(&self) -> Result<RootLock, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(ROOT_LOCK)
+            .execute(&mut *conn)
+            .await?;
+        Ok(RootLock { conn: Some(conn) })
+    }
+}
+
+/// A held root lock; [`RootLock::release`] lets it go.
+#[derive(Debug)]
+pub struct RootLock {
+    conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+}
+
+impl RootLock {
+    /// Releases the lock.
+    pub async fn release(mut self) {
+        if let Some(mut conn) = self.conn.take() {
+            let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(ROOT_LOCK)
+                .execute(&mut *conn)
+                .await;
+            if unlocked.is_err() {
+                // The connection is in doubt: close it, which drops the lock.
+                let _ = conn.detach();
+            }
+        }
+    }
+}
+
+impl Drop for RootLock {
+    fn drop(&mut self) {
+        // Dropped without release (a cancelled task): closing the
+        // connection is the only way to be sure the lock goes with it.
+        if let Some(conn) = self.conn.take() {
+            drop(conn.detach());
+        }
+    }
+}
+
+async fn renew_loop(cluster: std::sync::Weak<Cluster>, ttl: Duration) {
+    let every = ttl / 3;
+    loop {
+        let Some(cluster) = cluster.upgrade() else {
+            return;
+        };
+        if let Err(err) = cluster.renew().await {
+            tracing::warn!(error = %err, "lease renewal failed; retrying");
+        }
+        drop(cluster);
+        tokio::time::sleep(every).await;
+    }
+}
+
+async fn notify_loop(pool: PgPool, mut committed: watch::Receiver<u64>) {
+    while committed.changed().await.is_ok() {
+        let seq = *committed.borrow_and_update();
+        let sent = sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(LOG_CHANNEL)
+            .bind(seq.to_string())
+            .execute(&pool)
+            .await;
+        if let Err(err) = sent {
+            // Other hosts poll as well: this costs them latency only.
+            tracing::debug!(error = %err, "commit notification not sent");
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Delivery to this host's subscribers in `serverSeq` order, whichever host
+//! committed each envelope.
+//!
+//! On one host the committer publishes its own batches. With several hosts
+//! on one Postgres, the log is the truth: every publication passes a gate.
+//! The committer holds it across its append, so while a batch of this host
+//! is in the database but not yet published nobody else publishes; before
+//! publishing its batch it publishes, from the log, what other hosts
+//! committed below it. The tailer takes the gate between commits and
+//! publishes, from the log, everything above what was published. Every
+//! envelope the gate lets through from the log is therefore another host's.
+//! Postgres commits appends one after another (the host row's lock), so the
+//! log below the highest committed seq has no holes a reader could pass.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tether_protocol::actions::{SESSION_CREATED, SESSION_SETTLED};
+use tether_protocol::channel::ROOT;
+use tokio::sync::{Mutex, MutexGuard, mpsc};
+
+use super::fanout::{Hub, Published, published_from_store};
+use crate::cluster::Cluster;
+use crate::store::{Store, StoredEnvelope};
+
+/// Envelopes one read of the log takes.
+const PAGE: u32 = 1_000;
+/// How often a host looks at the log when no notification woke it.
+const POLL: Duration = Duration::from_millis(250);
+
+/// The ordered way onto the hub.
+#[derive(Debug)]
+pub(crate) struct Delivery {
+    hub: Arc<Hub>,
+    store: Arc<dyn Store>,
+    cluster: Option<Arc<Cluster>>,
+    gate: Mutex<()>,
+    /// Other hosts' envelopes this host's root state and root
+    /// notifications must hear of.
+    remote: mpsc::UnboundedSender<StoredEnvelope>,
+}
+
+impl Delivery {
+    /// The delivery path, and the receiver of the other hosts' envelopes
+    /// that concern the root channel.
+    pub(crate) fn new(
+        hub: Arc<Hub>,
+        store: Arc<dyn Store>,
+        cluster: Option<Arc<Cluster>>,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<StoredEnvelope>) {
+        let (remote, receiver) = mpsc::unbounded_channel();
+        let delivery = Arc::new(Self {
+            hub,
+            store,
+            cluster,
+            gate: Mutex::new(()),
+            remote,
+        });
+        (delivery, receiver)
+    }
+
+    /// Held by the committer across an append, with several hosts.
+    pub(crate) async fn enter(&self) -> Option<MutexGuard<'_, ()>> {
+        match self.cluster {
+            Some(_) => Some(self.gate.lock().await),
+            None => None,
+        }
+    }
+
+    /// Publishes a batch this host just committed (consecutive seqs), after
+    /// whatever other hosts committed below it.
+    pub(crate) async fn publish_local(&self, batch: Vec<Arc<Published>>) {
+        let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
+            return;
+        };
+        let last = last.seq;
+        if self.cluster.is_some() {
+            self.catch_up(Some(first.seq - 1)).await;
+        }
+        for published in batch {
+            if published.seq > self.hub.published() {
+                self.hub.publish(published);
+            }
+        }
+        if let Some(cluster) = &self.cluster {
+            cluster.committed(last);
+        }
+    }
+
+    /// Publishes, from the log, every envelope above what was published,
+    /// up to `upto` (everything when `None`). The caller holds the gate.
+    async fn catch_up(&self, upto: Option<u64>) {
+        let mut failures = 0u32;
+        loop {
+            let after = self.hub.published();
+            if upto.is_some_and(|upto| after >= upto) {
+                return;
+            }
+            let page = match self.store.read_after(after, None, PAGE).await {
+                Ok(page) => page,
+                Err(err) => {
+                    // Below a committed batch of ours nothing may be
+                    // skipped: keep trying (the store is failing anyway).
+                    failures += 1;
+                    if failures == 1 || failures % 100 == 0 {
+                        tracing::warn!(error = %err, after, "cannot read the log to deliver other hosts' envelopes; retrying");
+                    }
+                    if upto.is_none() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let full = page.len() as u32 == PAGE;
+            for envelope in page {
+                if upto.is_some_and(|upto| envelope.seq > upto) {
+                    return;
+                }
+                if envelope.seq != self.hub.published() + 1 {
+                    // Cannot happen with appends serialised on the host
+                    // row; say so loudly rather than stall delivery.
+                    tracing::error!(
+                        expected = self.hub.published() + 1,
+                        found = envelope.seq,
+                        "the log has a gap; delivering on"
+                    );
+                }
+                self.hub.publish(Arc::new(published_from_store(&envelope)));
+                if concerns_root(&envelope) {
+                    let _ = self.remote.send(envelope);
+                }
+            }
+            if !full {
+                return;
+            }
+        }
+    }
+
+    /// The tailer: publishes other hosts' envelopes as they are committed,
+    /// woken by `LISTEN/NOTIFY` and by a short poll.
+    pub(crate) fn start_tailer(self: &Arc<Self>) {
+        let Some(cluster) = self.cluster.clone() else {
+            return;
+        };
+        let delivery = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let _ = tokio::time::timeout(POLL, cluster.wake.log.notified()).await;
+                let Some(delivery) = delivery.upgrade() else {
+                    return;
+                };
+                let _gate = delivery.gate.lock().await;
+                delivery.catch_up(None).await;
+            }
+        });
+    }
+}
+
+/// Whether another host's envelope changes this host's root state or root
+/// notifications: root actions, session creation and disposal.
+fn concerns_root(envelope: &StoredEnvelope) -> bool {
+    envelope.channel == ROOT
+        || envelope.action.contains(SESSION_CREATED)
+        || (envelope.action.contains(SESSION_SETTLED) && envelope.action.contains("disposed"))
+}

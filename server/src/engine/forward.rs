@@ -1,0 +1,596 @@
+//! Writes for a session another host holds: what is forwarded (the wire
+//! form of actor commands), the sending side (a session's proxy actor) and
+//! the serving side (the holder runs forwarded commands through its actor).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tether_protocol::model::{SessionCreated, SessionModel};
+use tether_protocol::view::SessionView;
+use tokio::sync::{mpsc, oneshot};
+
+use super::command::{Command, Dispatch, DispatchOutcome};
+use super::fanout::Published;
+use super::{Ctx, Engine, EngineError, Refusal, RefusalKind};
+use crate::auth::Principal;
+use crate::cluster::{Cluster, Lease};
+use crate::store::{Origin, now_ms};
+
+/// A forwarded actor command.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub(super) enum Request {
+    Dispatch {
+        origin: Option<Origin>,
+        channel: String,
+        action: Value,
+        principal: Option<Principal>,
+    },
+    Create {
+        created: SessionCreated,
+    },
+    Dispose,
+    CreateChat {
+        chat: String,
+    },
+    Resume {
+        cwd: String,
+        additional: Vec<String>,
+    },
+    Sweep,
+    FetchTurns {
+        chat: String,
+        cursor: Option<String>,
+    },
+}
+
+/// The holder's answer to a forwarded command.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+enum Answer {
+    Accepted {
+        seq: u64,
+        channel: String,
+        frame: String,
+    },
+    Rejected {
+        refusal: String,
+        reason: String,
+    },
+    View {
+        view: Box<SessionView>,
+    },
+    Done,
+    Swept {
+        swept: bool,
+    },
+    Loaded {
+        seq: Option<u64>,
+    },
+    Failed {
+        error: String,
+        message: String,
+    },
+}
+
+/// Where the answer to a forwarded command goes on the sending host.
+#[derive(Debug)]
+pub(super) enum ReplyTo {
+    Dispatch(Option<oneshot::Sender<DispatchOutcome>>),
+    View(oneshot::Sender<Result<SessionView, EngineError>>),
+    Unit(oneshot::Sender<Result<(), EngineError>>),
+    Bool(oneshot::Sender<Result<bool, EngineError>>),
+    Seq(oneshot::Sender<Result<Option<u64>, EngineError>>),
+}
+
+/// Splits a write command into what is forwarded and where its answer
+/// goes; reads come back unchanged.
+pub(super) fn split(command: Command) -> Result<(Request, ReplyTo), Command> {
+    Ok(match command {
+        Command::Dispatch(d) => (
+            Request::Dispatch {
+                origin: d.origin,
+                channel: d.channel,
+                action: d.action,
+                principal: d.principal,
+            },
+            ReplyTo::Dispatch(d.reply),
+        ),
+        Command::Create { created, reply } => (Request::Create { created }, ReplyTo::View(reply)),
+        Command::Dispose { reply } => (Request::Dispose, ReplyTo::View(reply)),
+        Command::CreateChat { chat, reply } => (Request::CreateChat { chat }, ReplyTo::Unit(reply)),
+        Command::Resume {
+            cwd,
+            additional,
+            reply,
+        } => (Request::Resume { cwd, additional }, ReplyTo::View(reply)),
+        Command::Sweep { reply } => (Request::Sweep, ReplyTo::Bool(reply)),
+        Command::FetchTurns {
+            chat,
+            cursor,
+            reply,
+        } => (Request::FetchTurns { chat, cursor }, ReplyTo::Seq(reply)),
+        read @ (Command::View { .. } | Command::Snapshot { .. }) => return Err(read),
+    })
+}
+
+/// The command again, to run here after all (this host took the lease).
+pub(super) fn join(request: Request, reply: ReplyTo) -> Command {
+    match (request, reply) {
+        (
+            Request::Dispatch {
+                origin,
+                channel,
+                action,
+                principal,
+            },
+            ReplyTo::Dispatch(reply),
+        ) => Command::Dispatch(Dispatch {
+            origin,
+            channel,
+            action,
+            principal,
+            reply,
+        }),
+        (Request::Create { created }, ReplyTo::View(reply)) => Command::Create { created, reply },
+        (Request::Dispose, ReplyTo::View(reply)) => Command::Dispose { reply },
+        (Request::Resume { cwd, additional }, ReplyTo::View(reply)) => Command::Resume {
+            cwd,
+            additional,
+            reply,
+        },
+        (Request::CreateChat { chat }, ReplyTo::Unit(reply)) => Command::CreateChat { chat, reply },
+        (Request::Sweep, ReplyTo::Bool(reply)) => Command::Sweep { reply },
+        (Request::FetchTurns { chat, cursor }, ReplyTo::Seq(reply)) => Command::FetchTurns {
+            chat,
+            cursor,
+            reply,
+        },
+        // `split` never pairs them otherwise.
+        (_, reply) => {
+            reply.fail(EngineError::Unavailable(
+                "internal: mismatched forward".into(),
+            ));
+            Command::Sweep {
+                reply: oneshot::channel().0,
+            }
+        }
+    }
+}
+
+impl ReplyTo {
+    fn fail(self, err: EngineError) {
+        match self {
+            ReplyTo::Dispatch(reply) => {
+                if let Some(reply) = reply {
+                    let refusal = Refusal::new(RefusalKind::Unavailable, err.to_string());
+                    let _ = reply.send(DispatchOutcome::Rejected(refusal));
+                }
+            }
+            ReplyTo::View(reply) => drop(reply.send(Err(err))),
+            ReplyTo::Unit(reply) => drop(reply.send(Err(err))),
+            ReplyTo::Bool(reply) => drop(reply.send(Err(err))),
+            ReplyTo::Seq(reply) => drop(reply.send(Err(err))),
+        }
+    }
+
+    fn deliver(self, answer: Answer) {
+        let garbled = || EngineError::Unavailable("the session's host answered garbage".into());
+        if let Answer::Failed { error, message } = answer {
+            return self.fail(error_of(&error, message));
+        }
+        match (self, answer) {
+            (ReplyTo::Dispatch(reply), answer) => {
+                let outcome = match answer {
+                    Answer::Accepted {
+                        seq,
+                        channel,
+                        frame,
+                    } => DispatchOutcome::Accepted(Arc::new(Published {
+                        seq,
+                        channel,
+                        frame: frame.into(),
+                    })),
+                    Answer::Rejected { refusal, reason } => {
+                        DispatchOutcome::Rejected(Refusal::new(refusal_kind(&refusal), reason))
+                    }
+                    _ => DispatchOutcome::Rejected(Refusal::new(
+                        RefusalKind::Unavailable,
+                        garbled().to_string(),
+                    )),
+                };
+                if let Some(reply) = reply {
+                    let _ = reply.send(outcome);
+                }
+            }
+            (ReplyTo::View(reply), Answer::View { view }) => drop(reply.send(Ok(*view))),
+            (ReplyTo::Unit(reply), Answer::Done) => drop(reply.send(Ok(()))),
+            (ReplyTo::Bool(reply), Answer::Swept { swept }) => drop(reply.send(Ok(swept))),
+            (ReplyTo::Seq(reply), Answer::Loaded { seq }) => drop(reply.send(Ok(seq))),
+            (reply, _) => reply.fail(garbled()),
+        }
+    }
+}
+
+fn refusal_name(kind: RefusalKind) -> &'static str {
+    match kind {
+        RefusalKind::Invalid => "invalid",
+        RefusalKind::Conflict => "conflict",
+        RefusalKind::Unavailable => "unavailable",
+        RefusalKind::NotFound => "notFound",
+        RefusalKind::Forbidden => "forbidden",
+    }
+}
+
+fn refusal_kind(name: &str) -> RefusalKind {
+    match name {
+        "invalid" => RefusalKind::Invalid,
+        "conflict" => RefusalKind::Conflict,
+        "notFound" => RefusalKind::NotFound,
+        "forbidden" => RefusalKind::Forbidden,
+        _ => RefusalKind::Unavailable,
+    }
+}
+
+fn error_name(err: &EngineError) -> &'static str {
+    match err {
+        EngineError::NotFound(_) => "notFound",
+        EngineError::AlreadyExists(_) => "alreadyExists",
+        EngineError::Conflict(_) => "conflict",
+        EngineError::InvalidParams(_) => "invalidParams",
+        EngineError::ProviderNotFound(_) => "providerNotFound",
+        EngineError::Forbidden(_) => "forbidden",
+        EngineError::Unavailable(_) => "unavailable",
+    }
+}
+
+fn error_of(name: &str, message: String) -> EngineError {
+    match name {
+        "notFound" => EngineError::NotFound(message),
+        "alreadyExists" => EngineError::AlreadyExists(message),
+        "conflict" => EngineError::Conflict(message),
+        "invalidParams" => EngineError::InvalidParams(message),
+        "providerNotFound" => EngineError::ProviderNotFound(message),
+        "forbidden" => EngineError::Forbidden(message),
+        _ => EngineError::Unavailable(message),
+    }
+}
+
+fn failed(err: EngineError) -> Answer {
+    Answer::Failed {
+        error: error_name(&err).to_owned(),
+        message: err.to_string(),
+    }
+}
+
+/// How a proxy actor ended.
+pub(super) enum ProxyEnd {
+    /// Evicted idle, or its mailbox closed.
+    Stopped,
+    /// This host took the lease: it becomes the session's writer and runs
+    /// `command` first. `from` is the host that held the lease before.
+    TakeOver {
+        command: Command,
+        from: Option<String>,
+    },
+}
+
+/// The actor of a session this host does not hold: reads are answered from
+/// a copy folded from the store (the log is shared, so it is never behind
+/// what this host has delivered); the first write takes the lease when it
+/// is free, and is forwarded to the holder when it is not.
+pub(super) async fn run_proxy(
+    id: &str,
+    ctx: &Arc<Ctx>,
+    cluster: &Arc<Cluster>,
+    mailbox: &mut mpsc::Receiver<Command>,
+) -> ProxyEnd {
+    let mut model: Option<SessionModel> = None;
+    let mut holder: Option<String> = None;
+    loop {
+        let command = match tokio::time::timeout(ctx.config.actor_idle, mailbox.recv()).await {
+            Ok(Some(command)) => command,
+            Ok(None) => return ProxyEnd::Stopped,
+            Err(_) if ctx.evict_if_idle(id, mailbox) => return ProxyEnd::Stopped,
+            Err(_) => continue,
+        };
+        let (mut request, mut reply) = match split(command) {
+            Ok(write) => write,
+            Err(read) => {
+                if let Err(err) = refresh(ctx, id, &mut model).await {
+                    tracing::warn!(session = id, error = %err, "cannot read session");
+                }
+                answer_read(read, model.as_ref());
+                continue;
+            }
+        };
+        loop {
+            let Some(to) = holder.clone() else {
+                match cluster.acquire(id).await {
+                    Ok(Lease::Mine { from }) => {
+                        return ProxyEnd::TakeOver {
+                            command: join(request, reply),
+                            from,
+                        };
+                    }
+                    Ok(Lease::HeldBy(other)) => {
+                        holder = Some(other);
+                        continue;
+                    }
+                    Err(err) => {
+                        reply.fail(EngineError::Unavailable(format!(
+                            "Storage unavailable: {err}; retry."
+                        )));
+                        break;
+                    }
+                }
+            };
+            match forward_one(ctx, cluster, id, &to, request, reply).await {
+                Sent::Answered => break,
+                Sent::Moved {
+                    to,
+                    request: r,
+                    reply: back,
+                } => {
+                    holder = to;
+                    request = r;
+                    reply = back;
+                }
+            }
+        }
+    }
+}
+
+async fn refresh(ctx: &Ctx, id: &str, model: &mut Option<SessionModel>) -> Result<(), String> {
+    let folded = match model.take() {
+        None => super::rebuild::load_model(ctx.store.as_ref(), id, true).await?,
+        Some(current) => super::rebuild::fold_tail(ctx.store.as_ref(), id, Some(current)).await?,
+    };
+    *model = folded.map(|mut m| {
+        // The holder archives; a copy only keeps its windows bounded.
+        m.take_trimmed();
+        m
+    });
+    Ok(())
+}
+
+fn answer_read(read: Command, model: Option<&SessionModel>) {
+    // The agent runs on the holder: the copy calls it attached while the
+    // transcript says it was opened and not settled since.
+    let view = |m: &SessionModel| {
+        let live = m.projection.settled.is_none() && m.projection.acp_session_ref.is_some();
+        SessionView::of(m, live, &super::rfc3339(now_ms()))
+    };
+    match read {
+        Command::View { reply } => drop(reply.send(Ok(model.map(view)))),
+        Command::Snapshot { channel, reply } => {
+            let found = model.and_then(|m| {
+                let state = if channel == tether_protocol::channel::Channel::session_uri(&m.id) {
+                    serde_json::to_value(&m.session).ok()?
+                } else {
+                    serde_json::to_value(m.chats.get(&channel)?).ok()?
+                };
+                Some((state, m.last_seq))
+            });
+            drop(reply.send(Ok(found)));
+        }
+        other => {
+            if let Ok((_, reply)) = split(other) {
+                reply.fail(EngineError::Unavailable("internal: not a read".into()));
+            }
+        }
+    }
+}
+
+enum Sent {
+    Answered,
+    /// The holder let the lease go before claiming it: send it again, to
+    /// `to` (`None`: nobody holds the lease now).
+    Moved {
+        to: Option<String>,
+        request: Request,
+        reply: ReplyTo,
+    },
+}
+
+/// Longest a forwarded command waits for its holder once claimed.
+fn answer_limit(ctx: &Ctx, cluster: &Cluster) -> Duration {
+    cluster.ttl() + ctx.config.effect_timeout * 2 + Duration::from_secs(5)
+}
+
+async fn forward_one(
+    ctx: &Ctx,
+    cluster: &Cluster,
+    id: &str,
+    holder: &str,
+    request: Request,
+    reply: ReplyTo,
+) -> Sent {
+    let text = match serde_json::to_string(&request) {
+        Ok(text) => text,
+        Err(err) => {
+            reply.fail(EngineError::Unavailable(err.to_string()));
+            return Sent::Answered;
+        }
+    };
+    let (row, mut answer) = match cluster.forward(&ctx.pending, id, holder, &text).await {
+        Ok(sent) => sent,
+        Err(err) => {
+            reply.fail(EngineError::Unavailable(format!(
+                "Storage unavailable: the request was not passed on; retry it. ({err})"
+            )));
+            return Sent::Answered;
+        }
+    };
+    let started = Instant::now();
+    let check = (cluster.ttl() / 4).min(Duration::from_millis(500));
+    loop {
+        match tokio::time::timeout(check, &mut answer).await {
+            Ok(Ok(text)) => {
+                match serde_json::from_str::<Answer>(&text) {
+                    Ok(decoded) => reply.deliver(decoded),
+                    Err(err) => reply.fail(EngineError::Unavailable(format!(
+                        "the session's host answered garbage: {err}"
+                    ))),
+                }
+                return Sent::Answered;
+            }
+            Ok(Err(_)) | Err(_) => {}
+        }
+        if started.elapsed() > answer_limit(ctx, cluster) {
+            cluster.abandon(&ctx.pending, row).await;
+            reply.fail(EngineError::Unavailable(format!(
+                "The host serving session {id} did not answer in time; retry (a retry with the \
+                 same clientSeq applies at most once)."
+            )));
+            return Sent::Answered;
+        }
+        // Still held by the host we sent it to: keep waiting.
+        let now = match cluster.holder(id).await {
+            Ok(now) => now,
+            Err(_) => continue,
+        };
+        if now.as_deref() == Some(holder) {
+            continue;
+        }
+        match cluster.withdraw(&ctx.pending, row).await {
+            Ok(true) => {
+                return Sent::Moved {
+                    to: now.filter(|other| other != cluster.host()),
+                    request,
+                    reply,
+                };
+            }
+            // Claimed already: the answer is on its way, or the holder died
+            // running it and the limit above ends the wait.
+            Ok(false) | Err(_) => continue,
+        }
+    }
+}
+
+/// Serves forwarded commands for the sessions this host holds.
+pub(super) fn start_server(engine: Engine, cluster: Arc<Cluster>) {
+    tokio::spawn(async move {
+        let mut swept = Instant::now();
+        loop {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), cluster.wake.forward.notified()).await;
+            match cluster.claim().await {
+                Ok(claimed) => {
+                    for (row, session, request) in claimed {
+                        let engine = engine.clone();
+                        let cluster = cluster.clone();
+                        tokio::spawn(async move {
+                            let answer = match serde_json::from_str::<Request>(&request) {
+                                Ok(request) => engine.run_forwarded(&session, request).await,
+                                Err(err) => failed(EngineError::InvalidParams(format!(
+                                    "unreadable forwarded request: {err}"
+                                ))),
+                            };
+                            let text = serde_json::to_string(&answer).unwrap_or_default();
+                            if let Err(err) = cluster.answer(row, &text).await {
+                                tracing::warn!(session, error = %err, "forwarded answer lost; the sender retries");
+                            }
+                        });
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot claim forwarded requests; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            if swept.elapsed() > Duration::from_secs(60) {
+                cluster.sweep_forwards(Duration::from_secs(600)).await;
+                swept = Instant::now();
+            }
+        }
+    });
+}
+
+impl Engine {
+    /// Runs a forwarded command through the session's actor here.
+    async fn run_forwarded(&self, session: &str, request: Request) -> Answer {
+        match request {
+            Request::Dispatch {
+                origin,
+                channel,
+                action,
+                principal,
+            } => {
+                let (reply, answer) = oneshot::channel();
+                let dispatch = Dispatch {
+                    origin,
+                    channel,
+                    action,
+                    principal,
+                    reply: Some(reply),
+                };
+                self.send(session, Command::Dispatch(dispatch)).await;
+                match answer.await {
+                    Ok(DispatchOutcome::Accepted(published)) => Answer::Accepted {
+                        seq: published.seq,
+                        channel: published.channel.clone(),
+                        frame: published.frame.to_string(),
+                    },
+                    Ok(DispatchOutcome::Rejected(refusal)) => Answer::Rejected {
+                        refusal: refusal_name(refusal.kind).to_owned(),
+                        reason: refusal.reason,
+                    },
+                    Err(_) => failed(EngineError::Unavailable(
+                        "the session stopped unexpectedly; retry".into(),
+                    )),
+                }
+            }
+            Request::Create { created } => {
+                let asked = self.ask(session, |reply| Command::Create { created, reply });
+                viewed(asked.await)
+            }
+            Request::Dispose => viewed(self.ask(session, |reply| Command::Dispose { reply }).await),
+            Request::Resume { cwd, additional } => {
+                let asked = self.ask(session, |reply| Command::Resume {
+                    cwd,
+                    additional,
+                    reply,
+                });
+                viewed(asked.await)
+            }
+            Request::CreateChat { chat } => {
+                match self
+                    .ask(session, |reply| Command::CreateChat { chat, reply })
+                    .await
+                {
+                    Ok(()) => Answer::Done,
+                    Err(err) => failed(err),
+                }
+            }
+            Request::Sweep => match self.ask(session, |reply| Command::Sweep { reply }).await {
+                Ok(swept) => Answer::Swept { swept },
+                Err(err) => failed(err),
+            },
+            Request::FetchTurns { chat, cursor } => {
+                match self
+                    .ask(session, |reply| Command::FetchTurns {
+                        chat,
+                        cursor,
+                        reply,
+                    })
+                    .await
+                {
+                    Ok(seq) => Answer::Loaded { seq },
+                    Err(err) => failed(err),
+                }
+            }
+        }
+    }
+}
+
+fn viewed(result: Result<SessionView, EngineError>) -> Answer {
+    match result {
+        Ok(view) => Answer::View {
+            view: Box::new(view),
+        },
+        Err(err) => failed(err),
+    }
+}
