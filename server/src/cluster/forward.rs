@@ -113,7 +113,11 @@ impl Cluster {
 
     /// Starts the task that collects answers for `pending`.
     pub fn start_collector(self: &Arc<Self>, pending: Arc<Pending>) {
-        tokio::spawn(collect_loop(Arc::downgrade(self), pending));
+        tokio::spawn(
+            self.stop
+                .clone()
+                .run_until_cancelled_owned(collect_loop(Arc::downgrade(self), pending)),
+        );
     }
 
     async fn collect(&self, pending: &Pending) -> Result<(), StoreError> {

@@ -16,7 +16,12 @@ pub(super) async fn start(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
     listener
         .listen_all([LOG_CHANNEL, FORWARD_CHANNEL, ANSWER_CHANNEL])
         .await?;
-    tokio::spawn(run(listener, Arc::downgrade(cluster)));
+    tokio::spawn(
+        cluster
+            .stop
+            .clone()
+            .run_until_cancelled_owned(run(listener, Arc::downgrade(cluster))),
+    );
     Ok(())
 }
 

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
 
 use crate::store::StoreError;
 
@@ -77,6 +78,8 @@ pub struct Cluster {
     pub wake: Wakeups,
     /// The newest seq this host committed, for the coalescing notifier.
     committed: watch::Sender<u64>,
+    /// Stops every task of the cluster (and the engine's that use it).
+    pub stop: CancellationToken,
 }
 
 impl Cluster {
@@ -96,13 +99,19 @@ impl Cluster {
             held: Mutex::new(HashMap::new()),
             wake: Wakeups::default(),
             committed,
+            stop: CancellationToken::new(),
         });
         listen::start(&cluster).await?;
-        tokio::spawn(renew_loop(std::sync::Arc::downgrade(&cluster), ttl));
-        tokio::spawn(notify_loop(
+        tokio::spawn(
+            cluster
+                .stop
+                .clone()
+                .run_until_cancelled_owned(renew_loop(std::sync::Arc::downgrade(&cluster), ttl)),
+        );
+        tokio::spawn(cluster.stop.clone().run_until_cancelled_owned(notify_loop(
             cluster.pool.clone(),
             cluster.committed.subscribe(),
-        ));
+        )));
         tracing::info!(host = %cluster.host, lease_ms = ttl.as_millis() as u64, "joined the cluster");
         Ok(cluster)
     }
@@ -211,9 +220,15 @@ impl Cluster {
         }
     }
 
-    /// Lets every lease go (shutdown): other hosts take the sessions over
-    /// at once instead of after the lease time.
-    pub async fn release_all(&self) {
+    /// Leaves the cluster (shutdown): stops its tasks and lets every lease
+    /// go, so other hosts take the sessions over at once instead of after
+    /// the lease time.
+    pub async fn leave(&self) {
+        self.stop.cancel();
+        self.release_all().await;
+    }
+
+    async fn release_all(&self) {
         if let Ok(mut held) = self.held.lock() {
             held.clear();
         }

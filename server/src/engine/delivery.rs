@@ -144,7 +144,8 @@ impl Delivery {
             return;
         };
         let delivery = Arc::downgrade(self);
-        tokio::spawn(async move {
+        let stop = cluster.stop.clone();
+        tokio::spawn(stop.run_until_cancelled_owned(async move {
             loop {
                 let _ = tokio::time::timeout(POLL, cluster.wake.log.notified()).await;
                 let Some(delivery) = delivery.upgrade() else {
@@ -153,7 +154,7 @@ impl Delivery {
                 let _gate = delivery.gate.lock().await;
                 delivery.catch_up(None).await;
             }
-        });
+        }));
     }
 }
 

@@ -472,7 +472,8 @@ async fn forward_one(
 
 /// Serves forwarded commands for the sessions this host holds.
 pub(super) fn start_server(engine: Engine, cluster: Arc<Cluster>) {
-    tokio::spawn(async move {
+    let stop = cluster.stop.clone();
+    tokio::spawn(stop.run_until_cancelled_owned(async move {
         let mut swept = Instant::now();
         loop {
             let _ =
@@ -506,7 +507,7 @@ pub(super) fn start_server(engine: Engine, cluster: Arc<Cluster>) {
                 swept = Instant::now();
             }
         }
-    });
+    }));
 }
 
 impl Engine {

@@ -310,10 +310,11 @@ impl Engine {
         Ok(engine)
     }
 
-    /// Lets every session lease of this host go (shutdown).
+    /// Leaves the cluster (shutdown): stops tailing and forwarding and lets
+    /// every session lease of this host go.
     pub async fn leave(&self) {
         if let Some(cluster) = &self.ctx.cluster {
-            cluster.release_all().await;
+            cluster.leave().await;
         }
     }
 
