@@ -20,14 +20,17 @@ pub struct Cli {
 /// Flags every scenario takes.
 #[derive(Debug, Args)]
 pub struct Common {
-    /// The server's AHP WebSocket.
+    /// The server's AHP WebSocket. Several hosts on one database:
+    /// comma-separated, one per host; connections are spread over them
+    /// round-robin (REST goes to the first).
     #[arg(
         long,
         global = true,
         env = "TETHER_LOAD_URL",
-        default_value = "ws://127.0.0.1:7878/ahp"
+        default_value = "ws://127.0.0.1:7878/ahp",
+        value_delimiter = ','
     )]
-    pub url: String,
+    pub url: Vec<String>,
 
     /// The server's REST base URL (default: the --url host and port).
     #[arg(long, global = true, env = "TETHER_LOAD_HTTP")]
@@ -35,8 +38,15 @@ pub struct Common {
 
     /// The server's process id: its CPU share (/proc/<pid>/stat) is reported
     /// with every figure, and `connections` reads its memory.
-    #[arg(long, global = true, env = "TETHER_LOAD_SERVER_PID")]
-    pub server_pid: Option<u32>,
+    /// Several hosts: comma-separated, in `--url` order; each host's CPU is
+    /// reported.
+    #[arg(
+        long,
+        global = true,
+        env = "TETHER_LOAD_SERVER_PID",
+        value_delimiter = ','
+    )]
+    pub server_pid: Vec<u32>,
 
     /// Spread connections over this many source addresses, 127.0.0.1 to
     /// 127.0.0.N (each adds about 28,000 ephemeral ports).

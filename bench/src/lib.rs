@@ -57,10 +57,10 @@ pub async fn run(cli: Cli) -> Result<Report> {
         &cli.common.url,
         cli.common.http.as_deref(),
         cli.common.sources,
-        cli.common.server_pid,
+        &cli.common.server_pid,
     )
     .await?;
-    if let Some(pid) = target.server_pid {
+    for &pid in &target.server_pids {
         measure::cpu_ticks(Some(pid)).map_err(|e| {
             Error::msg(format!(
                 "--server-pid {pid}: {e}; run the load tool on the server's machine"

@@ -87,15 +87,18 @@ pub fn cores() -> usize {
 }
 
 /// CPU used over a window of wall time, by the load tool and the server.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CpuShare {
     /// Wall time of the window, seconds.
     pub wall_seconds: f64,
     /// Cores the load tool kept busy on average (1.0 = one whole core).
     pub load_tool_cores: f64,
-    /// Cores the server kept busy on average; `None` without `--server-pid`.
+    /// Cores the server kept busy on average (every host's together);
+    /// `None` without `--server-pid`.
     pub server_cores: Option<f64>,
+    /// Each host's share, in `--server-pid` order (several hosts).
+    pub server_cores_each: Vec<f64>,
     /// Cores the whole machine kept busy (load tool, server and anything
     /// else: a compiler running meanwhile shows here).
     pub machine_busy_cores: f64,
@@ -121,6 +124,12 @@ impl CpuShare {
                 (Some(a), Some(b)) => Some(weigh(a, b)),
                 _ => None,
             },
+            server_cores_each: self
+                .server_cores_each
+                .iter()
+                .zip(&other.server_cores_each)
+                .map(|(a, b)| weigh(*a, *b))
+                .collect(),
             machine_busy_cores: weigh(self.machine_busy_cores, other.machine_busy_cores),
             machine_cores: self.machine_cores,
         }
@@ -130,6 +139,17 @@ impl CpuShare {
     /// busy (of 2; over 10.0 s)`.
     pub fn describe(&self) -> String {
         let (server, others) = match self.server_cores {
+            Some(c) if self.server_cores_each.len() > 1 => (
+                format!(
+                    "servers {c:.2} ({})",
+                    self.server_cores_each
+                        .iter()
+                        .map(|c| format!("{c:.2}"))
+                        .collect::<Vec<_>>()
+                        .join(" + ")
+                ),
+                self.machine_busy_cores - self.load_tool_cores - c,
+            ),
             Some(c) => (
                 format!("server {c:.2}"),
                 self.machine_busy_cores - self.load_tool_cores - c,
@@ -150,27 +170,28 @@ impl CpuShare {
 }
 
 /// The start of a CPU measurement window.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct CpuWindow {
     started: Instant,
     load_ticks: u64,
     machine_ticks: u64,
-    server: Option<(u32, u64)>,
+    servers: Vec<(u32, u64)>,
 }
 
 impl CpuWindow {
     /// Starts a window now. A server pid that cannot be read is an error:
     /// a figure without the server's CPU would be reported as complete.
-    pub fn start(server_pid: Option<u32>) -> Result<Self> {
-        let server = match server_pid {
-            Some(pid) => Some((pid, cpu_ticks(Some(pid))?)),
-            None => None,
-        };
+    /// Several hosts: one pid each, in host order.
+    pub fn start(server_pids: &[u32]) -> Result<Self> {
+        let servers = server_pids
+            .iter()
+            .map(|pid| Ok((*pid, cpu_ticks(Some(*pid))?)))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             started: Instant::now(),
             load_ticks: cpu_ticks(None)?,
             machine_ticks: machine_busy_ticks()?,
-            server,
+            servers,
         })
     }
 
@@ -179,15 +200,18 @@ impl CpuWindow {
         let wall = self.started.elapsed().as_secs_f64().max(1e-9);
         let share = |ticks: u64| ticks as f64 / USER_HZ / wall;
         let load = cpu_ticks(None)?.saturating_sub(self.load_ticks);
-        let server = match self.server {
-            Some((pid, before)) => Some(share(cpu_ticks(Some(pid))?.saturating_sub(before))),
-            None => None,
-        };
+        let each = self
+            .servers
+            .iter()
+            .map(|(pid, before)| Ok(share(cpu_ticks(Some(*pid))?.saturating_sub(*before))))
+            .collect::<Result<Vec<f64>>>()?;
+        let server = (!each.is_empty()).then(|| each.iter().sum());
         let machine = machine_busy_ticks()?.saturating_sub(self.machine_ticks);
         Ok(CpuShare {
             wall_seconds: wall,
             load_tool_cores: share(load),
             server_cores: server,
+            server_cores_each: each,
             machine_busy_cores: share(machine),
             machine_cores: cores(),
         })

@@ -29,48 +29,70 @@ pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 /// The server under load.
 #[derive(Debug, Clone)]
 pub struct Target {
-    /// `ws://host:port/ahp`.
-    pub ws_url: String,
-    /// `http://host:port` for REST.
+    /// `ws://host:port/ahp` of every host (one, or several on one database).
+    pub hosts: Vec<Host>,
+    /// `http://host:port` for REST (the first host's).
     pub http_url: String,
-    /// The resolved socket address.
-    pub addr: SocketAddr,
     /// Source addresses, used round-robin; empty when the server is not on
     /// loopback (the system picks).
     pub sources: Vec<IpAddr>,
-    /// The server's pid, for its CPU and memory.
+    /// The first host's pid, for its memory and open-file limit.
     pub server_pid: Option<u32>,
+    /// Every host's pid, for their CPU.
+    pub server_pids: Vec<u32>,
+}
+
+/// One host's WebSocket endpoint.
+#[derive(Debug, Clone)]
+pub struct Host {
+    /// `ws://host:port/ahp`.
+    pub ws_url: String,
+    /// The resolved socket address.
+    pub addr: SocketAddr,
 }
 
 impl Target {
-    /// Resolves `ws_url`; `http_url` defaults to the same host and port.
+    /// Resolves every `ws_urls`; `http_url` defaults to the first one's host
+    /// and port.
     pub async fn resolve(
-        ws_url: &str,
+        ws_urls: &[String],
         http_url: Option<&str>,
         sources: usize,
-        server_pid: Option<u32>,
+        server_pids: &[u32],
     ) -> Result<Self> {
-        let uri: Uri = ws_url
-            .parse()
-            .map_err(|e| Error::msg(format!("--url {ws_url:?} is not a URL: {e}")))?;
-        if uri.scheme_str() != Some("ws") {
-            return Err(Error::msg(format!(
-                "--url must be a ws:// URL (the load tool speaks plain WebSocket); got {ws_url:?}"
-            )));
+        let mut hosts = Vec::with_capacity(ws_urls.len());
+        let mut first_http = None;
+        for ws_url in ws_urls {
+            let uri: Uri = ws_url
+                .parse()
+                .map_err(|e| Error::msg(format!("--url {ws_url:?} is not a URL: {e}")))?;
+            if uri.scheme_str() != Some("ws") {
+                return Err(Error::msg(format!(
+                    "--url must be a ws:// URL (the load tool speaks plain WebSocket); got {ws_url:?}"
+                )));
+            }
+            let host = uri
+                .host()
+                .ok_or_else(|| Error::msg(format!("--url {ws_url:?} names no host")))?;
+            let port = uri.port_u16().unwrap_or(80);
+            let addr = tokio::net::lookup_host((host, port))
+                .await?
+                .find(SocketAddr::is_ipv4)
+                .ok_or_else(|| Error::msg(format!("{host} has no IPv4 address")))?;
+            first_http.get_or_insert_with(|| format!("http://{host}:{port}"));
+            hosts.push(Host {
+                ws_url: ws_url.clone(),
+                addr,
+            });
         }
-        let host = uri
-            .host()
-            .ok_or_else(|| Error::msg(format!("--url {ws_url:?} names no host")))?;
-        let port = uri.port_u16().unwrap_or(80);
-        let addr = tokio::net::lookup_host((host, port))
-            .await?
-            .find(SocketAddr::is_ipv4)
-            .ok_or_else(|| Error::msg(format!("{host} has no IPv4 address")))?;
+        let (Some(first), Some(default_http)) = (hosts.first(), first_http) else {
+            return Err(Error::msg("--url names no host"));
+        };
         let http_url = match http_url {
             Some(url) => url.trim_end_matches('/').to_owned(),
-            None => format!("http://{host}:{port}"),
+            None => default_http,
         };
-        let sources = if addr.ip().is_loopback() {
+        let sources = if first.addr.ip().is_loopback() {
             (1..=sources.clamp(1, 254))
                 .map(|i| IpAddr::V4(Ipv4Addr::new(127, 0, 0, i as u8)))
                 .collect()
@@ -78,12 +100,17 @@ impl Target {
             Vec::new()
         };
         Ok(Self {
-            ws_url: ws_url.to_owned(),
+            hosts,
             http_url,
-            addr,
             sources,
-            server_pid,
+            server_pid: server_pids.first().copied(),
+            server_pids: server_pids.to_vec(),
         })
+    }
+
+    /// Which host the `index`-th connection goes to.
+    pub fn host_index(&self, index: usize) -> usize {
+        index % self.hosts.len()
     }
 
     /// The source address of the `index`-th connection.
@@ -103,7 +130,7 @@ impl Target {
                 .map_err(|e| fail("bind", e))?;
         }
         let stream = socket
-            .connect(self.addr)
+            .connect(self.hosts[self.host_index(index)].addr)
             .await
             .map_err(|e| fail("connect", e))?;
         stream.set_nodelay(true).map_err(|e| fail("nodelay", e))?;
@@ -114,7 +141,7 @@ impl Target {
     pub async fn ws(&self, index: usize, config: WebSocketConfig) -> Result<Ws> {
         let stream = self.tcp(index).await.map_err(|e| Error::msg(e.explain()))?;
         let handshake = tokio_tungstenite::client_async_with_config(
-            self.ws_url.as_str(),
+            self.hosts[self.host_index(index)].ws_url.as_str(),
             MaybeTlsStream::Plain(stream),
             Some(config),
         );

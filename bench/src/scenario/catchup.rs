@@ -65,7 +65,7 @@ pub async fn run(ctx: &Ctx, args: &CatchupArgs) -> Result<Report> {
             },
         })
         .to_string();
-        let window = CpuWindow::start(ctx.target.server_pid)?;
+        let window = CpuWindow::start(&ctx.target.server_pids)?;
         let started = Instant::now();
         conn.send(request).await?;
         let reply = tokio::time::timeout(REQUEST_TIMEOUT, async {

@@ -43,7 +43,7 @@ pub async fn run(ctx: &Ctx, args: &ChatArgs) -> Result<Report> {
             )
         })
     };
-    let cpu = CpuWindow::start(ctx.target.server_pid)?;
+    let cpu = CpuWindow::start(&ctx.target.server_pids)?;
     let started = Instant::now();
     let mut seq = 0;
     for _ in 0..args.turns {
@@ -64,7 +64,7 @@ pub async fn run(ctx: &Ctx, args: &ChatArgs) -> Result<Report> {
 
     // One more turn, measured: what every chat action of a long chat costs.
     let mut turns = Latency::new();
-    let cpu = CpuWindow::start(ctx.target.server_pid)?;
+    let cpu = CpuWindow::start(&ctx.target.server_pids)?;
     for _ in 0..args.probe_turns.max(1) {
         seq += 1;
         let began = Instant::now();
@@ -95,7 +95,7 @@ pub async fn run(ctx: &Ctx, args: &ChatArgs) -> Result<Report> {
         reader
             .initialize(&ctx.id("chat-reader", attempt), &[])
             .await?;
-        let window = CpuWindow::start(ctx.target.server_pid)?;
+        let window = CpuWindow::start(&ctx.target.server_pids)?;
         let began = Instant::now();
         let result = reader
             .request("subscribe", json!({"channel": chat}))

@@ -93,7 +93,7 @@ pub async fn run(ctx: &Ctx, args: &ConnectionsArgs) -> Result<Report> {
         })
         .collect();
 
-    let cpu = CpuWindow::start(Some(pid))?;
+    let cpu = CpuWindow::start(&[pid])?;
     let hold_until = Instant::now() + Duration::from_secs_f64(args.hold.max(0.5));
     let mut server_peak = 0u64;
     let mut server_last = 0u64;
@@ -108,7 +108,7 @@ pub async fn run(ctx: &Ctx, args: &ConnectionsArgs) -> Result<Report> {
     let load_held = rss_kib(None)?;
 
     // The probe: one envelope must reach all of them.
-    let probe_cpu = CpuWindow::start(Some(pid))?;
+    let probe_cpu = CpuWindow::start(&[pid])?;
     let probe_started = Instant::now();
     control
         .send(dispatch_frame(&quoted(&channel), 1, &title_action("probe")))

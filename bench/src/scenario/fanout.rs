@@ -187,7 +187,7 @@ pub async fn run(ctx: &Ctx, args: &FanoutArgs) -> Result<Report> {
     let warmup_seqs = ((rate * args.warmup.max(0.0)).floor() as u64).min(planned - 1);
     let params = json!({
         "subscribers": subscribers, "rate": rate, "duration": duration,
-        "warmup": args.warmup, "client": args.client.name(),
+        "warmup": args.warmup, "client": args.client.name(), "hosts": ctx.target.hosts.len(),
     });
     let mut report = Report::new("fanout", Some(ctx.backend.clone()), params);
     crate::net::check_fd_budget(subscribers + 2, ctx.target.server_pid);
@@ -239,15 +239,19 @@ pub async fn run(ctx: &Ctx, args: &FanoutArgs) -> Result<Report> {
 
     let (total_tx, total_rx) = watch::channel(u64::MAX);
     let (give_up_tx, give_up_rx) = watch::channel(false);
+    // Subscriber i is on host `host_index(i + 1)`; the dispatcher on host 0.
     let tasks: Vec<_> = subs
         .into_iter()
-        .map(|sub| {
-            tokio::spawn(subscriber(
+        .enumerate()
+        .map(|(i, sub)| {
+            let remote = ctx.target.host_index(i + 1) != 0;
+            let task = tokio::spawn(subscriber(
                 sub,
                 shared.clone(),
                 total_rx.clone(),
                 give_up_rx.clone(),
-            ))
+            ));
+            (remote, task)
         })
         .collect();
 
@@ -309,7 +313,7 @@ pub async fn run(ctx: &Ctx, args: &FanoutArgs) -> Result<Report> {
         let due = start + Duration::from_secs_f64((seq - 1) as f64 / rate);
         sleep_until(due).await;
         if seq == warmup_seqs + 1 {
-            cpu = Some(CpuWindow::start(ctx.target.server_pid)?);
+            cpu = Some(CpuWindow::start(&ctx.target.server_pids)?);
         }
         slip = slip.max(Instant::now().saturating_duration_since(due));
         let frame = dispatch_frame(&channel_json, seq, &title_action(&format!("fan {seq}")));
@@ -328,19 +332,23 @@ pub async fn run(ctx: &Ctx, args: &FanoutArgs) -> Result<Report> {
     }
     let share = match cpu {
         Some(cpu) => cpu.finish()?,
-        None => CpuWindow::start(ctx.target.server_pid)?.finish()?,
+        None => CpuWindow::start(&ctx.target.server_pids)?.finish()?,
     };
     let _ = give_up_tx.send(true);
     let mut latency = Latency::new();
+    let mut cross_host = Latency::new();
     let (mut delivered, mut missing, mut reordered, mut backwards) = (0u64, 0u64, 0u64, 0u64);
     let mut last_delivery = 0u64;
     let mut incomplete = 0usize;
     let mut ended = Vec::new();
-    for task in tasks {
+    for (remote, task) in tasks {
         let seen = task
             .await
             .map_err(|e| Error::msg(format!("subscriber task: {e}")))?;
         latency.merge(&seen.latency);
+        if remote {
+            cross_host.merge(&seen.latency);
+        }
         delivered += seen.delivered;
         missing += seen.missing;
         reordered += seen.duplicate_or_reordered;
@@ -366,41 +374,44 @@ pub async fn run(ctx: &Ctx, args: &FanoutArgs) -> Result<Report> {
     let timed_seconds = (last_delivery.saturating_sub(timed_from)) as f64 / 1e6;
     let timed_deliveries = latency.count();
     let dispatched_seconds = dispatch_end.duration_since(start).as_secs_f64();
-    report.phases.push(
-        Phase::new(
-            format!(
-                "1 session, {subscribers} subscribers, {rate} actions/s for {duration} s \
+    let mut phase = Phase::new(
+        format!(
+            "1 session, {subscribers} subscribers, {rate} actions/s for {duration} s \
                  (first {warmup_seqs} envelopes untimed)"
-            ),
-            share,
-        )
-        .figure(
-            "deliveries/s",
-            if timed_seconds > 0.0 {
-                timed_deliveries as f64 / timed_seconds
-            } else {
-                0.0
-            },
-            "deliveries/s",
-        )
-        .figure(
-            "offered deliveries/s",
-            rate * subscribers as f64,
-            "deliveries/s",
-        )
-        .figure(
-            "dispatch rate achieved",
-            planned as f64 / dispatched_seconds.max(1e-9),
-            "actions/s",
-        )
-        .figure(
-            "dispatcher schedule slip (max)",
-            slip.as_secs_f64() * 1000.0,
-            "ms",
-        )
-        .latency("dispatch -> delivery, every subscriber", latency.summary())
-        .latency("dispatch -> ack at the dispatcher", ack_latency.summary()),
-    );
+        ),
+        share,
+    )
+    .figure(
+        "deliveries/s",
+        if timed_seconds > 0.0 {
+            timed_deliveries as f64 / timed_seconds
+        } else {
+            0.0
+        },
+        "deliveries/s",
+    )
+    .figure(
+        "offered deliveries/s",
+        rate * subscribers as f64,
+        "deliveries/s",
+    )
+    .figure(
+        "dispatch rate achieved",
+        planned as f64 / dispatched_seconds.max(1e-9),
+        "actions/s",
+    )
+    .figure(
+        "dispatcher schedule slip (max)",
+        slip.as_secs_f64() * 1000.0,
+        "ms",
+    )
+    .latency("dispatch -> delivery, every subscriber", latency.summary())
+    .latency("dispatch -> ack at the dispatcher", ack_latency.summary());
+    if cross_host.count() > 0 {
+        // Committed by host 0, delivered by another host's tailer.
+        phase = phase.latency("dispatch -> delivery on another host", cross_host.summary());
+    }
+    report.phases.push(phase);
     let expected = planned * subscribers as u64;
     report.check(
         "every subscriber got every envelope once",

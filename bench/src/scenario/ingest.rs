@@ -30,18 +30,28 @@ pub async fn run(ctx: &Ctx, args: &IngestArgs) -> Result<Report> {
     let in_flight = args.in_flight.max(1);
     let params = json!({
         "sessions": sessions, "inFlight": in_flight, "duration": args.duration,
-        "warmup": args.warmup, "client": args.client.name(),
+        "warmup": args.warmup, "client": args.client.name(), "hosts": ctx.target.hosts.len(),
     });
     let mut report = Report::new("ingest", Some(ctx.backend.clone()), params);
     crate::net::check_fd_budget(sessions + 1, ctx.target.server_pid);
 
-    let mut setup = RawConn::new(ctx.target.ws(0, crate::net::small_buffers()).await?);
-    setup.initialize(&ctx.id("setup", 0), &[]).await?;
+    // Each session is created through the host its dispatcher will use, so
+    // with several hosts each one writes its own sessions (a session's
+    // first writer holds its lease).
+    let mut setups = Vec::with_capacity(ctx.target.hosts.len());
+    for h in 0..ctx.target.hosts.len() {
+        let mut setup = RawConn::new(ctx.target.ws(h, crate::net::small_buffers()).await?);
+        setup.initialize(&ctx.id("setup", h), &[]).await?;
+        setups.push(setup);
+    }
     let mut channels = Vec::with_capacity(sessions);
     for i in 0..sessions {
-        channels.push(create_session(&mut setup, &ctx.id("ingest", i)).await?);
+        let setup = &mut setups[ctx.target.host_index(i + 1)];
+        channels.push(create_session(setup, &ctx.id("ingest", i)).await?);
     }
-    setup.close().await;
+    for setup in setups {
+        setup.close().await;
+    }
 
     let client = args.client;
     let channels = Arc::new(channels);
@@ -114,7 +124,7 @@ pub async fn run(ctx: &Ctx, args: &IngestArgs) -> Result<Report> {
         })
     };
     sleep_until(measure_from).await;
-    let cpu = CpuWindow::start(ctx.target.server_pid)?;
+    let cpu = CpuWindow::start(&ctx.target.server_pids)?;
     sleep_until(stop_at).await;
     let share = cpu.finish()?;
     let mut total = Stats::default();

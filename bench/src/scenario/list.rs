@@ -36,7 +36,7 @@ pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<Report> {
             format!("creating sessions: {}/{n}", created.load(Ordering::Relaxed))
         })
     };
-    let cpu = CpuWindow::start(ctx.target.server_pid)?;
+    let cpu = CpuWindow::start(&ctx.target.server_pids)?;
     let started = Instant::now();
     let mut creates = futures_util::stream::iter(0..args.sessions)
         .map(|i| {
@@ -94,7 +94,7 @@ pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<Report> {
     let mut walked = 0u64;
     let mut full_walks = 0u64;
     let mut largest_walk = 0u64;
-    let cpu = CpuWindow::start(ctx.target.server_pid)?;
+    let cpu = CpuWindow::start(&ctx.target.server_pids)?;
     for _ in 0..requests {
         let path = match &cursor {
             Some(c) => format!("/v1/sessions?limit={}&cursor={c}", args.page_size),
@@ -119,7 +119,7 @@ pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<Report> {
     let mut projections = Latency::new();
     let mut last_seq = 0u64;
     let path = format!("/v1/sessions/{big_id}");
-    let cpu = CpuWindow::start(ctx.target.server_pid)?;
+    let cpu = CpuWindow::start(&ctx.target.server_pids)?;
     for _ in 0..requests {
         let (view, elapsed) = ctx.rest.timed_get(&path).await?;
         projections.record(elapsed);

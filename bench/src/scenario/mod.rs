@@ -98,7 +98,7 @@ pub async fn seed_session(
         window: (Instant::now(), far),
         progress: progress_count,
     };
-    let cpu = CpuWindow::start(ctx.target.server_pid)?;
+    let cpu = CpuWindow::start(&ctx.target.server_pids)?;
     let started = Instant::now();
     let stats = dispatch::run_raw(conn, client_id, channel.clone(), plan).await?;
     let seconds = started.elapsed().as_secs_f64();

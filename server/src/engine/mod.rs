@@ -256,7 +256,7 @@ impl Engine {
         effects: Arc<dyn Effects>,
         config: EngineConfig,
     ) -> Result<Self, StoreError> {
-        let cluster = match store.shared() {
+        let cluster = match store.join_cluster() {
             Some((pool, host)) => Some(Cluster::join(pool, host, config.lease_ttl).await?),
             None => None,
         };

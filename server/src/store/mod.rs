@@ -304,9 +304,11 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Which backend this is.
     fn backend(&self) -> Backend;
 
-    /// With a database several hosts may share (Postgres): its pool and the
-    /// id this process writes as, which the append fences leases with.
-    fn shared(&self) -> Option<(sqlx::PgPool, String)> {
+    /// With a database several hosts may share (Postgres): joins the
+    /// cluster, returning its pool and the id this process writes as; from
+    /// now on appends skip envelopes of sessions whose lease another host
+    /// holds. `None` for a single-host backend.
+    fn join_cluster(&self) -> Option<(sqlx::PgPool, String)> {
         None
     }
 

@@ -239,6 +239,26 @@ mod tests {
     }
 
     #[test]
+    fn a_fenced_session_writes_nothing_and_takes_no_seq() {
+        let mut other = envelope(Some(("b", 1)), Some("other"));
+        other.session_id = Some("t".into());
+        if let Some(record) = &mut other.session {
+            record.id = "t".into();
+        }
+        let batch = vec![
+            envelope(Some(("a", 1)), Some("fenced")),
+            other,
+            envelope(None, None),
+        ];
+        let plan = plan(&batch, 3, &HashSet::new(), &HashSet::from(["s".to_owned()]));
+        assert_eq!(plan.slots, [Slot::Fenced, Slot::Committed(4), Slot::Fenced]);
+        assert_eq!(plan.rows.len(), 1);
+        assert_eq!(plan.last_seq, 4);
+        assert_eq!(plan.sessions.len(), 1, "only the unfenced session's row");
+        assert_eq!(plan.sessions[0].0.id, "t");
+    }
+
+    #[test]
     fn a_batch_of_only_duplicates_writes_nothing() {
         let batch = vec![envelope(Some(("a", 1)), Some("t"))];
         let plan = plan(
