@@ -303,7 +303,7 @@ mod tests {
 
     #[tokio::test]
     async fn sources_spread_over_loopback() {
-        let target = Target::resolve("ws://127.0.0.1:7878/ahp", None, 3, None)
+        let target = Target::resolve(&["ws://127.0.0.1:7878/ahp".into()], None, 3, &[])
             .await
             .unwrap();
         assert_eq!(target.http_url, "http://127.0.0.1:7878");
@@ -317,10 +317,25 @@ mod tests {
     #[tokio::test]
     async fn only_plain_websocket_urls_are_taken() {
         assert!(
-            Target::resolve("http://127.0.0.1:1/ahp", None, 1, None)
+            Target::resolve(&["http://127.0.0.1:1/ahp".into()], None, 1, &[])
                 .await
                 .is_err()
         );
+    }
+
+    #[tokio::test]
+    async fn connections_spread_over_every_host() {
+        let urls = [
+            "ws://127.0.0.1:7001/ahp".into(),
+            "ws://127.0.0.1:7002/ahp".into(),
+        ];
+        let target = Target::resolve(&urls, None, 1, &[]).await.unwrap();
+        assert_eq!(
+            target.http_url, "http://127.0.0.1:7001",
+            "REST: the first host"
+        );
+        let hosts: Vec<usize> = (0..5).map(|i| target.host_index(i)).collect();
+        assert_eq!(hosts, [0, 1, 0, 1, 0]);
     }
 
     #[test]

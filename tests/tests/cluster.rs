@@ -487,3 +487,33 @@ async fn a_killed_host_s_sessions_move_to_another_within_the_lease() {
     }
     assert!(took < Duration::from_secs(30), "taken over in {took:?}");
 }
+
+#[tokio::test]
+async fn a_second_host_on_one_sqlite_file_is_refused_at_start() {
+    let db = TestDb::sqlite();
+    let _first = ServerProcess::start(&db, &[]).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let second = tokio::process::Command::new(tether_tests::tether_bin())
+        .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .args(["--database-url", db.url()])
+        .env_remove("TETHER_DATABASE_URL")
+        .output();
+    let second = tokio::time::timeout(Duration::from_secs(30), second)
+        .await
+        .expect("the second host exits at once")
+        .expect("run tether serve");
+    assert!(!second.status.success(), "refused");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("tether: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "one line: {stderr}");
+    assert!(
+        errors[0].contains("another Tether process already serves this file"),
+        "{stderr}"
+    );
+}

@@ -5,14 +5,19 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 
 use super::{ANSWER_CHANNEL, Cluster, FORWARD_CHANNEL, LOG_CHANNEL};
 use crate::store::StoreError;
 
 /// Connects the listener and starts its task.
 pub(super) async fn start(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
-    let mut listener = PgListener::connect_with(cluster.pool()).await?;
+    // A pool of its own: the LISTEN connection is held for good, and the
+    // store's pool must be able to close without waiting for it.
+    let own = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with((*cluster.pool().connect_options()).clone());
+    let mut listener = PgListener::connect_with(&own).await?;
     listener
         .listen_all([LOG_CHANNEL, FORWARD_CHANNEL, ANSWER_CHANNEL])
         .await?;

@@ -21,7 +21,7 @@ use tokio::sync::{Mutex, MutexGuard, mpsc};
 
 use super::fanout::{Hub, Published, published_from_store};
 use crate::cluster::Cluster;
-use crate::store::{Store, StoredEnvelope};
+use crate::store::{Store, StoreError, StoredEnvelope};
 
 /// Envelopes one read of the log takes.
 const PAGE: u32 = 1_000;
@@ -75,7 +75,8 @@ impl Delivery {
         };
         let last = last.seq;
         if self.cluster.is_some() {
-            self.catch_up(Some(first.seq - 1)).await;
+            // Retries until it succeeds: never fails.
+            let _ = self.catch_up(Some(first.seq - 1)).await;
         }
         for published in batch {
             if published.seq > self.hub.published() {
@@ -89,24 +90,23 @@ impl Delivery {
 
     /// Publishes, from the log, every envelope above what was published,
     /// up to `upto` (everything when `None`). The caller holds the gate.
-    async fn catch_up(&self, upto: Option<u64>) {
+    /// Below a batch of this host's (`upto` given) nothing may be skipped,
+    /// so a failing read is retried until it succeeds; the tailer's read
+    /// (`None`) gives up and says why, to be tried at the next wake-up.
+    async fn catch_up(&self, upto: Option<u64>) -> Result<(), StoreError> {
         let mut failures = 0u32;
         loop {
             let after = self.hub.published();
             if upto.is_some_and(|upto| after >= upto) {
-                return;
+                return Ok(());
             }
             let page = match self.store.read_after(after, None, PAGE).await {
                 Ok(page) => page,
+                Err(err) if upto.is_none() => return Err(err),
                 Err(err) => {
-                    // Below a committed batch of ours nothing may be
-                    // skipped: keep trying (the store is failing anyway).
                     failures += 1;
                     if failures == 1 || failures % 100 == 0 {
-                        tracing::warn!(error = %err, after, "cannot read the log to deliver other hosts' envelopes; retrying");
-                    }
-                    if upto.is_none() {
-                        return;
+                        tracing::warn!(error = %err, after, "cannot read the log to deliver other hosts' envelopes before this host's; retrying");
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
@@ -115,7 +115,7 @@ impl Delivery {
             let full = page.len() as u32 == PAGE;
             for envelope in page {
                 if upto.is_some_and(|upto| envelope.seq > upto) {
-                    return;
+                    return Ok(());
                 }
                 if envelope.seq != self.hub.published() + 1 {
                     // Cannot happen with appends serialised on the host
@@ -132,7 +132,7 @@ impl Delivery {
                 }
             }
             if !full {
-                return;
+                return Ok(());
             }
         }
     }
@@ -146,13 +146,25 @@ impl Delivery {
         let delivery = Arc::downgrade(self);
         let stop = cluster.stop.clone();
         tokio::spawn(stop.run_until_cancelled_owned(async move {
+            let mut failing = false;
             loop {
                 let _ = tokio::time::timeout(POLL, cluster.wake.log.notified()).await;
                 let Some(delivery) = delivery.upgrade() else {
                     return;
                 };
                 let _gate = delivery.gate.lock().await;
-                delivery.catch_up(None).await;
+                match delivery.catch_up(None).await {
+                    Ok(()) if failing => {
+                        failing = false;
+                        tracing::info!("reading the log again; other hosts' envelopes delivered");
+                    }
+                    Ok(()) => {}
+                    Err(err) if !failing => {
+                        failing = true;
+                        tracing::warn!(error = %err, "cannot read the log for other hosts' envelopes; retrying every {POLL:?}");
+                    }
+                    Err(_) => {}
+                }
             }
         }));
     }
