@@ -5,10 +5,10 @@
 -- together; another host may take a lease only once it has expired by the
 -- database's clock (one clock for every host). A released lease keeps its
 -- holder with an expiry in the past, so a late commit of the old holder is
--- still refused after another host took over and let go again. Every
--- append locks the leases of the sessions it writes (FOR SHARE) and skips
--- the envelopes of sessions another host holds: a host that lost its lease
--- cannot write.
+-- still refused after another host took over and let go again. A lease
+-- changes hands only under the host row's lock, which every append holds;
+-- an append skips the envelopes of sessions another host holds: a host
+-- that lost its lease cannot write.
 CREATE TABLE leases (
     session_id TEXT        PRIMARY KEY,
     holder     TEXT        NOT NULL,

@@ -517,3 +517,65 @@ async fn a_second_host_on_one_sqlite_file_is_refused_at_start() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn an_append_for_a_session_another_host_holds_writes_nothing() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let store = db.open().await;
+    let (pool, me) = store.join_cluster().expect("Postgres joins a cluster");
+    // "other" holds s1's lease (even an expired one: it was the last writer).
+    for (session, holder, expiry) in [
+        ("s1", "other", "infinity"),
+        ("s2", me.as_str(), "infinity"),
+        ("s3", "other", "-infinity"),
+    ] {
+        sqlx::query(
+            "INSERT INTO leases (session_id, holder, expires_at) VALUES ($1, $2, $3::timestamptz)",
+        )
+        .bind(session)
+        .bind(holder)
+        .bind(expiry)
+        .execute(&pool)
+        .await
+        .expect("a lease");
+    }
+    let envelope = |session: &str| tether_server::store::NewEnvelope {
+        channel: session_uri(session),
+        session_id: Some(session.into()),
+        action: r#"{"type":"session/titleChanged","title":"x"}"#.into(),
+        origin: None,
+        session: None,
+        chats: Vec::new(),
+        turns: Vec::new(),
+    };
+    let outcomes = store
+        .append(vec![
+            envelope("s1"),
+            envelope("s2"),
+            envelope("s3"),
+            envelope("s4"),
+        ])
+        .await
+        .expect("append");
+    use tether_server::store::Appended;
+    assert!(matches!(outcomes[0], Appended::Fenced), "{outcomes:?}");
+    assert!(
+        matches!(outcomes[1], Appended::Committed { seq: 1, .. }),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(outcomes[2], Appended::Fenced),
+        "released by another: still fenced"
+    );
+    assert!(
+        matches!(outcomes[3], Appended::Committed { seq: 2, .. }),
+        "no lease: not fenced"
+    );
+    assert_eq!(
+        store.host().await.expect("host").last_seq,
+        2,
+        "no seq taken by a fenced envelope"
+    );
+}

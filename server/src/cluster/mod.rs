@@ -146,6 +146,14 @@ impl Cluster {
     /// Takes the session's lease if it is free, expired or already ours.
     pub async fn acquire(&self, session: &str) -> Result<Lease, StoreError> {
         let sent = Instant::now();
+        // A lease changes hands only under the host row's lock, which every
+        // append holds for its whole transaction: an append's fence check
+        // (see `store/postgres.rs`) therefore holds until it commits,
+        // without locking lease rows on every append.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT last_seq FROM host WHERE id = 1 FOR UPDATE")
+            .execute(&mut *tx)
+            .await?;
         let taken: Option<(Option<String>,)> = sqlx::query_as(
             "WITH old AS (SELECT holder FROM leases WHERE session_id = $1) \
              INSERT INTO leases (session_id, holder, expires_at) \
@@ -158,8 +166,9 @@ impl Cluster {
         .bind(session)
         .bind(&self.host)
         .bind(self.ttl.as_secs_f64())
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *tx)
         .await?;
+        tx.commit().await?;
         match taken {
             Some((previous,)) => {
                 if let Ok(mut held) = self.held.lock() {

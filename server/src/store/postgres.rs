@@ -5,10 +5,11 @@
 //! sharing the database commit one after another in seq order: a host tailing
 //! the log never sees seq N+1 committed while N is still in flight.
 //!
-//! Each store writes as a host id of its own. An append locks the leases of
-//! the sessions it writes (`FOR SHARE`, so no lease changes hands until it
-//! commits) and skips the envelopes of sessions another host holds: the
-//! fence that makes a lease a guarantee (see `cluster`). Tailing hosts are
+//! Each store writes as a host id of its own. Once an engine joined the
+//! cluster through it, an append skips the envelopes of sessions whose
+//! lease another host holds: the fence that makes a lease a guarantee (see
+//! `cluster`). Leases change hands only under the host row's lock, so the
+//! fence checked at the start of an append holds until it commits. Tailing hosts are
 //! woken after the commit, by `cluster`, not inside the transaction.
 
 use std::collections::HashSet;
@@ -171,8 +172,8 @@ impl PostgresStore {
         Ok(())
     }
 
-    /// The sessions of `batch` whose lease another host holds, with the
-    /// leases of all of them locked until commit.
+    /// The sessions of `batch` whose lease another host holds. The caller
+    /// holds the host row's lock.
     async fn fenced(
         tx: &mut Transaction<'static, Postgres>,
         batch: &[NewEnvelope],
@@ -187,10 +188,10 @@ impl PostgresStore {
         if sessions.is_empty() {
             return Ok(HashSet::new());
         }
+        // No row locks: a lease changes hands only under the host row's
+        // lock, which this transaction holds until it commits.
         let others: Vec<String> = sqlx::query_scalar(
-            "SELECT session_id FROM (SELECT session_id, holder FROM leases \
-                                     WHERE session_id = ANY($1) FOR SHARE) AS l \
-             WHERE holder <> $2",
+            "SELECT session_id FROM leases WHERE session_id = ANY($1) AND holder <> $2",
         )
         .bind(sessions)
         .bind(host)
