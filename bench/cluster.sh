@@ -48,6 +48,7 @@ else
     "ingest-16|ingest --sessions 99 --in-flight 16 --duration 10"
     "ingest-1|ingest --sessions 99 --in-flight 1 --duration 10"
     "fanout-1000x200|fanout --subscribers 999 --rate 200 --duration 10"
+    "fanout-12x50|fanout --subscribers 12 --rate 50 --duration 10"
   )
 fi
 

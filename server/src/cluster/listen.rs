@@ -38,7 +38,12 @@ async fn run(mut listener: PgListener, cluster: Weak<Cluster>) {
         };
         match received {
             Ok(Some(notification)) => match notification.channel() {
-                LOG_CHANNEL => cluster.wake.log.notify_one(),
+                LOG_CHANNEL => {
+                    if let Ok(seq) = notification.payload().parse::<u64>() {
+                        cluster.heard_of(seq);
+                    }
+                    cluster.wake.log.notify_one();
+                }
                 FORWARD_CHANNEL if notification.payload() == cluster.host() => {
                     cluster.wake.forward.notify_one();
                 }

@@ -78,6 +78,9 @@ pub struct Cluster {
     pub wake: Wakeups,
     /// The newest seq this host committed, for the coalescing notifier.
     committed: watch::Sender<u64>,
+    /// The highest seq any host announced (`tether_log` payloads), so the
+    /// tailer does not read the log for this host's own commits.
+    announced: std::sync::atomic::AtomicU64,
     /// Stops every task of the cluster (and the engine's that use it).
     pub stop: CancellationToken,
 }
@@ -99,6 +102,7 @@ impl Cluster {
             held: Mutex::new(HashMap::new()),
             wake: Wakeups::default(),
             committed,
+            announced: std::sync::atomic::AtomicU64::new(0),
             stop: CancellationToken::new(),
         });
         listen::start(&cluster).await?;
@@ -128,6 +132,16 @@ impl Cluster {
 
     pub(crate) fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The highest seq a `tether_log` notification announced.
+    pub fn announced(&self) -> u64 {
+        self.announced.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn heard_of(&self, seq: u64) {
+        self.announced
+            .fetch_max(seq, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// Tells other hosts that `seq` is committed. Returns at once; the

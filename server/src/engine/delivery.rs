@@ -148,10 +148,18 @@ impl Delivery {
         tokio::spawn(stop.run_until_cancelled_owned(async move {
             let mut failing = false;
             loop {
-                let _ = tokio::time::timeout(POLL, cluster.wake.log.notified()).await;
+                let woken = tokio::time::timeout(POLL, cluster.wake.log.notified())
+                    .await
+                    .is_ok();
                 let Some(delivery) = delivery.upgrade() else {
                     return;
                 };
+                // Woken for what is published already (this host's own
+                // commits): nothing to read, and the committer keeps the
+                // gate. The poll reads the log whatever was announced.
+                if woken && !failing && cluster.announced() <= delivery.hub.published() {
+                    continue;
+                }
                 let _gate = delivery.gate.lock().await;
                 match delivery.catch_up(None).await {
                     Ok(()) if failing => {
