@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use tether_server::store::{self, StoreOptions};
+use tether_server::store::{self, NewEnvelope, StoreOptions};
 use tether_tests::{ServerProcess, TestDb, TestServer, seed, tether_bin};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -672,6 +672,33 @@ async fn an_interrupted_migration_resumes_and_completes() {
             &epoch,
             &other_epoch,
         ],
+    );
+
+    // So is the same database after a server wrote to it: rows already
+    // copied may have changed since.
+    let dir = tempfile::tempdir().unwrap();
+    let moved_on = format!("sqlite:{}", dir.path().join("moved-on.db").display());
+    std::fs::copy(sqlite_path(&src), dir.path().join("moved-on.db")).unwrap();
+    let store = store::open(&moved_on, &StoreOptions::default())
+        .await
+        .unwrap();
+    store
+        .append(vec![NewEnvelope {
+            channel: "ahp-session:/seed-00001".into(),
+            session_id: Some("seed-00001".into()),
+            action: json!({"type": "session/titleChanged", "title": "later"}).to_string(),
+            origin: None,
+            session: None,
+            chats: Vec::new(),
+            turns: Vec::new(),
+        }])
+        .await
+        .unwrap();
+    store.close().await;
+    let output = migrate(&moved_on, target.url()).await;
+    refused(
+        &output,
+        &["the source changed since the interrupted migration"],
     );
 
     let output = migrate(src.url(), target.url()).await;

@@ -38,7 +38,13 @@ pub(super) async fn copy_table(
         return Ok(0);
     }
     let total = source.count(table).await?;
-    let mut meter = Meter::new(table.name, total, progress.rows);
+    if progress.rows > 0 {
+        note(&format!(
+            "{}: resuming after {} of {total} rows copied by an earlier run",
+            table.name, progress.rows
+        ));
+    }
+    let mut meter = Meter::new(table.name, "rows", total, progress.rows);
     let (sender, mut receiver) = mpsc::channel::<Batch>(READ_AHEAD);
     let after = progress.last_key.clone();
     let read = async move {
@@ -83,28 +89,32 @@ pub(super) async fn copy_table(
     Ok(rows - start)
 }
 
-/// Progress lines on stderr for one table.
-struct Meter {
-    table: &'static str,
+/// Progress lines on stderr, at most one a second, for one table (or the
+/// sessions being folded).
+pub(super) struct Meter {
+    label: String,
+    unit: &'static str,
     total: i64,
-    rows: i64,
+    done: i64,
     this_run: i64,
     started: Instant,
     printed: Instant,
 }
 
 impl Meter {
-    fn new(table: &'static str, total: i64, already: i64) -> Self {
+    /// Counts `unit`s of `label` up to `total`, `already` of them done.
+    pub(super) fn new(
+        label: impl Into<String>,
+        unit: &'static str,
+        total: i64,
+        already: i64,
+    ) -> Self {
         let now = Instant::now();
-        if already > 0 {
-            note(&format!(
-                "{table}: resuming after {already} of {total} rows copied by an earlier run"
-            ));
-        }
         Self {
-            table,
+            label: label.into(),
+            unit,
             total,
-            rows: already,
+            done: already,
             this_run: 0,
             started: now,
             printed: now,
@@ -115,34 +125,44 @@ impl Meter {
         self.this_run as f64 / self.started.elapsed().as_secs_f64().max(1e-3)
     }
 
-    fn add(&mut self, n: i64) {
-        self.rows += n;
+    /// Counts `n` more, printing a line if the last one is a second old.
+    pub(super) fn add(&mut self, n: i64) {
+        self.done += n;
         self.this_run += n;
         if self.printed.elapsed() >= PROGRESS_EVERY {
             self.printed = Instant::now();
             let percent = if self.total > 0 {
-                self.rows as f64 * 100.0 / self.total as f64
+                self.done as f64 * 100.0 / self.total as f64
             } else {
                 100.0
             };
             note(&format!(
-                "{}: {}/{} rows ({percent:.0}%), {:.0} rows/s",
-                self.table,
-                self.rows,
+                "{}: {}/{} {} ({percent:.0}%), {:.0} {}/s",
+                self.label,
+                self.done,
                 self.total,
-                self.rate()
+                self.unit,
+                self.rate(),
+                self.unit
             ));
         }
     }
 
-    fn finish(&self) {
+    /// The closing line.
+    pub(super) fn finish(&self) {
+        let earlier = if self.this_run == self.done {
+            String::new()
+        } else {
+            format!(" ({} this run)", self.this_run)
+        };
         note(&format!(
-            "{}: {} rows ({} this run) in {:.1} s, {:.0} rows/s",
-            self.table,
-            self.rows,
-            self.this_run,
+            "{}: {} {}{earlier} in {:.1} s, {:.0} {}/s",
+            self.label,
+            self.done,
+            self.unit,
             self.started.elapsed().as_secs_f64(),
-            self.rate()
+            self.rate(),
+            self.unit
         ));
     }
 }

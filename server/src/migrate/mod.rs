@@ -90,7 +90,11 @@ pub enum MigrateError {
         reason: String,
     },
     /// The copy is not equal to the source.
-    #[error("verification failed: {}", .0.join("; "))]
+    #[error(
+        "verification failed: {}; the target is not a faithful copy: recreate it empty and \
+         migrate again",
+        .0.join("; ")
+    )]
     Mismatch(Vec<String>),
 }
 

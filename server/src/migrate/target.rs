@@ -187,24 +187,33 @@ impl Target {
         .map_err(self.db())?;
         let has = |name: &str| tables.iter().any(|t| t == name);
         if has(PROGRESS_TABLE) {
-            let epochs: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-                "SELECT DISTINCT source_epoch FROM {PROGRESS_TABLE}"
+            let started: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT DISTINCT source_epoch, source_last_seq FROM {PROGRESS_TABLE}"
             )))
             .fetch_all(&self.pool)
             .await
             .map_err(self.db())?;
             let host = self.host().await?;
             let theirs = host.as_ref().map(|h| h.epoch.as_str());
-            if epochs.iter().any(|e| *e != source.epoch) || theirs != Some(&source.epoch) {
+            if started.iter().any(|(e, _)| *e != source.epoch) || theirs != Some(&source.epoch) {
                 return Err(MigrateError::Target(format!(
                     "the target holds an unfinished migration of another database (epoch {}); \
                      this source is epoch {}: use an empty database",
-                    epochs
+                    started
                         .first()
-                        .map(String::as_str)
+                        .map(|(e, _)| e.as_str())
                         .or(theirs)
                         .unwrap_or("unknown"),
                     source.epoch
+                )));
+            }
+            // A server ran on the source since: rows already copied may
+            // have changed, so the copy cannot simply go on.
+            if let Some((_, then)) = started.iter().find(|(_, seq)| *seq != source.last_seq) {
+                return Err(MigrateError::Target(format!(
+                    "the source changed since the interrupted migration (its last seq was \
+                     {then}, now {}): recreate the target database empty and migrate again",
+                    source.last_seq
                 )));
             }
             return Ok(Found::Partial);
@@ -301,11 +310,12 @@ impl Target {
         let mut tx = self.pool.begin().await.map_err(&db)?;
         sqlx::query(AssertSqlSafe(format!(
             "CREATE TABLE {PROGRESS_TABLE} (
-                table_name   TEXT    PRIMARY KEY,
-                source_epoch TEXT    NOT NULL,
-                last_key     TEXT,
-                rows         BIGINT  NOT NULL DEFAULT 0,
-                done         BOOLEAN NOT NULL DEFAULT false
+                table_name      TEXT    PRIMARY KEY,
+                source_epoch    TEXT    NOT NULL,
+                source_last_seq BIGINT  NOT NULL,
+                last_key        TEXT,
+                rows            BIGINT  NOT NULL DEFAULT 0,
+                done            BOOLEAN NOT NULL DEFAULT false
             )"
         )))
         .execute(&mut *tx)
@@ -313,11 +323,12 @@ impl Target {
         .map_err(&db)?;
         let names: Vec<&str> = TABLES.iter().map(|t| t.name).chain(["host"]).collect();
         sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {PROGRESS_TABLE} (table_name, source_epoch) \
-             SELECT name, $2 FROM UNNEST($1::text[]) AS name"
+            "INSERT INTO {PROGRESS_TABLE} (table_name, source_epoch, source_last_seq) \
+             SELECT name, $2, $3 FROM UNNEST($1::text[]) AS name"
         )))
         .bind(names)
         .bind(&source.epoch)
+        .bind(source.last_seq)
         .execute(&mut *tx)
         .await
         .map_err(&db)?;

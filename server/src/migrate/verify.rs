@@ -5,6 +5,7 @@ use futures_util::{StreamExt, TryStreamExt};
 use serde_json::Value;
 
 use super::MigrateError;
+use super::copy::Meter;
 use super::source::{Host, Source};
 use super::tables::{Cell, TABLES, Table};
 use super::target::Target;
@@ -48,7 +49,10 @@ pub(super) async fn verify(
             ));
             continue;
         }
-        if let Some(problem) = compare_rows(source, target, table).await? {
+        let mut meter = Meter::new(format!("verify {}", table.name), "rows", ours, 0);
+        let found = compare_rows(source, target, table, &mut meter).await?;
+        meter.finish();
+        if let Some(problem) = found {
             problems.push(problem);
         }
         verified.counts.push((table.name, ours));
@@ -68,7 +72,12 @@ pub(super) async fn verify(
         )),
         None => problems.push("host row: missing in the target".into()),
     }
-    let (sessions, differing) = fold_sessions(target, options).await?;
+    let sessions_total = verified
+        .counts
+        .iter()
+        .find(|(t, _)| *t == "sessions")
+        .map_or(0, |(_, n)| *n);
+    let (sessions, differing) = fold_sessions(target, options, sessions_total).await?;
     verified.sessions = sessions;
     problems.extend(differing);
     if problems.is_empty() {
@@ -84,6 +93,7 @@ async fn compare_rows(
     source: &Source,
     target: &Target,
     table: &'static Table,
+    meter: &mut Meter,
 ) -> Result<Option<String>, MigrateError> {
     let theirs = source.rows_after(table, None);
     let ours = target.rows(table);
@@ -94,7 +104,7 @@ async fn compare_rows(
         let b = b.map_err(|e| MigrateError::Target(format!("reading {}: {e}", table.name)))?;
         match (a, b) {
             (None, None) => return Ok(None),
-            (Some(a), Some(b)) if a == b => {}
+            (Some(a), Some(b)) if a == b => meter.add(1),
             (Some(a), Some(b)) => {
                 let key = show_key(table, &a);
                 let column = table
@@ -145,16 +155,22 @@ fn show_key(table: &Table, row: &[Cell]) -> String {
 async fn fold_sessions(
     target: &Target,
     options: &StoreOptions,
+    total: i64,
 ) -> Result<(usize, Vec<String>), MigrateError> {
     let store = PostgresStore::open(target.url(), options)
         .await
         .map_err(|e| MigrateError::Target(e.to_string()))?;
-    let result = fold_all(&store).await;
+    let mut meter = Meter::new("verify the read model by folding", "sessions", total, 0);
+    let result = fold_all(&store, &mut meter).await;
+    meter.finish();
     store.close().await;
     result
 }
 
-async fn fold_all(store: &PostgresStore) -> Result<(usize, Vec<String>), MigrateError> {
+async fn fold_all(
+    store: &PostgresStore,
+    meter: &mut Meter,
+) -> Result<(usize, Vec<String>), MigrateError> {
     let mut checked = 0;
     let mut problems = Vec::new();
     let mut before = None;
@@ -163,11 +179,14 @@ async fn fold_all(store: &PostgresStore) -> Result<(usize, Vec<String>), Migrate
             .sessions(&SessionFilter::default(), before, 500)
             .await
             .map_err(|e| MigrateError::Target(e.to_string()))?;
-        let found: Vec<Option<String>> = futures_util::stream::iter(&page.items)
+        let mut found = Vec::with_capacity(page.items.len());
+        let mut folds = futures_util::stream::iter(&page.items)
             .map(|row| fold_one(store, row))
-            .buffer_unordered(FOLD_CONCURRENCY)
-            .try_collect()
-            .await?;
+            .buffer_unordered(FOLD_CONCURRENCY);
+        while let Some(problem) = folds.try_next().await? {
+            found.push(problem);
+            meter.add(1);
+        }
         checked += page.items.len();
         problems.extend(found.into_iter().flatten());
         if problems.len() > MAX_LISTED {
