@@ -786,3 +786,31 @@ async fn a_target_holding_another_database_is_refused() {
     let output = migrate(src.url(), foreign.url()).await;
     refused(&output, &["not empty", "customers"]);
 }
+
+/// A finished copy that no longer equals its source fails verification
+/// when migrate runs again: status 1 and a line naming the table, the row
+/// and the column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_differs_from_its_source_fails_verification() {
+    let Some(target) = TestDb::postgres().await else {
+        return;
+    };
+    let src = TestDb::sqlite();
+    seed::seed(src.url(), 3, 30).await;
+    succeeded(&migrate(src.url(), target.url()).await);
+    let pool = pg(&target).await;
+    sqlx::query("UPDATE log SET action = action || ' ' WHERE seq = 20")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let output = migrate(src.url(), target.url()).await;
+    refused(
+        &output,
+        &[
+            "verification failed",
+            "log: the row at key (20) differs: action is",
+            "recreate it empty",
+        ],
+    );
+}
