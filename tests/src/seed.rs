@@ -161,7 +161,7 @@ fn next_action(
         let action = json!({"type": "chat/turnComplete", "turnId": turn, "duration": 1});
         return (chat, action, None);
     }
-    if n % 3 == 0 {
+    if n.is_multiple_of(3) {
         let turn = format!("t{n}");
         let action = json!({"type": "chat/turnStarted", "turnId": turn,
             "startedAt": "2026-12-01T10:00:00.000Z",
