@@ -13,8 +13,9 @@ use crate::engine::rebuild::{load_model, record_of};
 use crate::engine::rfc3339;
 use crate::store::{PostgresStore, SessionFilter, SessionRecord, SessionRow, Store, StoreOptions};
 
-/// Sessions folded at once: the fold is CPU work and the reads wait on
-/// Postgres, so a few in flight keep both busy on a small machine.
+/// Sessions folded at once, each a task of its own: the fold is CPU work
+/// on the runtime's worker threads (beside the row comparison) and its
+/// reads wait on Postgres, so a few in flight keep every core busy.
 const FOLD_CONCURRENCY: usize = 4;
 
 /// Mismatches listed at most; a broken copy usually breaks many rows alike.
@@ -190,10 +191,15 @@ async fn fold_all(
             .await
             .map_err(|e| MigrateError::Target(e.to_string()))?;
         let mut found = Vec::with_capacity(page.items.len());
-        let mut folds = futures_util::stream::iter(&page.items)
-            .map(|row| fold_one(store, row))
+        let mut folds = futures_util::stream::iter(page.items.iter().cloned())
+            .map(|row| {
+                let store = store.clone();
+                tokio::spawn(async move { fold_one(&store, &row).await })
+            })
             .buffer_unordered(FOLD_CONCURRENCY);
-        while let Some(problem) = folds.try_next().await? {
+        while let Some(joined) = folds.next().await {
+            let problem =
+                joined.map_err(|e| MigrateError::Target(format!("a fold task failed: {e}")))??;
             found.push(problem);
             meter.add(1);
         }
