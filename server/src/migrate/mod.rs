@@ -34,7 +34,7 @@ use target::{Found, Target};
 #[derive(Clone, Args)]
 pub struct MigrateArgs {
     /// The SQLite database to copy: `sqlite:PATH` or a plain path. The
-    /// server must be stopped; the file is only read.
+    /// server must be stopped; the database is only read.
     #[arg(long, env = "TETHER_MIGRATE_FROM")]
     pub from: String,
 
