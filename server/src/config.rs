@@ -35,6 +35,9 @@ pub enum Command {
     /// Re-fold every session's transcript and rewrite the read-model rows
     /// that differ. Run it with the server stopped.
     RebuildProjections(DatabaseArgs),
+    /// Copy a SQLite database into an empty Postgres one and verify the
+    /// copy. Run it with the server stopped; an interrupted run resumes.
+    Migrate(crate::migrate::MigrateArgs),
     /// Client commands, talking to a running server at `--url`.
     #[command(flatten)]
     Remote(crate::cli::RemoteCommand),

@@ -12,6 +12,7 @@ pub mod config;
 pub mod effects;
 pub mod engine;
 pub mod http;
+pub mod migrate;
 pub mod store;
 pub mod telemetry;
 pub mod ws;

@@ -21,6 +21,13 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::RebuildProjections(args) => runtime.block_on(run_rebuild(args)),
+        Command::Migrate(args) => match runtime.block_on(tether_server::migrate::run(&args)) {
+            Ok(summary) => {
+                print!("{summary}");
+                ExitCode::SUCCESS
+            }
+            Err(err) => fail(err.to_string()),
+        },
         Command::Remote(command) => runtime.block_on(tether_server::cli::run(command)),
     }
 }

@@ -6,6 +6,8 @@
 //! with a loud message, unless `TETHER_TEST_REQUIRE_POSTGRES=1` (set by CI),
 //! which turns the skip into a failure.
 
+pub mod seed;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
