@@ -221,8 +221,12 @@ impl Target {
         if tables.is_empty() {
             return Ok(Found::Empty);
         }
-        let ours =
-            |t: &str| t == "host" || t == "_sqlx_migrations" || TABLES.iter().any(|x| x.name == t);
+        // `leases` and `forwards` are Postgres-only (several hosts); they
+        // hold nothing to copy.
+        let ours = |t: &str| {
+            ["host", "_sqlx_migrations", "leases", "forwards"].contains(&t)
+                || TABLES.iter().any(|x| x.name == t)
+        };
         if let Some(foreign) = tables.iter().find(|t| !ours(t)) {
             return Err(MigrateError::Target(format!(
                 "the target database is not empty: it has a table {foreign:?} that is not \
