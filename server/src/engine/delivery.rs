@@ -105,7 +105,7 @@ impl Delivery {
                 Err(err) if upto.is_none() => return Err(err),
                 Err(err) => {
                     failures += 1;
-                    if failures == 1 || failures % 100 == 0 {
+                    if failures == 1 || failures.is_multiple_of(100) {
                         tracing::warn!(error = %err, after, "cannot read the log to deliver other hosts' envelopes before this host's; retrying");
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;

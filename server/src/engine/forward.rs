@@ -87,7 +87,7 @@ pub(super) enum ReplyTo {
 
 /// Splits a write command into what is forwarded and where its answer
 /// goes; reads come back unchanged.
-pub(super) fn split(command: Command) -> Result<(Request, ReplyTo), Command> {
+pub(super) fn split(command: Command) -> Result<(Request, ReplyTo), Box<Command>> {
     Ok(match command {
         Command::Dispatch(d) => (
             Request::Dispatch {
@@ -112,7 +112,7 @@ pub(super) fn split(command: Command) -> Result<(Request, ReplyTo), Command> {
             cursor,
             reply,
         } => (Request::FetchTurns { chat, cursor }, ReplyTo::Seq(reply)),
-        read @ (Command::View { .. } | Command::Snapshot { .. }) => return Err(read),
+        read @ (Command::View { .. } | Command::Snapshot { .. }) => return Err(Box::new(read)),
     })
 }
 
@@ -272,7 +272,7 @@ pub(super) enum ProxyEnd {
     /// This host took the lease: it becomes the session's writer and runs
     /// `command` first. `from` is the host that held the lease before.
     TakeOver {
-        command: Command,
+        command: Box<Command>,
         from: Option<String>,
     },
 }
@@ -302,7 +302,7 @@ pub(super) async fn run_proxy(
                 if let Err(err) = refresh(ctx, id, &mut model).await {
                     tracing::warn!(session = id, error = %err, "cannot read session");
                 }
-                answer_read(read, model.as_ref());
+                answer_read(*read, model.as_ref());
                 continue;
             }
         };
@@ -311,7 +311,7 @@ pub(super) async fn run_proxy(
                 match cluster.acquire(id).await {
                     Ok(Lease::Mine { from }) => {
                         return ProxyEnd::TakeOver {
-                            command: join(request, reply),
+                            command: Box::new(join(request, reply)),
                             from,
                         };
                     }
@@ -335,7 +335,7 @@ pub(super) async fn run_proxy(
                     reply: back,
                 } => {
                     holder = to;
-                    request = r;
+                    request = *r;
                     reply = back;
                 }
             }
@@ -390,7 +390,7 @@ enum Sent {
     /// `to` (`None`: nobody holds the lease now).
     Moved {
         to: Option<String>,
-        request: Request,
+        request: Box<Request>,
         reply: ReplyTo,
     },
 }
@@ -427,17 +427,14 @@ async fn forward_one(
     let started = Instant::now();
     let check = (cluster.ttl() / 4).min(Duration::from_millis(500));
     loop {
-        match tokio::time::timeout(check, &mut answer).await {
-            Ok(Ok(text)) => {
-                match serde_json::from_str::<Answer>(&text) {
-                    Ok(decoded) => reply.deliver(decoded),
-                    Err(err) => reply.fail(EngineError::Unavailable(format!(
-                        "the session's host answered garbage: {err}"
-                    ))),
-                }
-                return Sent::Answered;
+        if let Ok(Ok(text)) = tokio::time::timeout(check, &mut answer).await {
+            match serde_json::from_str::<Answer>(&text) {
+                Ok(decoded) => reply.deliver(decoded),
+                Err(err) => reply.fail(EngineError::Unavailable(format!(
+                    "the session's host answered garbage: {err}"
+                ))),
             }
-            Ok(Err(_)) | Err(_) => {}
+            return Sent::Answered;
         }
         if started.elapsed() > answer_limit(ctx, cluster) {
             cluster.abandon(&ctx.pending, row).await;
@@ -459,7 +456,7 @@ async fn forward_one(
             Ok(true) => {
                 return Sent::Moved {
                     to: now.filter(|other| other != cluster.host()),
-                    request,
+                    request: Box::new(request),
                     reply,
                 };
             }

@@ -145,7 +145,14 @@ pub(super) const TABLES: &[Table] = &[
 pub(super) const HOST_COLUMNS: &[&str] = &["id", "epoch", "last_seq"];
 
 /// Tables the migration itself and sqlx keep, never copied.
-pub(super) const BOOKKEEPING: &[&str] = &["_sqlx_migrations", super::target::PROGRESS_TABLE];
+/// `leases` and `forwards` exist only on Postgres (several hosts) and hold
+/// nothing a copy needs: leases of a stopped server, writes in flight.
+pub(super) const BOOKKEEPING: &[&str] = &[
+    "_sqlx_migrations",
+    super::target::PROGRESS_TABLE,
+    "leases",
+    "forwards",
+];
 
 impl Table {
     /// `a, b, c`.

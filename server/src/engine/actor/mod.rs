@@ -59,7 +59,7 @@ impl SessionActor {
             match super::forward::run_proxy(&id, &ctx, &cluster, &mut mailbox).await {
                 ProxyEnd::Stopped => return,
                 ProxyEnd::TakeOver { command, from } => {
-                    first = Some(command);
+                    first = Some(*command);
                     taken_from = from;
                 }
             }
