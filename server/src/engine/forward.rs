@@ -366,14 +366,7 @@ fn answer_read(read: Command, model: Option<&SessionModel>) {
     match read {
         Command::View { reply } => drop(reply.send(Ok(model.map(view)))),
         Command::Snapshot { channel, reply } => {
-            let found = model.and_then(|m| {
-                let state = if channel == tether_protocol::channel::Channel::session_uri(&m.id) {
-                    serde_json::to_value(&m.session).ok()?
-                } else {
-                    serde_json::to_value(m.chats.get(&channel)?).ok()?
-                };
-                Some((state, m.last_seq))
-            });
+            let found = model.and_then(|m| super::actor::channel_state(m, &channel));
             drop(reply.send(Ok(found)));
         }
         other => {

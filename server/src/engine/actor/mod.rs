@@ -289,13 +289,7 @@ impl SessionActor {
     }
 
     fn snapshot(&self, channel: &str) -> Option<(Value, u64)> {
-        let model = self.model.as_ref()?;
-        let state = if channel == self.uri {
-            serde_json::to_value(&model.session).ok()?
-        } else {
-            serde_json::to_value(model.chats.get(channel)?).ok()?
-        };
-        Some((state, model.last_seq))
+        channel_state(self.model.as_ref()?, channel)
     }
 
     fn view(&self, model: &SessionModel) -> SessionView {
@@ -570,6 +564,17 @@ impl SessionActor {
             Err(err) => tracing::warn!(session = %self.id, error = %err, "snapshot not written"),
         }
     }
+}
+
+/// The state of the session's channel or one of its chats, with the seq it
+/// includes; `None` when the channel is not the session's.
+pub(super) fn channel_state(model: &SessionModel, channel: &str) -> Option<(Value, u64)> {
+    let state = if channel == Channel::session_uri(&model.id) {
+        serde_json::to_value(&model.session).ok()?
+    } else {
+        serde_json::to_value(model.chats.get(channel)?).ok()?
+    };
+    Some((state, model.last_seq))
 }
 
 fn reply(to: Option<oneshot::Sender<DispatchOutcome>>, outcome: DispatchOutcome) {
