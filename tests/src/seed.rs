@@ -136,7 +136,7 @@ pub async fn seed(url: &str, sessions: usize, envelopes: u64) -> Seeded {
         }
         seeded.snapshots += snapshots.len();
         store
-            .append_with_snapshots(&batch, &snapshots)
+            .append_with_snapshots(std::sync::Arc::new(batch), snapshots)
             .await
             .expect("append a batch");
     }

@@ -585,8 +585,8 @@ async fn snapshots_return_the_newest(db: TestDb) {
     // Written with a group commit: in the same transaction as its envelopes.
     let appended = store
         .append_with_snapshots(
-            &[envelope("ahp-session:/s", 1)],
-            &[Snapshot {
+            std::sync::Arc::new(vec![envelope("ahp-session:/s", 1)]),
+            vec![Snapshot {
                 channel: "ahp-session:/s".into(),
                 seq: 20,
                 state: r#"{"at":20}"#.into(),
@@ -605,8 +605,8 @@ async fn snapshots_return_the_newest(db: TestDb) {
     // A snapshot alone is a transaction too.
     store
         .append_with_snapshots(
-            &[],
-            &[Snapshot {
+            std::sync::Arc::new(Vec::new()),
+            vec![Snapshot {
                 channel: "ahp-root://".into(),
                 seq: 101,
                 state: "{}".into(),

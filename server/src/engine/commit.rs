@@ -138,10 +138,11 @@ async fn run(
         // With several hosts, nothing is published while this batch is in
         // the database but not yet on the hub (see `delivery`).
         let gate = delivery.enter().await;
-        // The store borrows the batch, so the frames below are built from
-        // the same envelopes without copying every action first.
-        match store.append_with_snapshots(&all, &snapshots).await {
+        let shared = Arc::new(all);
+        match store.append_with_snapshots(shared.clone(), snapshots).await {
             Ok(appended) => {
+                // The store has let go of the batch by the time it answers.
+                let all = Arc::try_unwrap(shared).unwrap_or_else(|still| (*still).clone());
                 metrics.commits.fetch_add(1, Ordering::Relaxed);
                 metrics
                     .committed_envelopes

@@ -93,7 +93,9 @@ impl From<tether_protocol::NameError> for ApiError {
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
         match err {
-            StoreError::Database(_) | StoreError::Open { .. } => ApiError::StoreUnavailable(err),
+            StoreError::Database(_) | StoreError::Sqlite(_) | StoreError::Open { .. } => {
+                ApiError::StoreUnavailable(err)
+            }
             StoreError::Corrupt(_) | StoreError::UnsupportedUrl(_) => ApiError::Internal(err),
         }
     }

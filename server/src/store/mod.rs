@@ -39,7 +39,7 @@ pub const MAX_READ_LIMIT: u32 = 10_000;
 
 /// Snapshots kept per channel; older ones are pruned when a new one is written.
 /// Two, so a reader that just fetched the previous one can still use it.
-const SNAPSHOTS_KEPT: i64 = 2;
+pub(crate) const SNAPSHOTS_KEPT: i64 = 2;
 
 /// Errors of the storage layer.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +60,9 @@ pub enum StoreError {
     /// A query failed (connection lost, disk full, constraint broken, ...).
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// A statement of the SQLite writer failed (disk full, I/O error, ...).
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
     /// A stored row could not be decoded.
     #[error("corrupt stored record: {0}")]
     Corrupt(String),
@@ -323,16 +326,20 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// envelope whose origin already has an outcome is skipped and reported.
     /// Returns only once the transaction is durable.
     async fn append(&self, batch: Vec<NewEnvelope>) -> Result<Vec<Appended>, StoreError> {
-        self.append_with_snapshots(&batch, &[]).await
+        self.append_with_snapshots(Arc::new(batch), Vec::new())
+            .await
     }
 
     /// [`Store::append`], writing `snapshots` (as [`Store::put_snapshot`]
     /// does) in the same transaction: under load, snapshots in transactions
     /// of their own cost the single SQLite writer a commit and an fsync each.
+    /// The batch is shared, not borrowed, because a backend may write it on a
+    /// thread of its own; the store drops its handle before it answers, so
+    /// the caller gets sole ownership back.
     async fn append_with_snapshots(
         &self,
-        batch: &[NewEnvelope],
-        snapshots: &[Snapshot],
+        batch: Arc<Vec<NewEnvelope>>,
+        snapshots: Vec<Snapshot>,
     ) -> Result<Vec<Appended>, StoreError>;
 
     /// Records a refused dispatch. The first outcome recorded for an origin

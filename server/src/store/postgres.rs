@@ -263,9 +263,10 @@ impl Store for PostgresStore {
 
     async fn append_with_snapshots(
         &self,
-        batch: &[NewEnvelope],
-        snapshots: &[Snapshot],
+        batch: Arc<Vec<NewEnvelope>>,
+        snapshots: Vec<Snapshot>,
     ) -> Result<Vec<Appended>, StoreError> {
+        let (batch, snapshots) = (batch.as_slice(), snapshots.as_slice());
         let mut tx = self.pool.begin().await?;
         // The host lock makes the origin check and the inserts race-free:
         // every writer of origins holds it.

@@ -50,14 +50,14 @@ fn origin(
 
 #[derive(sqlx::FromRow)]
 pub(super) struct Envelope {
-    seq: i64,
-    channel: String,
-    session_id: Option<String>,
-    action: String,
-    client_id: Option<String>,
-    client_seq: Option<i64>,
-    origin_scope: String,
-    at_ms: i64,
+    pub(super) seq: i64,
+    pub(super) channel: String,
+    pub(super) session_id: Option<String>,
+    pub(super) action: String,
+    pub(super) client_id: Option<String>,
+    pub(super) client_seq: Option<i64>,
+    pub(super) origin_scope: String,
+    pub(super) at_ms: i64,
 }
 
 impl TryFrom<Envelope> for StoredEnvelope {

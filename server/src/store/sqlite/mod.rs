@@ -1,12 +1,17 @@
 //! The embedded SQLite store.
 //!
-//! One writer connection (SQLite has one writer anyway; a single connection
-//! makes every write transaction `BEGIN IMMEDIATE` without lock retries) and a
-//! pool of read-only connections that WAL lets run beside it. `synchronous =
+//! One writer connection on a thread of its own ([`writer`]; SQLite has one
+//! writer anyway, and a single connection makes every write transaction
+//! `BEGIN IMMEDIATE` without lock retries), a checkpointer thread
+//! ([`checkpoint`]) and a pool of read-only connections that WAL lets run
+//! beside them. `synchronous =
 //! FULL` makes a commit durable before it is acknowledged, so an acknowledged
 //! append survives power loss, not only a process crash.
 
-use std::collections::HashSet;
+mod append;
+mod checkpoint;
+mod writer;
+
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,6 +23,7 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Sqlite, Transaction};
 use uuid::Uuid;
 
+use self::writer::Writer;
 use super::plan;
 use super::{
     Appended, ArchivedTurn, Backend, HostRecord, NewEnvelope, Origin, OriginOutcome, Rejection,
@@ -28,12 +34,12 @@ use super::{
 /// How long a connection waits on a lock held by another process before
 /// failing (a second `tether` on the same file, a backup tool). Long enough to
 /// ride out a checkpoint, short enough to surface a stuck peer.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The SQLite store.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    writer: SqlitePool,
+    writer: Arc<Writer>,
     readers: SqlitePool,
     /// The database's lock file, locked exclusively while the store is open: SQLite serves
     /// one host (several hosts share a Postgres database instead), and a
@@ -59,24 +65,27 @@ impl SqliteStore {
             // 2 MiB): under load the writer otherwise re-reads index pages
             // from the OS on every commit.
             .pragma("cache_size", "-32768");
-        let writer = SqlitePoolOptions::new()
+        // Migrations run on a connection of their own, closed before the
+        // writer opens, so only ever one connection writes.
+        let migrator = SqlitePoolOptions::new()
             .max_connections(1)
-            .min_connections(1)
             .acquire_timeout(options.connect_timeout)
             .connect_with(base.clone().create_if_missing(true))
             .await
             .map_err(|e| fail(e.to_string()))?;
         sqlx::migrate!("../migrations/sqlite")
-            .run(&writer)
+            .run(&migrator)
             .await
             .map_err(|e| fail(format!("migration failed: {e}")))?;
         sqlx::query(
             "INSERT INTO host (id, epoch, last_seq) VALUES (1, ?, 0) ON CONFLICT (id) DO NOTHING",
         )
         .bind(Uuid::new_v4().to_string())
-        .execute(&writer)
+        .execute(&migrator)
         .await
         .map_err(|e| fail(e.to_string()))?;
+        migrator.close().await;
+        let writer = Writer::start(Path::new(path)).map_err(|e| fail(e.to_string()))?;
         let readers = SqlitePoolOptions::new()
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(options.connect_timeout)
@@ -84,7 +93,7 @@ impl SqliteStore {
             .await
             .map_err(|e| fail(e.to_string()))?;
         Ok(Self {
-            writer,
+            writer: Arc::new(writer),
             readers,
             lock: Arc::new(Mutex::new(lock)),
         })
@@ -146,99 +155,6 @@ impl SqliteStore {
             .map(|row| Ok(OriginOutcome::Rejected(row.try_into()?)))
             .transpose()
     }
-
-    /// Writes a snapshot and prunes all but the newest few, inside `tx`.
-    async fn write_snapshot_in(
-        tx: &mut Transaction<'static, Sqlite>,
-        snapshot: &Snapshot,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO snapshots (channel, seq, state, at_ms) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (channel, seq) DO UPDATE SET state = excluded.state, at_ms = excluded.at_ms",
-        )
-        .bind(&snapshot.channel)
-        .bind(seq_to_db(snapshot.seq))
-        .bind(&snapshot.state)
-        .bind(snapshot.at_ms)
-        .execute(&mut **tx)
-        .await?;
-        sqlx::query(
-            "DELETE FROM snapshots WHERE channel = ? AND seq NOT IN \
-                 (SELECT seq FROM snapshots WHERE channel = ? ORDER BY seq DESC LIMIT ?)",
-        )
-        .bind(&snapshot.channel)
-        .bind(&snapshot.channel)
-        .bind(super::SNAPSHOTS_KEPT)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
-    }
-
-    /// Upserts archived turns in one statement.
-    async fn archive_in(
-        tx: &mut Transaction<'static, Sqlite>,
-        turns: &[&ArchivedTurn],
-    ) -> Result<(), StoreError> {
-        if turns.is_empty() {
-            return Ok(());
-        }
-        let rows = json_rows(turns.iter().map(|t| {
-            (
-                &t.chat,
-                seq_to_db(t.generation),
-                seq_to_db(t.ordinal),
-                &t.turn_id,
-                &t.body,
-            )
-        }))?;
-        sqlx::query(
-            "INSERT INTO chat_turns (chat, generation, ordinal, turn_id, body) \
-             SELECT value->>0, value->>1, value->>2, value->>3, value->>4 FROM json_each(?1) \
-             WHERE true \
-             ON CONFLICT (chat, generation, ordinal) DO UPDATE \
-                 SET turn_id = excluded.turn_id, body = excluded.body",
-        )
-        .bind(rows)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
-    }
-
-    /// Which of `origins` already have an outcome (a log row or a
-    /// recorded rejection), in one query.
-    async fn existing_origins(
-        tx: &mut Transaction<'static, Sqlite>,
-        origins: &[&Origin],
-    ) -> Result<HashSet<Origin>, StoreError> {
-        if origins.is_empty() {
-            return Ok(HashSet::new());
-        }
-        let list = json_rows(
-            origins
-                .iter()
-                .map(|o| (&o.client_id, seq_to_db(o.client_seq), &o.scope)),
-        )?;
-        let found: Vec<(String, i64, String)> = sqlx::query_as(
-            "SELECT value->>0, value->>1, value->>2 FROM json_each(?1) AS o \
-             WHERE EXISTS (SELECT 1 FROM log WHERE client_id = o.value->>0 \
-                           AND origin_scope = o.value->>2 AND client_seq = o.value->>1) \
-                OR EXISTS (SELECT 1 FROM rejections WHERE client_id = o.value->>0 \
-                           AND origin_scope = o.value->>2 AND client_seq = o.value->>1)",
-        )
-        .bind(list)
-        .fetch_all(&mut **tx)
-        .await?;
-        found
-            .into_iter()
-            .map(|(client_id, seq, scope)| {
-                Ok(Origin {
-                    client_id,
-                    client_seq: seq_from_db(seq)?,
-                    scope,
-                })
-            })
-            .collect()
-    }
 }
 
 #[async_trait]
@@ -261,127 +177,18 @@ impl Store for SqliteStore {
 
     async fn append_with_snapshots(
         &self,
-        batch: &[NewEnvelope],
-        snapshots: &[Snapshot],
+        batch: Arc<Vec<NewEnvelope>>,
+        snapshots: Vec<Snapshot>,
     ) -> Result<Vec<Appended>, StoreError> {
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        let last: i64 = sqlx::query_scalar("SELECT last_seq FROM host WHERE id = 1")
-            .fetch_one(&mut *tx)
-            .await?;
-        let at_ms = now_ms();
-        let existing = Self::existing_origins(&mut tx, &plan::origins(batch)).await?;
-        let plan = plan::plan(batch, last, &existing, &HashSet::new());
-        // Every statement takes its rows as one JSON array: a constant number
-        // of round trips to the SQLite thread per batch.
-        if !plan.rows.is_empty() {
-            let rows = json_rows(plan.rows.iter().map(|row| {
-                let e = row.envelope;
-                let origin = e.origin.as_ref();
-                (
-                    row.seq,
-                    &e.channel,
-                    &e.session_id,
-                    &e.action,
-                    origin.map(|o| &o.client_id),
-                    origin.map(|o| seq_to_db(o.client_seq)),
-                    origin.map_or("", |o| o.scope.as_str()),
-                )
-            }))?;
-            sqlx::query(
-                "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, \
-                                  origin_scope, at_ms) \
-                 SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, \
-                        value->>6, ?2 \
-                 FROM json_each(?1)",
-            )
-            .bind(rows)
-            .bind(at_ms)
-            .execute(&mut *tx)
-            .await?;
-        }
-        if !plan.sessions.is_empty() {
-            let records = json_rows(plan.sessions.iter().map(|(r, seq)| {
-                (
-                    &r.id,
-                    &r.project,
-                    &r.provider,
-                    &r.title,
-                    &r.state,
-                    seq_to_db(r.turns),
-                    r.resumable,
-                    seq,
-                    r.created_ms,
-                    &r.projection,
-                )
-            }))?;
-            sqlx::query(
-                "INSERT INTO sessions (id, project, provider, title, state, turns, resumable, \
-                                       last_seq, created_ms, updated_ms, projection) \
-                 SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, \
-                        value->>6, value->>7, value->>8, ?2, value->>9 \
-                 FROM json_each(?1) WHERE true \
-                 ON CONFLICT (id) DO UPDATE SET project = excluded.project, \
-                     provider = excluded.provider, title = excluded.title, state = excluded.state, \
-                     turns = excluded.turns, resumable = excluded.resumable, \
-                     last_seq = excluded.last_seq, updated_ms = excluded.updated_ms, \
-                     projection = excluded.projection",
-            )
-            .bind(records)
-            .bind(at_ms)
-            .execute(&mut *tx)
-            .await?;
-        }
-        for (chat, session_id) in &plan.chats {
-            sqlx::query(
-                "INSERT INTO chats (chat, session_id) VALUES (?, ?) ON CONFLICT (chat) DO NOTHING",
-            )
-            .bind(chat)
-            .bind(session_id)
-            .execute(&mut *tx)
-            .await?;
-        }
-        Self::archive_in(&mut tx, &plan.turns).await?;
-        if plan.last_seq != last {
-            sqlx::query("UPDATE host SET last_seq = ? WHERE id = 1")
-                .bind(plan.last_seq)
-                .execute(&mut *tx)
-                .await?;
-        }
-        for snapshot in snapshots {
-            Self::write_snapshot_in(&mut tx, snapshot).await?;
-        }
-        let mut found = Vec::new();
-        for origin in plan::duplicates(&plan, batch) {
-            found.push(Self::outcome_in(&mut tx, origin).await?);
-        }
-        let outcomes = plan::outcomes(&plan, at_ms, found)?;
-        tx.commit().await?;
-        Ok(outcomes)
+        self.writer
+            .transaction(move |tx| append::append(tx, &batch, &snapshots))
+            .await
     }
 
     async fn record_rejection(&self, rejection: Rejection) -> Result<OriginOutcome, StoreError> {
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        let origin = &rejection.origin;
-        if let Some(existing) = Self::outcome_in(&mut tx, origin).await? {
-            tx.rollback().await?;
-            return Ok(existing);
-        }
-        sqlx::query(
-            "INSERT INTO rejections (client_id, client_seq, origin_scope, channel, action, \
-                                     reason, at_ms) \
-             VALUES (?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&origin.client_id)
-        .bind(seq_to_db(origin.client_seq))
-        .bind(&origin.scope)
-        .bind(&rejection.channel)
-        .bind(&rejection.action)
-        .bind(&rejection.reason)
-        .bind(rejection.at_ms)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(OriginOutcome::Rejected(rejection))
+        self.writer
+            .transaction(move |tx| append::reject(tx, rejection))
+            .await
     }
 
     async fn origin_outcome(&self, origin: &Origin) -> Result<Option<OriginOutcome>, StoreError> {
@@ -454,11 +261,10 @@ impl Store for SqliteStore {
     }
 
     async fn archive_turns(&self, turns: &[ArchivedTurn]) -> Result<(), StoreError> {
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        let refs = plan::latest_turns(turns.iter());
-        Self::archive_in(&mut tx, &refs).await?;
-        tx.commit().await?;
-        Ok(())
+        let turns = turns.to_vec();
+        self.writer
+            .transaction(move |tx| append::archive(tx, &plan::latest_turns(turns.iter())))
+            .await
     }
 
     async fn archived_turns(
@@ -498,21 +304,28 @@ impl Store for SqliteStore {
     }
 
     async fn replace_session_record(&self, record: &SessionRecord) -> Result<bool, StoreError> {
-        let updated = sqlx::query(
-            "UPDATE sessions SET project = ?, provider = ?, title = ?, state = ?, turns = ?, \
-                    resumable = ?, projection = ? WHERE id = ?",
-        )
-        .bind(&record.project)
-        .bind(&record.provider)
-        .bind(&record.title)
-        .bind(&record.state)
-        .bind(seq_to_db(record.turns))
-        .bind(record.resumable)
-        .bind(&record.projection)
-        .bind(&record.id)
-        .execute(&self.writer)
-        .await?;
-        Ok(updated.rows_affected() == 1)
+        let record = record.clone();
+        self.writer
+            .transaction(move |tx| {
+                let updated = tx
+                    .prepare_cached(
+                        "UPDATE sessions SET project = ?1, provider = ?2, title = ?3, \
+                             state = ?4, turns = ?5, resumable = ?6, projection = ?7 \
+                         WHERE id = ?8",
+                    )?
+                    .execute(rusqlite::params![
+                        record.project,
+                        record.provider,
+                        record.title,
+                        record.state,
+                        seq_to_db(record.turns),
+                        record.resumable,
+                        record.projection,
+                        record.id,
+                    ])?;
+                Ok(updated == 1)
+            })
+            .await
     }
 
     async fn session(&self, id: &str) -> Result<Option<SessionRow>, StoreError> {
@@ -557,10 +370,9 @@ impl Store for SqliteStore {
     }
 
     async fn put_snapshot(&self, snapshot: Snapshot) -> Result<(), StoreError> {
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        Self::write_snapshot_in(&mut tx, &snapshot).await?;
-        tx.commit().await?;
-        Ok(())
+        self.writer
+            .transaction(move |tx| append::write_snapshot(tx, &snapshot))
+            .await
     }
 
     async fn latest_snapshot(&self, channel: &str) -> Result<Option<Snapshot>, StoreError> {
@@ -581,18 +393,19 @@ impl Store for SqliteStore {
         body: &str,
     ) -> Result<i64, StoreError> {
         let saved_ms = now_ms();
-        sqlx::query(
-            "INSERT INTO working_contexts (project, session, body, saved_ms) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (project, session) DO UPDATE SET body = excluded.body, \
-                 saved_ms = excluded.saved_ms",
-        )
-        .bind(project)
-        .bind(session)
-        .bind(body)
-        .bind(saved_ms)
-        .execute(&self.writer)
-        .await?;
-        Ok(saved_ms)
+        let row = (project.to_owned(), session.to_owned(), body.to_owned());
+        self.writer
+            .transaction(move |tx| {
+                tx.prepare_cached(
+                    "INSERT INTO working_contexts (project, session, body, saved_ms) \
+                     VALUES (?1, ?2, ?3, ?4) \
+                     ON CONFLICT (project, session) DO UPDATE SET body = excluded.body, \
+                         saved_ms = excluded.saved_ms",
+                )?
+                .execute(rusqlite::params![row.0, row.1, row.2, saved_ms])?;
+                Ok(saved_ms)
+            })
+            .await
     }
 
     async fn working_context(
@@ -630,11 +443,4 @@ impl Store for SqliteStore {
         // Another process may serve the file from now on.
         drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
-}
-
-/// Rows as one JSON array of arrays, the parameter of a `json_each` insert.
-/// Each row is serialised straight from borrowed fields, never copied.
-fn json_rows<T: serde::Serialize>(rows: impl Iterator<Item = T>) -> Result<String, StoreError> {
-    serde_json::to_string(&rows.collect::<Vec<T>>())
-        .map_err(|e| StoreError::Corrupt(format!("cannot encode a batch: {e}")))
 }

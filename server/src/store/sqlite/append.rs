@@ -1,0 +1,245 @@
+//! The SQLite writes, as they run on the writer thread: each takes the
+//! open `BEGIN IMMEDIATE` transaction and uses statements prepared once per
+//! connection.
+
+use std::collections::HashSet;
+
+use rusqlite::{OptionalExtension as _, Row, Transaction, params};
+
+use crate::store::plan;
+use crate::store::rows;
+use crate::store::{
+    Appended, ArchivedTurn, NewEnvelope, Origin, OriginOutcome, Rejection, SNAPSHOTS_KEPT,
+    Snapshot, StoreError, StoredEnvelope, now_ms, seq_to_db,
+};
+
+/// Appends `batch` and writes `snapshots` (see `Store::append_with_snapshots`).
+pub(super) fn append(
+    tx: &Transaction<'_>,
+    batch: &[NewEnvelope],
+    snapshots: &[Snapshot],
+) -> Result<Vec<Appended>, StoreError> {
+    let last: i64 = tx
+        .prepare_cached("SELECT last_seq FROM host WHERE id = 1")?
+        .query_row([], |row| row.get(0))?;
+    let at_ms = now_ms();
+    let existing = existing_origins(tx, &plan::origins(batch))?;
+    let plan = plan::plan(batch, last, &existing, &HashSet::new());
+    {
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, \
+                              origin_scope, at_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )?;
+        for row in &plan.rows {
+            let e = row.envelope;
+            let origin = e.origin.as_ref();
+            insert.execute(params![
+                row.seq,
+                e.channel,
+                e.session_id,
+                e.action,
+                origin.map(|o| &o.client_id),
+                origin.map(|o| seq_to_db(o.client_seq)),
+                origin.map_or("", |o| o.scope.as_str()),
+                at_ms,
+            ])?;
+        }
+    }
+    if !plan.sessions.is_empty() {
+        let mut upsert = tx.prepare_cached(
+            "INSERT INTO sessions (id, project, provider, title, state, turns, resumable, \
+                                   last_seq, created_ms, updated_ms, projection) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+             ON CONFLICT (id) DO UPDATE SET project = excluded.project, \
+                 provider = excluded.provider, title = excluded.title, state = excluded.state, \
+                 turns = excluded.turns, resumable = excluded.resumable, \
+                 last_seq = excluded.last_seq, updated_ms = excluded.updated_ms, \
+                 projection = excluded.projection",
+        )?;
+        for (r, seq) in &plan.sessions {
+            upsert.execute(params![
+                r.id,
+                r.project,
+                r.provider,
+                r.title,
+                r.state,
+                seq_to_db(r.turns),
+                r.resumable,
+                seq,
+                r.created_ms,
+                at_ms,
+                r.projection,
+            ])?;
+        }
+    }
+    if !plan.chats.is_empty() {
+        let mut chat = tx.prepare_cached(
+            "INSERT INTO chats (chat, session_id) VALUES (?1, ?2) ON CONFLICT (chat) DO NOTHING",
+        )?;
+        for (uri, session_id) in &plan.chats {
+            chat.execute(params![uri, session_id])?;
+        }
+    }
+    archive(tx, &plan.turns)?;
+    if plan.last_seq != last {
+        tx.prepare_cached("UPDATE host SET last_seq = ?1 WHERE id = 1")?
+            .execute([plan.last_seq])?;
+    }
+    for snapshot in snapshots {
+        write_snapshot(tx, snapshot)?;
+    }
+    let found = plan::duplicates(&plan, batch)
+        .into_iter()
+        .map(|origin| outcome(tx, origin))
+        .collect::<Result<Vec<_>, _>>()?;
+    plan::outcomes(&plan, at_ms, found)
+}
+
+/// Which of `origins` already have an outcome (a log row or a recorded
+/// rejection): one indexed lookup each.
+fn existing_origins(
+    tx: &Transaction<'_>,
+    origins: &[&Origin],
+) -> Result<HashSet<Origin>, StoreError> {
+    if origins.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let mut probe = tx.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM log WHERE client_id = ?1 AND origin_scope = ?2 \
+                                            AND client_seq = ?3) \
+             OR EXISTS (SELECT 1 FROM rejections WHERE client_id = ?1 AND origin_scope = ?2 \
+                                                   AND client_seq = ?3)",
+    )?;
+    let mut found = HashSet::new();
+    for origin in origins {
+        let exists: bool = probe.query_row(
+            params![origin.client_id, origin.scope, seq_to_db(origin.client_seq)],
+            |row| row.get(0),
+        )?;
+        if exists {
+            found.insert((*origin).clone());
+        }
+    }
+    Ok(found)
+}
+
+/// The outcome recorded for `origin`, if any.
+pub(super) fn outcome(
+    tx: &Transaction<'_>,
+    origin: &Origin,
+) -> Result<Option<OriginOutcome>, StoreError> {
+    let seq = seq_to_db(origin.client_seq);
+    let accepted = tx
+        .prepare_cached(
+            "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
+             FROM log WHERE client_id = ?1 AND origin_scope = ?2 AND client_seq = ?3",
+        )?
+        .query_row(params![origin.client_id, origin.scope, seq], envelope)
+        .optional()?;
+    if let Some(row) = accepted {
+        return Ok(Some(OriginOutcome::Accepted(row?)));
+    }
+    let rejected = tx
+        .prepare_cached(
+            "SELECT channel, action, reason, at_ms FROM rejections \
+             WHERE client_id = ?1 AND origin_scope = ?2 AND client_seq = ?3",
+        )?
+        .query_row(params![origin.client_id, origin.scope, seq], |row| {
+            Ok(Rejection {
+                origin: origin.clone(),
+                channel: row.get(0)?,
+                action: row.get(1)?,
+                reason: row.get(2)?,
+                at_ms: row.get(3)?,
+            })
+        })
+        .optional()?;
+    Ok(rejected.map(OriginOutcome::Rejected))
+}
+
+/// Records a refused dispatch unless its origin already has an outcome;
+/// returns the outcome that holds.
+pub(super) fn reject(
+    tx: &Transaction<'_>,
+    rejection: Rejection,
+) -> Result<OriginOutcome, StoreError> {
+    if let Some(existing) = outcome(tx, &rejection.origin)? {
+        return Ok(existing);
+    }
+    let origin = &rejection.origin;
+    tx.prepare_cached(
+        "INSERT INTO rejections (client_id, client_seq, origin_scope, channel, action, \
+                                 reason, at_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![
+        origin.client_id,
+        seq_to_db(origin.client_seq),
+        origin.scope,
+        rejection.channel,
+        rejection.action,
+        rejection.reason,
+        rejection.at_ms,
+    ])?;
+    Ok(OriginOutcome::Rejected(rejection))
+}
+
+/// A log row as a stored envelope (the outer error is SQLite's, the inner
+/// one a row that does not decode).
+fn envelope(row: &Row<'_>) -> rusqlite::Result<Result<StoredEnvelope, StoreError>> {
+    let decoded = rows::Envelope {
+        seq: row.get(0)?,
+        channel: row.get(1)?,
+        session_id: row.get(2)?,
+        action: row.get(3)?,
+        client_id: row.get(4)?,
+        client_seq: row.get(5)?,
+        origin_scope: row.get(6)?,
+        at_ms: row.get(7)?,
+    };
+    Ok(decoded.try_into())
+}
+
+/// Writes a snapshot and prunes all but the newest few.
+pub(super) fn write_snapshot(tx: &Transaction<'_>, snapshot: &Snapshot) -> Result<(), StoreError> {
+    tx.prepare_cached(
+        "INSERT INTO snapshots (channel, seq, state, at_ms) VALUES (?1, ?2, ?3, ?4) \
+         ON CONFLICT (channel, seq) DO UPDATE SET state = excluded.state, at_ms = excluded.at_ms",
+    )?
+    .execute(params![
+        snapshot.channel,
+        seq_to_db(snapshot.seq),
+        snapshot.state,
+        snapshot.at_ms,
+    ])?;
+    tx.prepare_cached(
+        "DELETE FROM snapshots WHERE channel = ?1 AND seq NOT IN \
+             (SELECT seq FROM snapshots WHERE channel = ?1 ORDER BY seq DESC LIMIT ?2)",
+    )?
+    .execute(params![snapshot.channel, SNAPSHOTS_KEPT])?;
+    Ok(())
+}
+
+/// Upserts archived turns.
+pub(super) fn archive(tx: &Transaction<'_>, turns: &[&ArchivedTurn]) -> Result<(), StoreError> {
+    if turns.is_empty() {
+        return Ok(());
+    }
+    let mut upsert = tx.prepare_cached(
+        "INSERT INTO chat_turns (chat, generation, ordinal, turn_id, body) \
+         VALUES (?1, ?2, ?3, ?4, ?5) \
+         ON CONFLICT (chat, generation, ordinal) DO UPDATE \
+             SET turn_id = excluded.turn_id, body = excluded.body",
+    )?;
+    for t in turns {
+        upsert.execute(params![
+            t.chat,
+            seq_to_db(t.generation),
+            seq_to_db(t.ordinal),
+            t.turn_id,
+            t.body,
+        ])?;
+    }
+    Ok(())
+}

@@ -1,0 +1,94 @@
+//! WAL checkpoints off the commit path.
+//!
+//! With SQLite's automatic checkpoints, the commit that crosses 1,000 WAL
+//! pages copies them into the database file and fsyncs it before it
+//! returns: under load, every few group commits paid for a checkpoint.
+//! Here the writer's connection never checkpoints on its own; this thread
+//! does, on its own connection, while the writer goes on appending.
+//!
+//! A passive checkpoint never blocks the writer, but the WAL file only
+//! starts over from its beginning when a write transaction begins with
+//! every frame already copied. A writer that never pauses never sees that,
+//! so every [`RESET_EVERY`] jobs the writer runs one passive checkpoint
+//! itself (cheap: this thread has copied nearly everything by then), and its
+//! next transaction starts the WAL over. That bounds the WAL's size without
+//! ever blocking the writer on readers (a `RESTART` checkpoint would).
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use super::writer::connect;
+use crate::store::StoreError;
+
+/// The least time between two background checkpoints. Pages written again
+/// and again (the log's index leaves) are copied once per checkpoint, so a
+/// checkpoint after every commit would copy the same pages many times.
+const INTERVAL: Duration = Duration::from_millis(100);
+
+/// The writer checkpoints itself after this many jobs (see the module doc).
+pub(super) const RESET_EVERY: u32 = 64;
+
+/// The handle the writer wakes the checkpointer with.
+#[derive(Debug)]
+pub(super) struct Checkpointer {
+    wake: mpsc::SyncSender<()>,
+    thread: JoinHandle<()>,
+}
+
+impl Checkpointer {
+    /// Opens its connection and starts its thread.
+    pub(super) fn start(path: &Path) -> Result<Self, StoreError> {
+        let db = connect(path)?;
+        let (wake, woken) = mpsc::sync_channel::<()>(1);
+        let thread = std::thread::Builder::new()
+            .name("tether-sqlite-checkpoint".into())
+            .spawn(move || run(&db, &woken))
+            .map_err(|e| StoreError::Open {
+                target: format!("SQLite database {}", path.display()),
+                reason: format!("cannot start the checkpoint thread: {e}"),
+            })?;
+        Ok(Self { wake, thread })
+    }
+
+    /// Says the WAL grew; wake-ups while a checkpoint is due coalesce.
+    pub(super) fn wake(&self) {
+        let _ = self.wake.try_send(());
+    }
+
+    /// Stops the thread once its current checkpoint is done.
+    pub(super) fn stop(self) {
+        drop(self.wake);
+        let _ = self.thread.join();
+    }
+}
+
+fn run(db: &Connection, woken: &mpsc::Receiver<()>) {
+    let mut failing = false;
+    while woken.recv().is_ok() {
+        match passive(db) {
+            Ok(_) if failing => {
+                failing = false;
+                tracing::info!("WAL checkpoints succeed again");
+            }
+            Ok(_) => {}
+            Err(err) if !failing => {
+                failing = true;
+                tracing::warn!(error = %err, "WAL checkpoint failed; the WAL grows until one succeeds");
+            }
+            Err(_) => {}
+        }
+        std::thread::sleep(INTERVAL);
+    }
+}
+
+/// Copies what it can of the WAL into the database without waiting for
+/// anyone; returns the WAL's frames and how many of them are copied.
+pub(super) fn passive(db: &Connection) -> Result<(i64, i64), rusqlite::Error> {
+    db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+        Ok((row.get(1)?, row.get(2)?))
+    })
+}
