@@ -2,7 +2,10 @@
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// Drives a running Tether server over real sockets and reports throughput,
+use crate::dialect::Dialect;
+
+/// Drives a running Tether server (or, with --target peer, the reference
+/// peer) over real sockets and reports throughput,
 /// latency percentiles (HDR histogram) and the CPU the load tool and the
 /// server used. Run it on the server's machine: the server's CPU and memory
 /// are read from /proc/<--server-pid>.
@@ -20,7 +23,20 @@ pub struct Cli {
 /// Flags every scenario takes.
 #[derive(Debug, Args)]
 pub struct Common {
-    /// The server's AHP WebSocket. Several hosts on one database:
+    /// Which server is at --url: Tether, or the reference peer (a
+    /// hand-rolled Node.js server, BENCHMARKS.md "The reference peer"; its
+    /// URL is ws://host:port/ws; it runs only ingest and fanout).
+    #[arg(
+        long,
+        global = true,
+        env = "TETHER_LOAD_TARGET",
+        value_enum,
+        default_value_t = Dialect::Tether
+    )]
+    pub target: Dialect,
+
+    /// The server's AHP WebSocket (the peer's: ws://host:port/ws). Several
+    /// hosts on one database:
     /// comma-separated, one per host; connections are spread over them
     /// round-robin (REST goes to the first).
     #[arg(
@@ -104,6 +120,20 @@ pub enum Scenario {
     /// One long chat: subscribe time, snapshot size and one turn's round
     /// trip as the chat's history grows.
     Chat(ChatArgs),
+}
+
+impl Scenario {
+    /// Its name on the command line and in reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Scenario::Ingest(_) => "ingest",
+            Scenario::Fanout(_) => "fanout",
+            Scenario::Connections(_) => "connections",
+            Scenario::Catchup(_) => "catchup",
+            Scenario::List(_) => "list",
+            Scenario::Chat(_) => "chat",
+        }
+    }
 }
 
 /// `chat`.

@@ -3,6 +3,8 @@
 //! its echo arrives: the envelope the server broadcasts after the commit,
 //! carrying this client's `clientId` and `clientSeq` (or, refused, the
 //! echo with a `rejectionReason`). Used by `ingest` and to seed sessions.
+//! The raw dispatcher speaks either server's [`Dialect`]; the bookkeeping
+//! (window, order, latency) is one for both.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -11,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use ahp::{SessionSubscription, SubscriptionEvent};
 
+use crate::dialect::Dialect;
 use crate::error::{Error, Result};
 use crate::measure::Latency;
-use crate::wire::{RawConn, action_head, dispatch_frame, quoted, title_action};
+use crate::wire::{RawConn, quoted, title_action};
 
 /// Longest wait for the next acknowledgement before the run is abandoned.
 pub const ACK_WAIT: Duration = Duration::from_secs(30);
@@ -48,6 +51,9 @@ pub struct Stats {
     pub out_of_order: u64,
     /// Dispatch → echo latency of the measured acknowledgements.
     pub latency: Latency,
+    /// The lowest and highest log position (`serverSeq`, the peer's `seq`)
+    /// among the accepted acknowledgements that carried one.
+    pub seqs: Option<(u64, u64)>,
 }
 
 impl Stats {
@@ -61,6 +67,16 @@ impl Stats {
         }
         self.out_of_order += other.out_of_order;
         self.latency.merge(&other.latency);
+        if let Some(seqs) = other.seqs {
+            self.saw_seqs(seqs);
+        }
+    }
+
+    fn saw_seqs(&mut self, (low, high): (u64, u64)) {
+        self.seqs = Some(match self.seqs {
+            Some((l, h)) => (l.min(low), h.max(high)),
+            None => (low, high),
+        });
     }
 }
 
@@ -88,7 +104,7 @@ impl Outstanding {
         self.sent.len() < self.plan.in_flight
     }
 
-    fn acknowledged(&mut self, client_seq: u64, rejection: Option<&str>) {
+    fn acknowledged(&mut self, client_seq: u64, rejection: Option<&str>, log_seq: Option<u64>) {
         let now = Instant::now();
         let sent = match self.sent.front() {
             Some(&(seq, sent)) if seq == client_seq => {
@@ -106,11 +122,15 @@ impl Outstanding {
         };
         self.stats.acked += 1;
         self.plan.progress.fetch_add(1, Ordering::Relaxed);
-        if let Some(reason) = rejection {
-            self.stats.rejected += 1;
-            if self.stats.first_rejection.is_none() {
-                self.stats.first_rejection = Some(reason.to_owned());
+        match (rejection, log_seq) {
+            (Some(reason), _) => {
+                self.stats.rejected += 1;
+                if self.stats.first_rejection.is_none() {
+                    self.stats.first_rejection = Some(reason.to_owned());
+                }
             }
+            (None, Some(at)) => self.stats.saw_seqs((at, at)),
+            (None, None) => {}
         }
         let (from, until) = self.plan.window;
         if now >= from && now < until {
@@ -120,22 +140,25 @@ impl Outstanding {
     }
 }
 
-/// Runs a dispatcher on a raw connection already subscribed to `channel`
-/// as `client_id`.
+/// Runs a dispatcher on a raw connection to a `dialect` server, already
+/// subscribed to `channel` as `client_id`.
 pub async fn run_raw(
     mut conn: RawConn,
+    dialect: Dialect,
     client_id: String,
     channel: String,
     plan: Plan,
 ) -> Result<Stats> {
     let channel_json = quoted(&channel);
+    let client_id_json = quoted(&client_id);
     let mut book = Outstanding::new(plan);
     let mut next_seq = 1u64;
     loop {
         if book.sending(next_seq) && book.room() {
             while book.room() && next_seq <= book.plan.max_actions {
-                let frame = dispatch_frame(
+                let frame = dialect.dispatch_frame(
                     &channel_json,
+                    &client_id_json,
                     next_seq,
                     &title_action(&format!("load {next_seq}")),
                 );
@@ -152,13 +175,10 @@ pub async fn run_raw(
             .await
             .map_err(|_| no_ack(&client_id))?
             .map_err(|e| Error::msg(format!("dispatcher {client_id}: {e}")))?;
-        let Some(head) = action_head(&text) else {
-            continue;
-        };
-        if let Some(origin) = &head.origin
-            && origin.client_id == client_id
+        if let Some(echo) = dialect.echo(&text)
+            && echo.acknowledges(&client_id)
         {
-            book.acknowledged(origin.client_seq, head.rejection_reason.as_deref());
+            book.acknowledged(echo.client_seq, echo.rejection.as_deref(), echo.seq);
         }
     }
     conn.close().await;
@@ -199,6 +219,7 @@ pub async fn run_ahp(
             book.acknowledged(
                 u64::try_from(origin.client_seq).unwrap_or(0),
                 envelope.rejection_reason.as_deref(),
+                Some(envelope.server_seq),
             );
         }
     }

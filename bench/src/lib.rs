@@ -6,12 +6,17 @@
 //! own module under [`scenario`]; what they share is here: the server
 //! ([`net::Target`]), the lean client ([`wire`]), the dispatcher
 //! ([`dispatch`]), measurement ([`measure`]) and the report ([`report`]).
+//! `ingest` and `fanout` also drive the reference peer (`--target peer`):
+//! what differs between the two servers is in [`dialect`], the peer's
+//! frames in [`peer`].
 
 pub mod cli;
+pub mod dialect;
 pub mod dispatch;
 pub mod error;
 pub mod measure;
 pub mod net;
+pub mod peer;
 pub mod report;
 pub mod rest;
 pub mod scenario;
@@ -22,6 +27,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use error::{Error, Result};
 
 use crate::cli::{Cli, Scenario};
+use crate::dialect::Dialect;
 use crate::net::Target;
 use crate::report::Report;
 use crate::rest::Rest;
@@ -31,9 +37,12 @@ use crate::rest::Rest;
 pub struct Ctx {
     /// The server.
     pub target: Target,
-    /// Its REST API.
+    /// Which server it is: how to frame what goes to it and read what comes
+    /// back.
+    pub dialect: Dialect,
+    /// Its REST API (Tether's; the peer has only `/healthz`).
     pub rest: Rest,
-    /// Its backend, from `/readyz`.
+    /// Its backend, from `/readyz`; `peer` for the peer.
     pub backend: String,
     /// A prefix that makes this run's session and client ids unique, so
     /// runs against one database never collide.
@@ -49,6 +58,8 @@ impl Ctx {
 
 /// Runs the scenario the command line names and returns its report.
 pub async fn run(cli: Cli) -> Result<Report> {
+    let dialect = cli.common.target;
+    dialect.check(&cli.scenario)?;
     let (soft, hard) = net::raise_nofile_limit();
     if !cli.common.json {
         eprintln!("open-file limit of the load tool: {soft} (hard {hard})");
@@ -68,15 +79,22 @@ pub async fn run(cli: Cli) -> Result<Report> {
         })?;
     }
     let rest = Rest::new(&target.http_url, 64)?;
-    let ready = rest.ready().await?;
+    let backend = match dialect {
+        Dialect::Tether => rest.ready().await?.backend,
+        Dialect::Peer => {
+            rest.healthy().await?;
+            dialect.name().to_owned()
+        }
+    };
     let millis = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0);
     let ctx = Ctx {
         target,
+        dialect,
         rest,
-        backend: ready.backend,
+        backend,
         run_id: format!("{millis:x}"),
     };
     match &cli.scenario {

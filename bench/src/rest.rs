@@ -56,6 +56,19 @@ impl Rest {
         Ok(response.error_for_status()?.json().await?)
     }
 
+    /// `GET /healthz`: whether a server without `/readyz` (the reference
+    /// peer) is up.
+    pub async fn healthy(&self) -> Result<()> {
+        let url = format!("{}/healthz", self.base);
+        let response = self.client.get(&url).send().await.map_err(|e| {
+            Error::msg(format!(
+                "cannot reach {url} (is the peer running? pass --http if it is elsewhere): {e}"
+            ))
+        })?;
+        response.error_for_status()?;
+        Ok(())
+    }
+
     /// `POST /v1/sessions` in project `bench`.
     pub async fn create_session(&self, id: &str) -> Result<()> {
         let response = self

@@ -5,6 +5,10 @@
 //! checks that it got every envelope once, in `clientSeq` and `serverSeq`
 //! order. The dispatcher is not subscribed, so it gets each accepted
 //! dispatch back directly: its durable-ack latency is reported too.
+//!
+//! On the reference peer (`--target peer`) the same run speaks the peer's
+//! frames; the peer sends events only to subscribers, so there the
+//! dispatcher subscribes too, to hear its acknowledgements.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,13 +22,16 @@ use tokio_tungstenite::tungstenite::Message;
 use super::{open_all, sleep_until};
 use crate::Ctx;
 use crate::cli::{ClientKind, FanoutArgs};
+use crate::dialect::Dialect;
 use crate::error::{Error, Result};
 use crate::measure::{CpuWindow, Latency, Progress};
 use crate::report::{Phase, Report};
-use crate::wire::{RawConn, action_head, create_session, dispatch_frame, quoted, title_action};
+use crate::wire::{RawConn, quoted, title_action};
 
 /// What every subscriber shares with the dispatcher.
 struct Shared {
+    /// How the server's frames read.
+    dialect: Dialect,
     epoch: Instant,
     /// Microseconds after `epoch` at which each `clientSeq` was written;
     /// 0 when not yet.
@@ -132,10 +139,9 @@ async fn subscriber(
             got = async {
                 if let Some(conn) = conn_slot.as_mut() {
                     let text = conn.next_text().await.map_err(|e| e.to_string())?;
-                    Ok(action_head(&text).and_then(|head| {
-                        let origin = head.origin?;
-                        (origin.client_id == shared.dispatcher)
-                            .then_some((origin.client_seq, head.server_seq.unwrap_or(0)))
+                    Ok(shared.dialect.echo(&text).and_then(|echo| {
+                        echo.delivers(&shared.dispatcher)
+                            .then_some((echo.client_seq, echo.seq.unwrap_or(0)))
                     }))
                 } else if let Some((_, subscription)) = ahp_slot.as_mut() {
                     match subscription.recv().await {
@@ -192,12 +198,18 @@ pub async fn run(ctx: &Ctx, args: &FanoutArgs) -> Result<Report> {
     let mut report = Report::new("fanout", Some(ctx.backend.clone()), params);
     crate::net::check_fd_budget(subscribers + 2, ctx.target.server_pid);
 
-    let mut dispatcher = RawConn::new(ctx.target.ws(0, Default::default()).await?);
+    let dialect = ctx.dialect;
     let dispatcher_id = ctx.id("fanout-dispatcher", 0);
-    dispatcher.initialize(&dispatcher_id, &[]).await?;
-    let channel = create_session(&mut dispatcher, &ctx.id("fanout", 0)).await?;
+    let mut dispatcher = dialect
+        .connect(&ctx.target, 0, Default::default(), &dispatcher_id, &[])
+        .await?;
+    let channel = dialect
+        .create_session(&mut dispatcher, &ctx.id("fanout", 0))
+        .await?;
+    dialect.hear_own_acks(&mut dispatcher, &channel).await?;
 
     let shared = Arc::new(Shared {
+        dialect,
         epoch: Instant::now(),
         sent_at: (0..=planned).map(|_| AtomicU64::new(0)).collect(),
         warmup_seqs,
@@ -215,9 +227,15 @@ pub async fn run(ctx: &Ctx, args: &FanoutArgs) -> Result<Report> {
                     // Small buffers: tungstenite zero-fills its whole read
                     // buffer before every read, so 128 KiB would cost the
                     // load tool CPU on every delivery.
-                    let mut conn =
-                        RawConn::new(ctx.target.ws(i + 1, crate::net::small_buffers()).await?);
-                    conn.initialize(&client_id, &[&channel]).await?;
+                    let conn = dialect
+                        .connect(
+                            &ctx.target,
+                            i + 1,
+                            crate::net::small_buffers(),
+                            &client_id,
+                            &[&channel],
+                        )
+                        .await?;
                     Subscriber::Raw(Box::new(conn))
                 }
                 ClientKind::Ahp => {
@@ -268,23 +286,25 @@ pub async fn run(ctx: &Ctx, args: &FanoutArgs) -> Result<Report> {
                 let Message::Text(text) = message else {
                     continue;
                 };
-                let Some(head) = action_head(text.as_str()) else {
+                let Some(echo) = shared.dialect.echo(text.as_str()) else {
                     continue;
                 };
-                let Some(origin) = head.origin else { continue };
-                if head.rejection_reason.is_some() {
+                if !echo.acknowledges(&shared.dispatcher) {
+                    continue;
+                }
+                if echo.rejection.is_some() {
                     rejected += 1;
                     if first_rejection.is_none() {
-                        first_rejection = head.rejection_reason.map(|r| r.into_owned());
+                        first_rejection = echo.rejection.map(|r| r.into_owned());
                     }
                 } else {
                     accepted += 1;
                 }
-                let sent = usize::try_from(origin.client_seq)
+                let sent = usize::try_from(echo.client_seq)
                     .ok()
                     .and_then(|i| shared.sent_at.get(i))
                     .map_or(0, |at| at.load(Ordering::Acquire));
-                if sent > 0 && origin.client_seq > shared.warmup_seqs {
+                if sent > 0 && echo.client_seq > shared.warmup_seqs {
                     latency.record_micros(shared.now_micros().saturating_sub(sent));
                 }
                 if accepted + rejected >= planned {
@@ -305,6 +325,7 @@ pub async fn run(ctx: &Ctx, args: &FanoutArgs) -> Result<Report> {
         })
     };
     let channel_json = quoted(&channel);
+    let dispatcher_json = quoted(&dispatcher_id);
     let start = Instant::now() + Duration::from_millis(50);
     let measure_from = start + Duration::from_secs_f64(warmup_seqs as f64 / rate);
     let mut cpu = None;
@@ -316,7 +337,12 @@ pub async fn run(ctx: &Ctx, args: &FanoutArgs) -> Result<Report> {
             cpu = Some(CpuWindow::start(&ctx.target.server_pids)?);
         }
         slip = slip.max(Instant::now().saturating_duration_since(due));
-        let frame = dispatch_frame(&channel_json, seq, &title_action(&format!("fan {seq}")));
+        let frame = dialect.dispatch_frame(
+            &channel_json,
+            &dispatcher_json,
+            seq,
+            &title_action(&format!("fan {seq}")),
+        );
         shared.sent_at[seq as usize].store(shared.now_micros(), Ordering::Release);
         sink.send(Message::Text(frame.into())).await?;
     }

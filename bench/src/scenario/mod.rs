@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt as _;
 
 use crate::Ctx;
+use crate::dialect::Dialect;
 use crate::dispatch::{self, Plan};
 use crate::error::{Error, Result};
 use crate::measure::{CpuWindow, Progress};
@@ -100,7 +101,7 @@ pub async fn seed_session(
     };
     let cpu = CpuWindow::start(&ctx.target.server_pids)?;
     let started = Instant::now();
-    let stats = dispatch::run_raw(conn, client_id, channel.clone(), plan).await?;
+    let stats = dispatch::run_raw(conn, Dialect::Tether, client_id, channel.clone(), plan).await?;
     let seconds = started.elapsed().as_secs_f64();
     let share = cpu.finish()?;
     progress.finish().await;
