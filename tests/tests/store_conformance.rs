@@ -391,9 +391,11 @@ async fn transcript_pages_hold_one_session_in_order(db: TestDb) {
             n,
         );
         if n % 5 == 0 {
-            // A chat envelope belongs to its session's transcript.
+            // A chat envelope belongs to its session's transcript (the
+            // chat is recorded by the envelope that first names it).
             e.channel = "ahp-chat:/x-chat".into();
             e.session_id = Some("x".into());
+            e.chats = vec!["ahp-chat:/x-chat".into()];
         }
         batch.push(e);
     }

@@ -1,6 +1,7 @@
 //! Group commit: one writer task takes every append request that is ready,
-//! from every session, and commits them in one transaction; then it publishes
-//! the committed envelopes to the hub in seq order and answers each request.
+//! from every session, and commits them in one transaction; a publisher task
+//! then publishes the committed envelopes to the hub in seq order and answers
+//! each request, while the writer commits the next batch.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -10,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::Metrics;
 use super::delivery::Delivery;
 use super::fanout::{Published, action_frame};
-use crate::store::{Appended, NewEnvelope, OriginOutcome, Snapshot, Store};
+use crate::store::{Appended, NewEnvelope, OriginOutcome, Snapshot, Store, StoreError};
 
 /// The outcome of one appended envelope.
 #[derive(Debug, Clone)]
@@ -104,6 +105,18 @@ impl Committer {
     }
 }
 
+/// A committed (or failed) batch on its way to the hub and its senders.
+struct Written {
+    result: Result<Vec<Appended>, StoreError>,
+    envelopes: Vec<NewEnvelope>,
+    snapshots: usize,
+    /// Envelopes per request, in order.
+    counts: Vec<usize>,
+    replies: Vec<Option<oneshot::Sender<Result<Vec<CommitOutcome>, CommitError>>>>,
+    /// Told once the batch is published, when the writer waits for that.
+    published: Option<oneshot::Sender<()>>,
+}
+
 async fn run(
     store: Arc<dyn Store>,
     delivery: Arc<Delivery>,
@@ -111,6 +124,10 @@ async fn run(
     mut receiver: mpsc::Receiver<Request>,
     max_batch: usize,
 ) {
+    // Publishing a batch (its frames, the hub, the answers) overlaps the
+    // next batch's commit; one batch at most waits to be published.
+    let (written, to_publish) = mpsc::channel(1);
+    tokio::spawn(publish(delivery.clone(), metrics, to_publish));
     while let Some(first) = receiver.recv().await {
         let mut size = first.envelopes.len();
         let mut requests = vec![first];
@@ -136,13 +153,48 @@ async fn run(
         }
         let snapshot_count = snapshots.len();
         // With several hosts, nothing is published while this batch is in
-        // the database but not yet on the hub (see `delivery`).
+        // the database but not yet on the hub (see `delivery`), so the next
+        // batch waits until this one is published.
         let gate = delivery.enter().await;
         let shared = Arc::new(all);
-        match store.append_with_snapshots(shared.clone(), snapshots).await {
+        let result = store.append_with_snapshots(shared.clone(), snapshots).await;
+        // The store has let go of the batch by the time it answers.
+        let envelopes = Arc::try_unwrap(shared).unwrap_or_else(|still| (*still).clone());
+        let (published, wait) = match gate {
+            Some(_) => {
+                let (tell, told) = oneshot::channel();
+                (Some(tell), Some(told))
+            }
+            None => (None, None),
+        };
+        let batch = Written {
+            result,
+            envelopes,
+            snapshots: snapshot_count,
+            counts,
+            replies,
+            published,
+        };
+        if written.send(batch).await.is_err() {
+            return;
+        }
+        if let Some(wait) = wait {
+            let _ = wait.await;
+        }
+        drop(gate);
+    }
+}
+
+/// Publishes each written batch in commit order and answers its requests.
+async fn publish(
+    delivery: Arc<Delivery>,
+    metrics: Arc<Metrics>,
+    mut written: mpsc::Receiver<Written>,
+) {
+    while let Some(batch) = written.recv().await {
+        let size = batch.envelopes.len();
+        match batch.result {
             Ok(appended) => {
-                // The store has let go of the batch by the time it answers.
-                let all = Arc::try_unwrap(shared).unwrap_or_else(|still| (*still).clone());
                 metrics.commits.fetch_add(1, Ordering::Relaxed);
                 metrics
                     .committed_envelopes
@@ -150,7 +202,7 @@ async fn run(
                 let mut fresh = Vec::with_capacity(size);
                 let outcomes: Vec<CommitOutcome> = appended
                     .into_iter()
-                    .zip(all)
+                    .zip(batch.envelopes)
                     .map(|(result, envelope)| match result {
                         Appended::Committed { seq, .. } => {
                             let frame = action_frame(
@@ -173,9 +225,11 @@ async fn run(
                     })
                     .collect();
                 delivery.publish_local(fresh).await;
-                drop(gate);
+                if let Some(published) = batch.published {
+                    let _ = published.send(());
+                }
                 let mut outcomes = outcomes.into_iter();
-                for (count, reply) in counts.into_iter().zip(replies) {
+                for (count, reply) in batch.counts.into_iter().zip(batch.replies) {
                     let mine: Vec<_> = outcomes.by_ref().take(count).collect();
                     if let Some(reply) = reply {
                         let _ = reply.send(Ok(mine));
@@ -183,11 +237,13 @@ async fn run(
                 }
             }
             Err(err) => {
-                drop(gate);
-                tracing::error!(error = %err, envelopes = size, snapshots = snapshot_count,
+                if let Some(published) = batch.published {
+                    let _ = published.send(());
+                }
+                tracing::error!(error = %err, envelopes = size, snapshots = batch.snapshots,
                     "group commit failed");
                 let err = CommitError(err.to_string());
-                for reply in replies.into_iter().flatten() {
+                for reply in batch.replies.into_iter().flatten() {
                     let _ = reply.send(Err(err.clone()));
                 }
             }

@@ -359,8 +359,9 @@ pub trait Store: Send + Sync + fmt::Debug {
         limit: u32,
     ) -> Result<Vec<StoredEnvelope>, StoreError>;
 
-    /// A page of one session's transcript (the session channel and its chats),
-    /// seq above `after`, oldest first.
+    /// A page of one session's transcript (the session channel and the chats
+    /// recorded for it by the envelopes that named them), seq above `after`,
+    /// oldest first.
     async fn transcript(
         &self,
         session_id: &str,

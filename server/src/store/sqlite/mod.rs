@@ -21,6 +21,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{AssertSqlSafe, Sqlite, Transaction};
+use tether_protocol::channel::Channel;
 use uuid::Uuid;
 
 use self::writer::Writer;
@@ -239,15 +240,35 @@ impl Store for SqliteStore {
         after: u64,
         limit: u32,
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
-        let found: Vec<rows::Envelope> = sqlx::query_as(
-            "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
-             FROM log WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-        )
-        .bind(session_id)
-        .bind(seq_to_db(after))
-        .bind(clamp_limit(limit))
-        .fetch_all(&self.readers)
-        .await?;
+        // A session's rows are on its channel and its chats' (the log has
+        // no session index: see migration 0005). Each channel is one ordered
+        // range of log_channel; the ranges are merged by seq.
+        let limit = clamp_limit(limit);
+        let mut channels: Vec<String> =
+            sqlx::query_scalar("SELECT chat FROM chats WHERE session_id = ?")
+                .bind(session_id)
+                .fetch_all(&self.readers)
+                .await?;
+        channels.push(Channel::session_uri(session_id));
+        let mut found: Vec<rows::Envelope> = Vec::new();
+        for channel in &channels {
+            let page: Vec<rows::Envelope> = sqlx::query_as(
+                "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, \
+                        at_ms \
+                 FROM log WHERE channel = ? AND seq > ? ORDER BY seq LIMIT ?",
+            )
+            .bind(channel)
+            .bind(seq_to_db(after))
+            .bind(limit)
+            .fetch_all(&self.readers)
+            .await?;
+            found.extend(
+                page.into_iter()
+                    .filter(|row| row.session_id.as_deref() == Some(session_id)),
+            );
+        }
+        found.sort_unstable_by_key(|row| row.seq);
+        found.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
         found.into_iter().map(TryInto::try_into).collect()
     }
 
