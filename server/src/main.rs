@@ -7,6 +7,11 @@ use tether_server::config::{Cli, Command, DatabaseArgs, ServeArgs};
 use tether_server::{AppState, serve, store, telemetry};
 use tokio::net::TcpListener;
 
+/// mimalloc, not glibc's malloc: allocation and freeing across the runtime's
+/// threads were a quarter of the server's CPU under load (BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
