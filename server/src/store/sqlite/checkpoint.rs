@@ -1,25 +1,31 @@
 //! WAL checkpoints off the commit path.
 //!
 //! With SQLite's automatic checkpoints, the commit that crosses 1,000 WAL
-//! pages copies them into the database file and fsyncs it before it
+//! frames copies them into the database file and fsyncs it before it
 //! returns: under load, every few group commits paid for a checkpoint.
-//! Here the writer's connection never checkpoints on its own; this thread
-//! does, on its own connection, while the writer goes on appending.
+//! Here the writer's connection never checkpoints on its own. A WAL hook
+//! tells the writer thread how many frames the WAL holds after each commit
+//! ([`frames`]); every [`WAKE_FRAMES`] new frames it wakes this thread,
+//! which checkpoints on its own connection while the writer goes on.
 //!
 //! A passive checkpoint never blocks the writer, but the WAL file only
 //! starts over from its beginning when a write transaction begins with
 //! every frame already copied. A writer that never pauses never sees that,
-//! so every [`RESET_EVERY`] jobs the writer runs one passive checkpoint
-//! itself (cheap: this thread has copied nearly everything by then), and its
-//! next transaction starts the WAL over. That bounds the WAL's size without
-//! ever blocking the writer on readers (a `RESTART` checkpoint would).
+//! so once the WAL holds [`RESET_FRAMES`] the writer runs one passive
+//! checkpoint itself (cheap: this thread has copied nearly everything by
+//! then), and its next transaction starts the WAL over. That bounds the
+//! WAL's size without ever blocking the writer on readers (a `RESTART`
+//! checkpoint would).
 
 use std::path::Path;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use std::cell::Cell;
+
 use rusqlite::Connection;
+use rusqlite::hooks::Wal;
 
 use super::writer::connect;
 use crate::store::StoreError;
@@ -29,8 +35,37 @@ use crate::store::StoreError;
 /// checkpoint after every commit would copy the same pages many times.
 const INTERVAL: Duration = Duration::from_millis(100);
 
-/// The writer checkpoints itself after this many jobs (see the module doc).
-pub(super) const RESET_EVERY: u32 = 64;
+/// New WAL frames that make a checkpoint due: SQLite's own automatic
+/// checkpoint threshold, so a lightly loaded store checkpoints as rarely as
+/// it did (each checkpoint fsyncs the database file beside the commits'
+/// fsyncs of the WAL).
+pub(super) const WAKE_FRAMES: i64 = 1_000;
+
+/// WAL frames (about 32 MiB) at which the writer checkpoints itself so that
+/// the WAL starts over (see the module doc).
+pub(super) const RESET_FRAMES: i64 = 8_192;
+
+thread_local! {
+    /// The frames in the WAL after the last commit of this thread's
+    /// connection (the writer's), as the WAL hook reported them.
+    static FRAMES: Cell<i64> = const { Cell::new(0) };
+}
+
+/// Makes the WAL hook of `db` (the writer's connection, on the writer
+/// thread) record the WAL's size for [`frames`]. Setting the hook turns
+/// SQLite's automatic checkpoints off.
+pub(super) fn track_frames(db: &Connection) {
+    fn hook(_: &Wal, frames: std::ffi::c_int) -> rusqlite::Result<()> {
+        FRAMES.set(i64::from(frames));
+        Ok(())
+    }
+    db.wal_hook(Some(hook));
+}
+
+/// The frames in the WAL after this thread's last commit.
+pub(super) fn frames() -> i64 {
+    FRAMES.get()
+}
 
 /// The handle the writer wakes the checkpointer with.
 #[derive(Debug)]

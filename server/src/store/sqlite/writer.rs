@@ -46,7 +46,8 @@ pub(super) fn connect(path: &Path) -> Result<Connection, rusqlite::Error> {
     db.pragma_update(None, "journal_mode", "WAL")?;
     db.pragma_update(None, "synchronous", "FULL")?;
     db.pragma_update(None, "foreign_keys", true)?;
-    // Checkpoints run on the checkpointer's connection, off the commit path.
+    // Checkpoints run on the checkpointer's connection, off the commit path
+    // (the writer's WAL hook replaces this setting too).
     db.pragma_update(None, "wal_autocheckpoint", 0)?;
     Ok(db)
 }
@@ -67,15 +68,23 @@ impl Writer {
         let thread = std::thread::Builder::new()
             .name("tether-sqlite-writer".into())
             .spawn(move || {
-                let mut jobs = 0u32;
+                checkpoint::track_frames(&db);
+                // The WAL's size when the checkpointer was last woken.
+                let mut woken_at = 0;
                 while let Ok(job) = queue.recv() {
                     job(&mut db);
-                    jobs = jobs.wrapping_add(1);
-                    if jobs % checkpoint::RESET_EVERY == 0 {
-                        // Failures are the checkpointer's to report.
-                        let _ = checkpoint::passive(&db);
-                    } else {
-                        checkpointer.wake();
+                    let frames = checkpoint::frames();
+                    if frames < woken_at {
+                        woken_at = 0; // the WAL started over
+                    }
+                    if frames - woken_at >= checkpoint::WAKE_FRAMES {
+                        if frames >= checkpoint::RESET_FRAMES {
+                            // Failures are the checkpointer's to report.
+                            let _ = checkpoint::passive(&db);
+                        } else {
+                            checkpointer.wake();
+                        }
+                        woken_at = frames;
                     }
                 }
                 checkpointer.stop();
