@@ -29,12 +29,15 @@ pub enum CommitOutcome {
 #[error("storage unavailable: {0}")]
 pub struct CommitError(pub String);
 
+/// Where a request's outcomes go.
+type Reply = oneshot::Sender<Result<Vec<CommitOutcome>, CommitError>>;
+
 struct Request {
     envelopes: Vec<NewEnvelope>,
     /// Written in the same transaction.
     snapshots: Vec<Snapshot>,
     /// `None` for a snapshot nobody waits for.
-    reply: Option<oneshot::Sender<Result<Vec<CommitOutcome>, CommitError>>>,
+    reply: Option<Reply>,
 }
 
 /// The handle sessions append through.
@@ -112,7 +115,7 @@ struct Written {
     snapshots: usize,
     /// Envelopes per request, in order.
     counts: Vec<usize>,
-    replies: Vec<Option<oneshot::Sender<Result<Vec<CommitOutcome>, CommitError>>>>,
+    replies: Vec<Option<Reply>>,
     /// Told once the batch is published, when the writer waits for that.
     published: Option<oneshot::Sender<()>>,
 }
