@@ -169,13 +169,17 @@ start_server() { # backend, case name, extra flags
   RUST_LOG=warn "$tether" serve --bind "127.0.0.1:$port" --database-url "$url" $extra \
     >"$work/server-$backend-$name.log" 2>&1 &
   server=$!
+  await_ready /readyz "the server did not become ready" "$work/server-$backend-$name.log"
+}
+
+await_ready() { # path, what to say if it never answers, log file
   for _ in $(seq 1 100); do
-    curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return 0
+    curl -sf "http://127.0.0.1:$port$1" >/dev/null 2>&1 && return 0
     if ! kill -0 "$server" 2>/dev/null; then break; fi
     sleep 0.1
   done
-  echo "the server did not become ready; its log:" >&2
-  tail -20 "$work/server-$backend-$name.log" >&2
+  echo "$2; its log:" >&2
+  tail -20 "$3" >&2
   return 1
 }
 
@@ -185,14 +189,7 @@ start_peer() { # case name
   DB="$work/peer-$name/peer.db" PORT="$port" node "$peer_dir/server.js" \
     >"$work/server-peer-$name.log" 2>&1 &
   server=$!
-  for _ in $(seq 1 100); do
-    curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && return 0
-    if ! kill -0 "$server" 2>/dev/null; then break; fi
-    sleep 0.1
-  done
-  echo "the peer did not start; its log:" >&2
-  tail -20 "$work/server-peer-$name.log" >&2
-  return 1
+  await_ready /healthz "the peer did not start" "$work/server-peer-$name.log"
 }
 
 stop_server() {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tether_server::store::{Appended, NewEnvelope, Origin, Store};
+use tether_server::store::{Appended, NewEnvelope, Origin};
 use tether_tests::TestDb;
 
 /// About 150 MiB of WAL frames: several times the bound below, so a WAL
