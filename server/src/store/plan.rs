@@ -1,11 +1,13 @@
 //! How a batch of envelopes is written, decided once for both backends.
 //!
-//! A batch is appended with a constant number of statements, not a few per
-//! envelope: one query finds which origins the store already has, then one
-//! statement inserts every fresh row, one upserts every changed session row,
-//! and one moves the host's `last_seq`. Round trips to the database (a thread
-//! hop for SQLite, a network hop for Postgres) were most of the cost of a
-//! group commit when each envelope took its own.
+//! The plan decides, from the batch, the host's `last_seq`, the origins the
+//! store already has and the fenced sessions, which envelope gets which seq
+//! and which rows are written; each backend then writes it its own way.
+//! Postgres sends a constant number of statements per batch (one origin
+//! query, one `UNNEST` insert, one session upsert, one host update): a
+//! network round trip each. SQLite runs the whole batch on its writer
+//! thread with prepared statements, one row at a time, where a statement
+//! costs no hop.
 
 use std::collections::{HashMap, HashSet};
 

@@ -17,10 +17,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Sqlite, Transaction};
 use tether_protocol::channel::Channel;
 use uuid::Uuid;
 
@@ -125,37 +125,6 @@ impl SqliteStore {
             Err(std::fs::TryLockError::Error(err)) => Err(format!("cannot lock it: {err}")),
         }
     }
-
-    async fn outcome_in(
-        tx: &mut Transaction<'static, Sqlite>,
-        origin: &Origin,
-    ) -> Result<Option<OriginOutcome>, StoreError> {
-        let seq = seq_to_db(origin.client_seq);
-        let accepted: Option<rows::Envelope> = sqlx::query_as(
-            "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
-             FROM log WHERE client_id = ? AND origin_scope = ? AND client_seq = ?",
-        )
-        .bind(&origin.client_id)
-        .bind(&origin.scope)
-        .bind(seq)
-        .fetch_optional(&mut **tx)
-        .await?;
-        if let Some(row) = accepted {
-            return Ok(Some(OriginOutcome::Accepted(row.try_into()?)));
-        }
-        let rejected: Option<rows::Rejection> = sqlx::query_as(
-            "SELECT client_id, client_seq, origin_scope, channel, action, reason, at_ms \
-             FROM rejections WHERE client_id = ? AND origin_scope = ? AND client_seq = ?",
-        )
-        .bind(&origin.client_id)
-        .bind(&origin.scope)
-        .bind(seq)
-        .fetch_optional(&mut **tx)
-        .await?;
-        rejected
-            .map(|row| Ok(OriginOutcome::Rejected(row.try_into()?)))
-            .transpose()
-    }
 }
 
 #[async_trait]
@@ -193,10 +162,12 @@ impl Store for SqliteStore {
     }
 
     async fn origin_outcome(&self, origin: &Origin) -> Result<Option<OriginOutcome>, StoreError> {
-        let mut tx = self.readers.begin().await?;
-        let outcome = Self::outcome_in(&mut tx, origin).await?;
-        tx.commit().await?;
-        Ok(outcome)
+        // The writer's own lookup (a retry's rare path), not a second copy
+        // of it on the read pool.
+        let origin = origin.clone();
+        self.writer
+            .transaction(move |tx| append::outcome(tx, &origin))
+            .await
     }
 
     async fn read_after(
