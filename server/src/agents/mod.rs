@@ -1,8 +1,25 @@
 //! Agents: the backends that run a session's model work. Built in: `echo`,
 //! which answers every turn with the user's own text so a new user can run a
-//! turn with no model at all.
+//! turn with no model at all. Configured ones are ACP agents (`acp`): a
+//! command Tether spawns and drives as the ACP client.
+
+pub mod acp;
+pub mod config;
 
 use serde_json::{Value, json};
+
+pub use acp::AcpCapabilities;
+pub use config::AgentCommand;
+
+/// What runs an agent's turns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentKind {
+    /// Built in: answers inside the host.
+    Builtin,
+    /// An ACP agent process, with what it reported at `initialize`
+    /// (`None` until it has been asked, or when it did not answer).
+    Acp(AgentCommand, Option<AcpCapabilities>),
+}
 
 /// How an agent treats working directories (AHP `multipleWorkingDirectories`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -32,6 +49,8 @@ pub struct AgentSpec {
     /// Whether it answers turns. The echo agent does; a silent variant
     /// leaves turns open (tests of the boot sweep).
     pub answers_turns: bool,
+    /// Built in, or an ACP process.
+    pub kind: AgentKind,
 }
 
 impl AgentSpec {
@@ -49,6 +68,59 @@ impl AgentSpec {
             },
             load_session: true,
             answers_turns: true,
+            kind: AgentKind::Builtin,
+        }
+    }
+
+    /// A configured ACP agent, before it has been asked what it can do:
+    /// one working directory, no loading.
+    pub fn acp(command: AgentCommand) -> Self {
+        Self {
+            provider: command.name.clone(),
+            display_name: command.name.clone(),
+            description: format!("ACP agent: {}", command.display()),
+            workdirs: WorkdirCapability::default(),
+            load_session: false,
+            answers_turns: true,
+            kind: AgentKind::Acp(command, None),
+        }
+    }
+
+    /// The ACP agent with what it reported at `initialize`.
+    pub fn with_capabilities(mut self, capabilities: AcpCapabilities) -> Self {
+        if let AgentKind::Acp(command, _) = &self.kind {
+            self.workdirs = WorkdirCapability {
+                multiple: capabilities.additional_directories,
+                immutable_primary: true,
+                primary_replacement: false,
+            };
+            self.load_session = capabilities.load_session || capabilities.resume;
+            self.description = format!(
+                "ACP agent: {} ({})",
+                command.display(),
+                capabilities.summary()
+            );
+            if let Some(title) = &capabilities.title {
+                self.display_name = title.clone();
+            }
+            self.kind = AgentKind::Acp(command.clone(), Some(capabilities));
+        }
+        self
+    }
+
+    /// The command when this is an ACP agent.
+    pub fn acp_command(&self) -> Option<&AgentCommand> {
+        match &self.kind {
+            AgentKind::Acp(command, _) => Some(command),
+            AgentKind::Builtin => None,
+        }
+    }
+
+    /// What the ACP agent reported at `initialize`, if it did.
+    pub fn acp_capabilities(&self) -> Option<&AcpCapabilities> {
+        match &self.kind {
+            AgentKind::Acp(_, capabilities) => capabilities.as_ref(),
+            AgentKind::Builtin => None,
         }
     }
 

@@ -68,6 +68,13 @@ pub struct EngineConfig {
     /// With several hosts on one Postgres: how long a session's lease lasts
     /// unrenewed, which bounds how long a dead host's sessions wait.
     pub lease_ttl: Duration,
+    /// Most ACP agent processes running at once on this host.
+    pub max_agents: usize,
+    /// How long an agent process may sit with no turn before it is stopped
+    /// and its session settled.
+    pub agent_idle: Duration,
+    /// Working limits of each ACP agent process.
+    pub acp: crate::agents::acp::AcpLimits,
 }
 
 impl Default for EngineConfig {
@@ -80,6 +87,9 @@ impl Default for EngineConfig {
             snapshot_every: 256,
             effect_timeout: Duration::from_secs(5),
             lease_ttl: Duration::from_secs(10),
+            max_agents: 16,
+            agent_idle: Duration::from_secs(1800),
+            acp: crate::agents::acp::AcpLimits::default(),
         }
     }
 }
@@ -164,6 +174,8 @@ pub(crate) struct Ctx {
     config: EngineConfig,
     metrics: Arc<Metrics>,
     actors: Mutex<HashMap<String, mpsc::Sender<Command>>>,
+    /// One permit per running ACP agent process.
+    agent_slots: Arc<tokio::sync::Semaphore>,
     chats: Mutex<HashMap<String, String>>,
     root: tokio::sync::Mutex<RootModel>,
 }
@@ -273,6 +285,7 @@ impl Engine {
         );
         let root = load_root(store.as_ref()).await?;
         let pending = Arc::new(Pending::default());
+        let agent_slots = Arc::new(tokio::sync::Semaphore::new(config.max_agents.max(1)));
         let ctx = Arc::new(Ctx {
             store,
             cluster: cluster.clone(),
@@ -284,6 +297,7 @@ impl Engine {
             config,
             metrics,
             actors: Mutex::new(HashMap::new()),
+            agent_slots,
             chats: Mutex::new(HashMap::new()),
             root: tokio::sync::Mutex::new(root),
         });

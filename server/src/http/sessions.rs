@@ -1,6 +1,6 @@
 //! `/v1/sessions`: projections, transcripts, dispatch, resume, tool context.
 
-use agent_client_protocol_schema::v1::{ResumeSessionRequest, ResumeSessionResponse};
+use agent_client_protocol::v1::schema::{ResumeSessionRequest, ResumeSessionResponse};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;

@@ -18,6 +18,7 @@ use tether_protocol::view::SessionView;
 use tokio::sync::{mpsc, oneshot};
 
 pub use super::command::{Command, Dispatch, DispatchOutcome};
+mod agent;
 mod lifecycle;
 
 use super::commit::CommitOutcome;
@@ -44,6 +45,15 @@ pub(super) struct SessionActor {
     announcer: Announcer,
     /// Another host took the lease: stop after the current command.
     stepped_down: bool,
+    /// The session's ACP agent process, while one runs.
+    running: Option<agent::Running>,
+}
+
+/// What woke the actor.
+enum Wake {
+    Command(Option<Command>),
+    Agent(Option<crate::agents::acp::AgentEvent>),
+    Timeout,
 }
 
 impl SessionActor {
@@ -74,6 +84,7 @@ impl SessionActor {
             follow_ups: Vec::new(),
             announcer: Announcer::new(),
             stepped_down: false,
+            running: None,
         };
         if let Err(err) = actor.reload().await {
             tracing::error!(session = %actor.id, error = %err, "cannot load session");
@@ -118,12 +129,34 @@ impl SessionActor {
             } else {
                 actor.ctx.config.actor_idle
             };
-            let command = match tokio::time::timeout(wait, mailbox.recv()).await {
-                Ok(Some(command)) => command,
-                Ok(None) => break,
-                Err(_) => {
+            let wait = match &actor.running {
+                Some(_) => wait.min(actor.ctx.config.agent_idle),
+                None => wait,
+            };
+            let wake = match &mut actor.running {
+                Some(running) => tokio::select! {
+                    command = mailbox.recv() => Wake::Command(command),
+                    event = running.process.events.recv() => Wake::Agent(event),
+                    () = tokio::time::sleep(wait) => Wake::Timeout,
+                },
+                None => match tokio::time::timeout(wait, mailbox.recv()).await {
+                    Ok(command) => Wake::Command(command),
+                    Err(_) => Wake::Timeout,
+                },
+            };
+            let command = match wake {
+                Wake::Command(Some(command)) => command,
+                Wake::Command(None) => break,
+                Wake::Agent(event) => {
+                    actor.on_agent_event(event).await;
+                    continue;
+                }
+                Wake::Timeout => {
                     if actor.announcer.pending {
                         actor.announce(true);
+                        continue;
+                    }
+                    if actor.stop_idle_agent().await || actor.running.is_some() {
                         continue;
                     }
                     if actor.ctx.evict_if_idle(&actor.id, &mailbox) {
@@ -490,6 +523,8 @@ impl SessionActor {
                             self.since_snapshot += 1;
                             if kind == "chat/turnStarted" {
                                 self.answer_turn(&d.channel, &d.action, agent.as_ref());
+                            } else if d.origin.is_some() {
+                                self.tell_agent(&d.channel, &kind, &d.action);
                             }
                             reply(d.reply, DispatchOutcome::Accepted(published));
                         }
@@ -522,6 +557,10 @@ impl SessionActor {
     /// Queues the agent's answer to an accepted turn.
     fn answer_turn(&mut self, chat: &str, turn: &Value, agent: Option<&crate::agents::AgentSpec>) {
         let Some(agent) = agent else { return };
+        if agent.acp_command().is_some() {
+            self.prompt_agent(agent, chat, turn);
+            return;
+        }
         let Some(model) = &self.model else { return };
         if !self.agent_live {
             self.follow_ups.push((

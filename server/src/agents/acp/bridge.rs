@@ -1,0 +1,515 @@
+//! The bridge task: one agent process, its ACP connection, and the queue
+//! between it and the session's actor.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    CancelNotification, ContentBlock, Implementation, InitializeRequest, InitializeResponse,
+    LoadSessionRequest, NewSessionRequest, PermissionOptionKind, PromptRequest,
+    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+    ResumeSessionRequest, SelectedPermissionOutcome, SessionNotification, TextContent,
+};
+use agent_client_protocol::{Agent, ByteStreams, Client};
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, ChildStderr};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+
+use super::lines::{Guarded, Verdict};
+use super::map::{Turn, TurnMap};
+use super::{
+    AcpCapabilities, AcpLimits, AgentEvent, AgentProcess, OpenMode, OpenRequest,
+    PermissionAnswer, ToAgent,
+};
+use crate::agents::AgentCommand;
+use crate::store::now_ms;
+
+/// Events buffered between the agent and the actor: beyond this the agent's
+/// messages wait (ACP's dispatch loop is held), so a flood is paced by what
+/// the store commits.
+const EVENTS: usize = 64;
+
+/// Stderr lines of one process copied to the log; the rest are dropped.
+const STDERR_LINES: usize = 2_000;
+
+/// Starts `command` for a session and opens it; events arrive on the
+/// returned process's `events`.
+pub fn spawn(
+    command: &AgentCommand,
+    open: OpenRequest,
+    limits: AcpLimits,
+) -> Result<AgentProcess, String> {
+    let mut child = start(command, Some(&open.cwd))?;
+    let (events_tx, events) = mpsc::channel(EVENTS);
+    let (commands_tx, commands) = mpsc::unbounded_channel();
+    let (stop, stopped) = oneshot::channel();
+    let name = command.name.clone();
+    tokio::spawn(async move {
+        let pid = child.id();
+        let verdict = Verdict::default();
+        let map = Arc::new(Mutex::new(TurnMap::new(&open.session_uri)));
+        let bridge = Bridge {
+            events: events_tx.clone(),
+            map,
+            limits: limits.clone(),
+            verdict: verdict.clone(),
+        };
+        let result = bridge.run(&mut child, open, commands, stopped).await;
+        let reason = match (verdict.lock().ok().and_then(|v| v.clone()), result) {
+            (Some(reason), _) => Some(reason),
+            (None, Err(err)) => Some(err),
+            (None, Ok(Stop::Asked)) => None,
+            (None, Ok(Stop::Ended)) => Some("the agent closed its connection".to_owned()),
+        };
+        let status = stop_child(&mut child, pid, &limits).await;
+        if let Some(reason) = reason {
+            let reason = match status {
+                Some(status) if !reason.contains("exited") => format!("{reason} ({status})"),
+                _ => reason,
+            };
+            tracing::warn!(agent = %name, %reason, "agent process stopped");
+            let _ = events_tx.send(AgentEvent::Exited { reason }).await;
+        } else {
+            tracing::info!(agent = %name, "agent process stopped");
+        }
+    });
+    Ok(AgentProcess {
+        commands: commands_tx,
+        events,
+        _stop: stop,
+        capabilities: AcpCapabilities::default(),
+    })
+}
+
+/// Asks a configured agent what it can do: starts it, sends `initialize`,
+/// stops it.
+pub async fn probe(command: &AgentCommand, limits: &AcpLimits) -> Result<AcpCapabilities, String> {
+    let mut child = start(command, None)?;
+    let pid = child.id();
+    let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
+    let (Some(stdin), Some(stdout)) = (stdin, stdout) else {
+        return Err("its stdio could not be opened".to_owned());
+    };
+    let verdict = Verdict::default();
+    let transport = ByteStreams::new(
+        stdin.compat_write(),
+        Guarded::new(stdout.compat(), limits.max_line_bytes, verdict.clone()),
+    );
+    let timeout = limits.init_timeout;
+    let result = Client
+        .v1()
+        .name("tether")
+        .connect_with(transport, async move |cx: ConnectionTo<Agent>| {
+            Ok(initialize(&cx, timeout).await)
+        })
+        .await;
+    stop_child(&mut child, pid, limits).await;
+    let verdict = verdict.lock().ok().and_then(|v| v.clone());
+    match (verdict, result) {
+        (Some(reason), _) => Err(reason),
+        (None, Ok(Ok(response))) => Ok(capabilities_of(&response)),
+        (None, Ok(Err(reason))) => Err(reason),
+        (None, Err(err)) => Err(format!("it did not answer initialize: {err}")),
+    }
+}
+
+fn start(command: &AgentCommand, cwd: Option<&PathBuf>) -> Result<Child, String> {
+    let mut process = tokio::process::Command::new(&command.program);
+    process
+        .args(&command.args)
+        .envs(command.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        // Its own process group, so stopping it stops what it started
+        // (`npx` runs the agent as a grandchild).
+        .process_group(0);
+    if let Some(cwd) = cwd.filter(|dir| dir.is_dir()) {
+        process.current_dir(cwd);
+    }
+    let mut child = process.spawn().map_err(|e| {
+        format!(
+            "cannot start agent {} ({}): {e}",
+            command.name,
+            command.display()
+        )
+    })?;
+    if let Some(stderr) = child.stderr.take() {
+        tokio::spawn(copy_stderr(command.name.clone(), stderr));
+    }
+    Ok(child)
+}
+
+async fn copy_stderr(name: String, stderr: ChildStderr) {
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let mut copied = 0;
+    while let Ok(Some(line)) = lines.next_line().await {
+        if copied < STDERR_LINES {
+            let line: String = line.chars().take(2_000).collect();
+            tracing::info!(agent = %name, stderr = %line, "agent");
+            copied += 1;
+        }
+    }
+}
+
+/// Stops the process group (TERM, then KILL after the grace period) and
+/// reaps the child; its exit status, when it had one.
+async fn stop_child(child: &mut Child, pid: Option<u32>, limits: &AcpLimits) -> Option<String> {
+    if let Ok(Some(status)) = child.try_wait() {
+        signal_group(pid, rustix::process::Signal::KILL);
+        return Some(describe(status));
+    }
+    signal_group(pid, rustix::process::Signal::TERM);
+    let status = match tokio::time::timeout(limits.stop_grace, child.wait()).await {
+        Ok(Ok(status)) => Some(status),
+        _ => {
+            signal_group(pid, rustix::process::Signal::KILL);
+            let _ = child.kill().await;
+            child.wait().await.ok()
+        }
+    };
+    signal_group(pid, rustix::process::Signal::KILL);
+    status.map(describe)
+}
+
+fn signal_group(pid: Option<u32>, signal: rustix::process::Signal) {
+    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()).and_then(rustix::process::Pid::from_raw) {
+        let _ = rustix::process::kill_process_group(pid, signal);
+    }
+}
+
+fn describe(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        _ => "exited".to_owned(),
+    }
+}
+
+async fn initialize(
+    cx: &ConnectionTo<Agent>,
+    timeout: std::time::Duration,
+) -> Result<InitializeResponse, String> {
+    let request = InitializeRequest::new(ProtocolVersion::V1).client_info(
+        Implementation::new("tether", env!("CARGO_PKG_VERSION")).title("Tether"),
+    );
+    match tokio::time::timeout(timeout, cx.send_request(request).block_task()).await {
+        Ok(Ok(response)) => Ok(response),
+        Ok(Err(err)) => Err(format!("it refused initialize: {err}")),
+        Err(_) => Err(format!(
+            "it did not answer initialize within {} s",
+            timeout.as_secs_f64()
+        )),
+    }
+}
+
+fn capabilities_of(response: &InitializeResponse) -> AcpCapabilities {
+    let caps = &response.agent_capabilities;
+    AcpCapabilities {
+        load_session: caps.load_session,
+        resume: caps.session_capabilities.resume.is_some(),
+        additional_directories: caps.session_capabilities.additional_directories.is_some(),
+        image: caps.prompt_capabilities.image,
+        audio: caps.prompt_capabilities.audio,
+        embedded_context: caps.prompt_capabilities.embedded_context,
+        title: response
+            .agent_info
+            .as_ref()
+            .map(|i| i.title.clone().unwrap_or_else(|| i.name.clone())),
+    }
+}
+
+/// Why the bridge's loop ended.
+enum Stop {
+    /// The actor let the process go.
+    Asked,
+    /// The agent's side ended.
+    Ended,
+}
+
+struct Bridge {
+    events: mpsc::Sender<AgentEvent>,
+    map: Arc<Mutex<TurnMap>>,
+    limits: AcpLimits,
+    verdict: Verdict,
+}
+
+struct Queued {
+    chat: String,
+    turn_id: String,
+    text: String,
+}
+
+fn fail(verdict: &Verdict, reason: String) -> agent_client_protocol::Error {
+    if let Ok(mut v) = verdict.lock() {
+        v.get_or_insert(reason.clone());
+    }
+    agent_client_protocol::Error::internal_error().data(serde_json::json!(reason))
+}
+
+impl Bridge {
+    async fn run(
+        self,
+        child: &mut Child,
+        open: OpenRequest,
+        mut commands: mpsc::UnboundedReceiver<ToAgent>,
+        mut stopped: oneshot::Receiver<()>,
+    ) -> Result<Stop, String> {
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err("its stdio could not be opened".to_owned());
+        };
+        let transport = ByteStreams::new(
+            stdin.compat_write(),
+            Guarded::new(stdout.compat(), self.limits.max_line_bytes, self.verdict.clone()),
+        );
+        let (done_tx, mut done) = mpsc::unbounded_channel::<()>();
+        let notify = (self.events.clone(), self.map.clone(), self.verdict.clone());
+        let limit = self.limits.max_updates_per_turn;
+        let ask = (self.events.clone(), self.map.clone());
+        let result = Client
+            .v1()
+            .name("tether")
+            .on_receive_notification(
+                async move |notification: SessionNotification, _cx| {
+                    let (events, map, verdict) = &notify;
+                    let actions = {
+                        let mut map = map.lock().map_err(|_| fail(verdict, "poisoned".into()))?;
+                        if map.updates >= limit {
+                            return Err(fail(
+                                verdict,
+                                format!("the agent sent more than {limit} updates in one turn"),
+                            ));
+                        }
+                        map.update(&notification.update)
+                    };
+                    if !actions.is_empty() {
+                        let _ = events.send(AgentEvent::Actions(actions)).await;
+                    }
+                    Ok(())
+                },
+                agent_client_protocol::on_receive_notification!(),
+            )
+            .on_receive_request(
+                async move |request: RequestPermissionRequest, responder, cx| {
+                    let (events, map) = &ask;
+                    let cancelled =
+                        || RequestPermissionResponse::new(RequestPermissionOutcome::Cancelled);
+                    let (actions, turn) = match map.lock() {
+                        Ok(mut m) => (m.permission(&request), m.turn().cloned()),
+                        Err(_) => return responder.respond(cancelled()),
+                    };
+                    let Some(turn) = turn else {
+                        return responder.respond(cancelled());
+                    };
+                    let options = request
+                        .options
+                        .iter()
+                        .map(|o| {
+                            let approves = matches!(
+                                o.kind,
+                                PermissionOptionKind::AllowOnce | PermissionOptionKind::AllowAlways
+                            );
+                            (o.option_id.to_string(), approves)
+                        })
+                        .collect::<Vec<_>>();
+                    let approving: Vec<String> = options
+                        .iter()
+                        .filter(|(_, a)| *a)
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                    let tool_call_id = request.tool_call.tool_call_id.to_string();
+                    let (answer, answered) = oneshot::channel();
+                    let event = AgentEvent::Permission {
+                        chat: turn.chat,
+                        turn_id: turn.turn_id,
+                        tool_call_id: tool_call_id.clone(),
+                        options,
+                        actions,
+                        answer,
+                    };
+                    if events.send(event).await.is_err() {
+                        return responder.respond(cancelled());
+                    }
+                    let map = map.clone();
+                    cx.spawn(async move {
+                        let outcome = match answered.await {
+                            Ok(PermissionAnswer::Selected(id)) => {
+                                if let Ok(mut m) = map.lock() {
+                                    m.confirmed(&tool_call_id, approving.contains(&id));
+                                }
+                                RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(id))
+                            }
+                            _ => RequestPermissionOutcome::Cancelled,
+                        };
+                        responder.respond(RequestPermissionResponse::new(outcome))
+                    })?;
+                    Ok(())
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .connect_with(transport, async move |cx: ConnectionTo<Agent>| {
+                let session = match self.open(&cx, open).await {
+                    Ok(session) => session,
+                    Err(reason) => return Err(fail(&self.verdict, reason)),
+                };
+                let mut queue: VecDeque<Queued> = VecDeque::new();
+                let mut running: Option<String> = None;
+                loop {
+                    if running.is_none()
+                        && let Some(next) = queue.pop_front()
+                    {
+                        running = Some(next.turn_id.clone());
+                        self.prompt(&cx, &session, next, done_tx.clone())?;
+                    }
+                    tokio::select! {
+                        command = commands.recv() => match command {
+                            None => return Ok(Stop::Asked),
+                            Some(ToAgent::Prompt { chat, turn_id, text }) => {
+                                queue.push_back(Queued { chat, turn_id, text });
+                            }
+                            Some(ToAgent::Cancel { turn_id }) => {
+                                if running.as_deref() == Some(turn_id.as_str()) {
+                                    if let Ok(mut m) = self.map.lock() {
+                                        m.cancelled();
+                                    }
+                                    cx.send_notification(CancelNotification::new(session.clone()))?;
+                                } else {
+                                    queue.retain(|q| q.turn_id != turn_id);
+                                }
+                            }
+                            Some(ToAgent::Resume { cwd, additional, reply }) => {
+                                let request = ResumeSessionRequest::new(session.clone(), cwd)
+                                    .additional_directories(additional);
+                                let answer = tokio::time::timeout(
+                                    self.limits.init_timeout,
+                                    cx.send_request(request).block_task(),
+                                )
+                                .await;
+                                let _ = reply.send(match answer {
+                                    Ok(Ok(_)) => Ok(()),
+                                    Ok(Err(err)) => Err(format!("the agent refused: {}", err.message)),
+                                    Err(_) => Err("the agent did not answer session/resume in time".to_owned()),
+                                });
+                            }
+                        },
+                        Some(()) = done.recv() => running = None,
+                        _ = &mut stopped => return Ok(Stop::Asked),
+                    }
+                }
+            })
+            .await;
+        match result {
+            Ok(stop) => Ok(stop),
+            Err(err) if agent_client_protocol::is_connection_terminated(&err)
+                || agent_client_protocol::is_incoming_transport_closed(&err) => Ok(Stop::Ended),
+            Err(err) => Err(format!("the ACP connection failed: {err}")),
+        }
+    }
+
+    /// `initialize`, then `session/new`, `session/resume` or `session/load`;
+    /// the agent's session id.
+    async fn open(&self, cx: &ConnectionTo<Agent>, open: OpenRequest) -> Result<String, String> {
+        let timeout = self.limits.init_timeout;
+        let response = initialize(cx, timeout).await?;
+        let caps = capabilities_of(&response);
+        let additional = if caps.additional_directories {
+            open.additional.clone()
+        } else {
+            Vec::new()
+        };
+        let in_time = |what: &str| format!("it did not answer {what} within {} s", timeout.as_secs_f64());
+        let (session, resumed) = match &open.mode {
+            OpenMode::New => {
+                let request = NewSessionRequest::new(open.cwd.clone()).additional_directories(additional);
+                let response = tokio::time::timeout(timeout, cx.send_request(request).block_task())
+                    .await
+                    .map_err(|_| in_time("session/new"))?
+                    .map_err(|e| format!("it refused session/new: {}", e.message))?;
+                (response.session_id.to_string(), false)
+            }
+            OpenMode::Reopen(id) if caps.resume => {
+                let request = ResumeSessionRequest::new(id.clone(), open.cwd.clone())
+                    .additional_directories(additional);
+                tokio::time::timeout(timeout, cx.send_request(request).block_task())
+                    .await
+                    .map_err(|_| in_time("session/resume"))?
+                    .map_err(|e| format!("it refused session/resume: {}", e.message))?;
+                (id.clone(), true)
+            }
+            OpenMode::Reopen(id) if caps.load_session => {
+                // The agent replays the history as updates: it is already
+                // in the transcript, so none of it is recorded again.
+                if let Ok(mut m) = self.map.lock() {
+                    m.replaying = true;
+                }
+                let request = LoadSessionRequest::new(id.clone(), open.cwd.clone())
+                    .additional_directories(additional);
+                let answer = tokio::time::timeout(timeout, cx.send_request(request).block_task()).await;
+                if let Ok(mut m) = self.map.lock() {
+                    m.replaying = false;
+                }
+                answer
+                    .map_err(|_| in_time("session/load"))?
+                    .map_err(|e| format!("it refused session/load: {}", e.message))?;
+                (id.clone(), true)
+            }
+            OpenMode::Reopen(_) => {
+                return Err("it can neither resume nor load sessions".to_owned());
+            }
+        };
+        let opened = AgentEvent::Opened {
+            acp_session_ref: session.clone(),
+            load_session: caps.load_session || caps.resume,
+            resumed,
+        };
+        self.events
+            .send(opened)
+            .await
+            .map_err(|_| "the session stopped".to_owned())?;
+        Ok(session)
+    }
+
+    fn prompt(
+        &self,
+        cx: &ConnectionTo<Agent>,
+        session: &str,
+        next: Queued,
+        done: mpsc::UnboundedSender<()>,
+    ) -> Result<(), agent_client_protocol::Error> {
+        if let Ok(mut m) = self.map.lock() {
+            m.begin(
+                Turn {
+                    chat: next.chat,
+                    turn_id: next.turn_id,
+                },
+                now_ms(),
+            );
+        }
+        let request = PromptRequest::new(
+            session.to_owned(),
+            vec![ContentBlock::Text(TextContent::new(next.text))],
+        );
+        let (events, map) = (self.events.clone(), self.map.clone());
+        cx.prepare_request(request).on_receiving_result(async move |result| {
+            let stop = result
+                .map(|r| r.stop_reason)
+                .map_err(|e| e.message.clone());
+            let actions = map
+                .lock()
+                .map(|mut m| m.finish(stop, now_ms()))
+                .unwrap_or_default();
+            if !actions.is_empty() {
+                let _ = events.send(AgentEvent::Actions(actions)).await;
+            }
+            let _ = done.send(());
+            Ok(())
+        })
+    }
+}

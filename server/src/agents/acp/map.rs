@@ -1,0 +1,628 @@
+//! ACP `session/update` → AHP chat actions, in order.
+//!
+//! One [`TurnMap`] follows one ACP session: which AHP turn the current
+//! `session/prompt` answers, the response part the streamed text is going
+//! into, and where each tool call is in its AHP life (streaming → running or
+//! pending confirmation → done), so every update becomes the actions that
+//! the AHP reducers accept in that state. The README has the table.
+
+use std::collections::HashMap;
+
+use agent_client_protocol::v1::schema::{
+    ContentBlock, PermissionOptionKind, RequestPermissionRequest, SessionUpdate, StopReason,
+    ToolCallContent, ToolCallStatus, ToolKind,
+};
+use serde_json::{Value, json};
+use tether_protocol::actions::COMMANDS_ADVERTISED;
+
+/// Where a tool call is in its AHP life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ToolPhase {
+    /// `chat/toolCallStart` recorded; not ready yet.
+    Streaming,
+    /// Ready and running (confirmed, or needing no confirmation).
+    Running,
+    /// Waiting for a client's `chat/toolCallConfirmed`.
+    Pending,
+    /// Completed, failed, denied or cancelled.
+    Done,
+}
+
+#[derive(Debug)]
+struct ToolCall {
+    phase: ToolPhase,
+    title: String,
+}
+
+/// The streamed text's current part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    Message,
+    Thought,
+}
+
+/// The turn an ACP prompt answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Turn {
+    /// The chat channel.
+    pub chat: String,
+    /// The AHP turn id.
+    pub turn_id: String,
+}
+
+/// Maps one ACP session's updates to AHP actions.
+#[derive(Debug)]
+pub struct TurnMap {
+    session_uri: String,
+    turn: Option<Turn>,
+    started_ms: i64,
+    /// The part text is streaming into, and how many parts the turn has.
+    stream: Option<(Stream, String)>,
+    parts: u64,
+    tools: HashMap<String, ToolCall>,
+    /// Updates seen in the current turn (bounded by the caller).
+    pub updates: u64,
+    /// While a `session/load` replays history: drop every update.
+    pub replaying: bool,
+}
+
+/// Actions for the session's channel and its chats: `(channel, action)`.
+pub type Actions = Vec<(String, Value)>;
+
+impl TurnMap {
+    /// A map for the session whose channel is `session_uri`.
+    pub fn new(session_uri: &str) -> Self {
+        Self {
+            session_uri: session_uri.to_owned(),
+            turn: None,
+            started_ms: 0,
+            stream: None,
+            parts: 0,
+            tools: HashMap::new(),
+            updates: 0,
+            replaying: false,
+        }
+    }
+
+    /// The turn being answered.
+    pub fn turn(&self) -> Option<&Turn> {
+        self.turn.as_ref()
+    }
+
+    /// A prompt for `turn` was sent.
+    pub fn begin(&mut self, turn: Turn, now_ms: i64) {
+        self.turn = Some(turn);
+        self.started_ms = now_ms;
+        self.stream = None;
+        self.parts = 0;
+        self.tools.clear();
+        self.updates = 0;
+    }
+
+    /// The turn was cancelled (by a client): later updates for it are
+    /// dropped, since the turn is closed in AHP already.
+    pub fn cancelled(&mut self) {
+        self.turn = None;
+    }
+
+    /// The actions one `session/update` becomes.
+    pub fn update(&mut self, update: &SessionUpdate) -> Actions {
+        if self.replaying {
+            return Vec::new();
+        }
+        self.updates += 1;
+        match update {
+            SessionUpdate::AgentMessageChunk(chunk) => self.text(Stream::Message, &chunk.content),
+            SessionUpdate::AgentThoughtChunk(chunk) => self.text(Stream::Thought, &chunk.content),
+            // The turn's own message is already the turn's; a replay is dropped.
+            SessionUpdate::UserMessageChunk(_) => Vec::new(),
+            SessionUpdate::ToolCall(call) => {
+                let id = call.tool_call_id.to_string();
+                let mut actions = self.start_tool(&id, &call.title, Some(call.kind));
+                if let Some(input) = &call.raw_input {
+                    actions.extend(self.tool_delta(&id, input));
+                }
+                actions.extend(self.tool_status(&id, call.status, &call.content, None));
+                actions
+            }
+            SessionUpdate::ToolCallUpdate(update) => {
+                let id = update.tool_call_id.to_string();
+                let fields = &update.fields;
+                let mut actions = Vec::new();
+                if !self.tools.contains_key(&id) {
+                    let title = fields.title.clone().unwrap_or_else(|| id.clone());
+                    actions.extend(self.start_tool(&id, &title, fields.kind));
+                } else if let (Some(title), Some(tool)) = (&fields.title, self.tools.get_mut(&id)) {
+                    tool.title = title.clone();
+                }
+                let content = fields.content.clone().unwrap_or_default();
+                match fields.status {
+                    Some(status) => {
+                        actions.extend(self.tool_status(&id, status, &content, fields.raw_output.as_ref()));
+                    }
+                    None if !content.is_empty() => {
+                        actions.extend(self.tool_content(&id, &content));
+                    }
+                    None => {}
+                }
+                actions
+            }
+            SessionUpdate::Plan(plan) => {
+                let Some(turn) = self.turn.clone() else {
+                    return Vec::new();
+                };
+                let mut text = String::from("**Plan**\n");
+                for entry in &plan.entries {
+                    let mark = match serde_json::to_value(&entry.status).ok().as_ref().and_then(Value::as_str) {
+                        Some("completed") => "x",
+                        Some("in_progress") => "~",
+                        _ => " ",
+                    };
+                    text.push_str(&format!("- [{mark}] {}\n", entry.content));
+                }
+                self.stream = None;
+                self.parts += 1;
+                let id = format!("{}.plan{}", turn.turn_id, self.parts);
+                vec![(
+                    turn.chat.clone(),
+                    json!({"type": "chat/responsePart", "turnId": turn.turn_id,
+                           "part": {"kind": "markdown", "id": id, "content": text}}),
+                )]
+            }
+            SessionUpdate::AvailableCommandsUpdate(update) => {
+                let commands: Vec<Value> = update
+                    .available_commands
+                    .iter()
+                    .map(|c| {
+                        let mut command = json!({"name": c.name, "description": c.description});
+                        if let Some(hint) = c
+                            .input
+                            .as_ref()
+                            .and_then(|i| serde_json::to_value(i).ok())
+                            .and_then(|i| i.get("hint").and_then(Value::as_str).map(str::to_owned))
+                        {
+                            command["inputHint"] = json!(hint);
+                        }
+                        command
+                    })
+                    .collect();
+                vec![(
+                    self.session_uri.clone(),
+                    json!({"type": COMMANDS_ADVERTISED, "commands": commands}),
+                )]
+            }
+            SessionUpdate::SessionInfoUpdate(info) => {
+                match serde_json::to_value(&info.title).ok() {
+                    Some(Value::String(title)) if !title.trim().is_empty() => vec![(
+                        self.session_uri.clone(),
+                        json!({"type": "session/titleChanged", "title": title}),
+                    )],
+                    _ => Vec::new(),
+                }
+            }
+            SessionUpdate::UsageUpdate(usage) => {
+                let Some(turn) = &self.turn else {
+                    return Vec::new();
+                };
+                vec![(
+                    turn.chat.clone(),
+                    json!({"type": "chat/usage", "turnId": turn.turn_id, "usage": {
+                        "inputTokens": usage.used,
+                        "_meta": {"tether/contextWindow": usage.size},
+                    }}),
+                )]
+            }
+            // Modes and config options have no AHP slot.
+            _ => Vec::new(),
+        }
+    }
+
+    /// The actions a `session/request_permission` becomes: the tool call
+    /// (started if the agent never announced it) put in pending
+    /// confirmation with the agent's options.
+    pub fn permission(&mut self, request: &RequestPermissionRequest) -> Actions {
+        let Some(turn) = self.turn.clone() else {
+            return Vec::new();
+        };
+        let id = request.tool_call.tool_call_id.to_string();
+        let fields = &request.tool_call.fields;
+        let mut actions = Vec::new();
+        if !self.tools.contains_key(&id) {
+            let title = fields.title.clone().unwrap_or_else(|| id.clone());
+            actions.extend(self.start_tool(&id, &title, fields.kind));
+        }
+        let title = self.tools.get(&id).map(|t| t.title.clone()).unwrap_or_default();
+        let options: Vec<Value> = request
+            .options
+            .iter()
+            .map(|o| {
+                let (kind, group) = match o.kind {
+                    PermissionOptionKind::AllowOnce => ("approve", 0),
+                    PermissionOptionKind::AllowAlways => ("approve", 1),
+                    PermissionOptionKind::RejectOnce => ("deny", 2),
+                    _ => ("deny", 3),
+                };
+                json!({"id": o.option_id.to_string(), "label": o.name, "kind": kind, "group": group})
+            })
+            .collect();
+        let mut ready = json!({
+            "type": "chat/toolCallReady", "turnId": turn.turn_id, "toolCallId": id,
+            "invocationMessage": title, "confirmationTitle": title, "options": options,
+        });
+        if let Some(input) = &fields.raw_input {
+            ready["toolInput"] = json!(input.to_string());
+        }
+        actions.push((turn.chat.clone(), ready));
+        if let Some(tool) = self.tools.get_mut(&id) {
+            tool.phase = ToolPhase::Pending;
+        }
+        actions
+    }
+
+    /// A client answered the permission: the reducer moved the tool call on.
+    pub fn confirmed(&mut self, tool_call_id: &str, approved: bool) {
+        if let Some(tool) = self.tools.get_mut(tool_call_id) {
+            tool.phase = if approved {
+                ToolPhase::Running
+            } else {
+                ToolPhase::Done
+            };
+        }
+    }
+
+    /// The actions the end of the prompt becomes, and the turn is over.
+    /// `None` for a stop reason means the prompt request failed with `error`.
+    pub fn finish(&mut self, stop: Result<StopReason, String>, now_ms: i64) -> Actions {
+        let Some(turn) = self.turn.take() else {
+            return Vec::new();
+        };
+        let duration = (now_ms - self.started_ms).max(0);
+        let error = |error_type: &str, message: String| {
+            json!({"type": "chat/error", "turnId": turn.turn_id, "duration": duration,
+                   "part": {"kind": "error", "error": {"errorType": error_type, "message": message}}})
+        };
+        let action = match stop {
+            Ok(StopReason::EndTurn) => {
+                json!({"type": "chat/turnComplete", "turnId": turn.turn_id, "duration": duration})
+            }
+            Ok(StopReason::Cancelled) => json!({
+                "type": "chat/turnCancelled", "turnId": turn.turn_id, "duration": duration
+            }),
+            Ok(StopReason::MaxTokens) => error(
+                "max_tokens",
+                "The agent stopped: it reached its maximum number of tokens.".to_owned(),
+            ),
+            Ok(StopReason::MaxTurnRequests) => error(
+                "max_turn_requests",
+                "The agent stopped: it reached its maximum number of requests in one turn."
+                    .to_owned(),
+            ),
+            Ok(StopReason::Refusal) => error(
+                "refusal",
+                "The agent refused to continue this turn.".to_owned(),
+            ),
+            Ok(other) => error(
+                "agent_error",
+                format!("The agent stopped the turn: {other:?}."),
+            ),
+            Err(message) => error("agent_error", format!("The agent failed the turn: {message}")),
+        };
+        self.stream = None;
+        vec![(turn.chat, action)]
+    }
+
+    fn text(&mut self, stream: Stream, content: &ContentBlock) -> Actions {
+        let Some(turn) = self.turn.clone() else {
+            return Vec::new();
+        };
+        let text = match content {
+            ContentBlock::Text(text) => text.text.clone(),
+            ContentBlock::ResourceLink(link) => format!("[{}]({})", link.name, link.uri),
+            _ => return Vec::new(),
+        };
+        if text.is_empty() {
+            return Vec::new();
+        }
+        match &self.stream {
+            Some((current, part)) if *current == stream => {
+                let kind = match stream {
+                    Stream::Message => "chat/delta",
+                    Stream::Thought => "chat/reasoning",
+                };
+                vec![(
+                    turn.chat,
+                    json!({"type": kind, "turnId": turn.turn_id, "partId": part, "content": text}),
+                )]
+            }
+            _ => {
+                self.parts += 1;
+                let (kind, suffix) = match stream {
+                    Stream::Message => ("markdown", "text"),
+                    Stream::Thought => ("reasoning", "thought"),
+                };
+                let part = format!("{}.{suffix}{}", turn.turn_id, self.parts);
+                self.stream = Some((stream, part.clone()));
+                vec![(
+                    turn.chat,
+                    json!({"type": "chat/responsePart", "turnId": turn.turn_id,
+                           "part": {"kind": kind, "id": part, "content": text}}),
+                )]
+            }
+        }
+    }
+
+    fn start_tool(&mut self, id: &str, title: &str, kind: Option<ToolKind>) -> Actions {
+        let Some(turn) = self.turn.clone() else {
+            return Vec::new();
+        };
+        if self.tools.contains_key(id) {
+            return Vec::new();
+        }
+        self.stream = None;
+        self.tools.insert(
+            id.to_owned(),
+            ToolCall {
+                phase: ToolPhase::Streaming,
+                title: title.to_owned(),
+            },
+        );
+        let tool_name = kind
+            .and_then(|k| serde_json::to_value(k).ok())
+            .and_then(|k| k.as_str().map(str::to_owned))
+            .unwrap_or_else(|| "other".to_owned());
+        vec![(
+            turn.chat,
+            json!({"type": "chat/toolCallStart", "turnId": turn.turn_id, "toolCallId": id,
+                   "toolName": tool_name, "displayName": title}),
+        )]
+    }
+
+    fn tool_delta(&mut self, id: &str, input: &Value) -> Actions {
+        let Some(turn) = &self.turn else {
+            return Vec::new();
+        };
+        match self.tools.get(id) {
+            Some(tool) if tool.phase == ToolPhase::Streaming => vec![(
+                turn.chat.clone(),
+                json!({"type": "chat/toolCallDelta", "turnId": turn.turn_id, "toolCallId": id,
+                       "content": input.to_string()}),
+            )],
+            _ => Vec::new(),
+        }
+    }
+
+    fn ready(&mut self, id: &str) -> Actions {
+        let Some(turn) = &self.turn else {
+            return Vec::new();
+        };
+        let Some(tool) = self.tools.get_mut(id) else {
+            return Vec::new();
+        };
+        if tool.phase != ToolPhase::Streaming {
+            return Vec::new();
+        }
+        tool.phase = ToolPhase::Running;
+        vec![(
+            turn.chat.clone(),
+            json!({"type": "chat/toolCallReady", "turnId": turn.turn_id, "toolCallId": id,
+                   "invocationMessage": tool.title, "confirmed": "not-needed"}),
+        )]
+    }
+
+    fn tool_content(&mut self, id: &str, content: &[ToolCallContent]) -> Actions {
+        let mut actions = self.ready(id);
+        let Some(turn) = &self.turn else {
+            return actions;
+        };
+        if self.tools.get(id).is_some_and(|t| t.phase == ToolPhase::Running) {
+            actions.push((
+                turn.chat.clone(),
+                json!({"type": "chat/toolCallContentChanged", "turnId": turn.turn_id,
+                       "toolCallId": id, "content": result_content(content)}),
+            ));
+        }
+        actions
+    }
+
+    fn tool_status(
+        &mut self,
+        id: &str,
+        status: ToolCallStatus,
+        content: &[ToolCallContent],
+        output: Option<&Value>,
+    ) -> Actions {
+        match status {
+            ToolCallStatus::Pending => Vec::new(),
+            ToolCallStatus::InProgress => {
+                if content.is_empty() {
+                    self.ready(id)
+                } else {
+                    self.tool_content(id, content)
+                }
+            }
+            ToolCallStatus::Completed | ToolCallStatus::Failed | _ => {
+                let mut actions = self.ready(id);
+                let Some(turn) = &self.turn else {
+                    return actions;
+                };
+                let Some(tool) = self.tools.get_mut(id) else {
+                    return actions;
+                };
+                if tool.phase != ToolPhase::Running {
+                    // Pending (never answered) or already done: the reducer
+                    // would not move it, so nothing is recorded.
+                    return actions;
+                }
+                tool.phase = ToolPhase::Done;
+                let success = status == ToolCallStatus::Completed;
+                let mut result = json!({"success": success, "pastTenseMessage": tool.title});
+                let mut parts = result_content(content);
+                if parts.is_empty()
+                    && let Some(output) = output
+                {
+                    parts.push(json!({"type": "text", "text": output.to_string()}));
+                }
+                if !parts.is_empty() {
+                    result["content"] = Value::Array(parts);
+                }
+                if !success {
+                    result["error"] = json!({"message": format!("{} failed", tool.title)});
+                }
+                actions.push((
+                    turn.chat.clone(),
+                    json!({"type": "chat/toolCallComplete", "turnId": turn.turn_id,
+                           "toolCallId": id, "result": result}),
+                ));
+                actions
+            }
+        }
+    }
+}
+
+/// ACP tool-call content as AHP tool result content (text only; diffs as
+/// a unified summary, terminals by id).
+fn result_content(content: &[ToolCallContent]) -> Vec<Value> {
+    content
+        .iter()
+        .filter_map(|c| match c {
+            ToolCallContent::Content(c) => match &c.content {
+                ContentBlock::Text(text) => Some(json!({"type": "text", "text": text.text})),
+                ContentBlock::ResourceLink(link) => {
+                    Some(json!({"type": "text", "text": format!("[{}]({})", link.name, link.uri)}))
+                }
+                _ => None,
+            },
+            ToolCallContent::Diff(diff) => Some(json!({"type": "text",
+                "text": format!("edited {}", diff.path.display())})),
+            ToolCallContent::Terminal(terminal) => Some(json!({"type": "text",
+                "text": format!("terminal {}", terminal.terminal_id)})),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn update(value: Value) -> SessionUpdate {
+        serde_json::from_value(value).expect("an ACP session update")
+    }
+
+    fn kinds(actions: &Actions) -> Vec<&str> {
+        actions
+            .iter()
+            .map(|(_, a)| a["type"].as_str().unwrap_or_default())
+            .collect()
+    }
+
+    fn map() -> TurnMap {
+        let mut map = TurnMap::new("ahp-session://s");
+        map.begin(
+            Turn {
+                chat: "ahp-chat://s/main".into(),
+                turn_id: "t1".into(),
+            },
+            1_000,
+        );
+        map
+    }
+
+    #[test]
+    fn streamed_text_opens_a_part_then_appends_deltas_and_a_thought_opens_its_own() {
+        let mut map = map();
+        let chunk = |kind: &str, text: &str| {
+            update(json!({"sessionUpdate": kind, "content": {"type": "text", "text": text}}))
+        };
+        let mut all = map.update(&chunk("agent_message_chunk", "Hel"));
+        all.extend(map.update(&chunk("agent_message_chunk", "lo")));
+        all.extend(map.update(&chunk("agent_thought_chunk", "hmm")));
+        all.extend(map.update(&chunk("agent_thought_chunk", "...")));
+        all.extend(map.update(&chunk("agent_message_chunk", "!")));
+        assert_eq!(
+            kinds(&all),
+            ["chat/responsePart", "chat/delta", "chat/responsePart", "chat/reasoning", "chat/responsePart"]
+        );
+        assert_eq!(all[1].1["partId"], all[0].1["part"]["id"]);
+        assert_eq!(all[2].1["part"]["kind"], "reasoning");
+        assert_ne!(all[4].1["part"]["id"], all[0].1["part"]["id"]);
+        assert!(all.iter().all(|(c, _)| c == "ahp-chat://s/main"));
+    }
+
+    #[test]
+    fn a_tool_call_without_permission_runs_and_completes() {
+        let mut map = map();
+        let mut all = map.update(&update(json!({"sessionUpdate": "tool_call", "toolCallId": "c1",
+            "title": "Reading", "kind": "read", "status": "pending", "rawInput": {"path": "/a"}})));
+        all.extend(map.update(&update(json!({"sessionUpdate": "tool_call_update", "toolCallId": "c1",
+            "status": "completed", "content": [{"type": "content", "content": {"type": "text", "text": "body"}}]}))));
+        assert_eq!(
+            kinds(&all),
+            ["chat/toolCallStart", "chat/toolCallDelta", "chat/toolCallReady", "chat/toolCallComplete"]
+        );
+        assert_eq!(all[0].1["toolName"], "read");
+        assert_eq!(all[2].1["confirmed"], "not-needed");
+        assert_eq!(all[3].1["result"]["success"], true);
+        assert_eq!(all[3].1["result"]["content"][0]["text"], "body");
+    }
+
+    #[test]
+    fn a_permission_request_puts_the_call_in_pending_confirmation_with_the_agent_options() {
+        let mut map = map();
+        let request: RequestPermissionRequest = serde_json::from_value(json!({
+            "sessionId": "acp1",
+            "toolCall": {"toolCallId": "c2", "title": "Edit config", "kind": "edit"},
+            "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                        {"optionId": "reject", "name": "Skip", "kind": "reject_once"}],
+        }))
+        .expect("request");
+        let actions = map.permission(&request);
+        assert_eq!(kinds(&actions), ["chat/toolCallStart", "chat/toolCallReady"]);
+        let ready = &actions[1].1;
+        assert!(ready.get("confirmed").is_none());
+        assert_eq!(ready["options"][0]["id"], "allow");
+        assert_eq!(ready["options"][0]["kind"], "approve");
+        assert_eq!(ready["options"][1]["kind"], "deny");
+        // Until a client answers, a completion is not recorded.
+        let done = update(json!({"sessionUpdate": "tool_call_update", "toolCallId": "c2", "status": "completed"}));
+        assert!(map.update(&done).is_empty());
+        map.confirmed("c2", true);
+        assert_eq!(kinds(&map.update(&done)), ["chat/toolCallComplete"]);
+    }
+
+    #[test]
+    fn the_stop_reason_completes_the_turn_and_later_updates_are_dropped() {
+        let mut map = map();
+        let end = map.finish(Ok(StopReason::EndTurn), 1_250);
+        assert_eq!(kinds(&end), ["chat/turnComplete"]);
+        assert_eq!(end[0].1["duration"], 250);
+        let late = update(json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}));
+        assert!(map.update(&late).is_empty());
+
+        let mut map = self::map();
+        let refused = map.finish(Ok(StopReason::Refusal), 1_000);
+        assert_eq!(refused[0].1["part"]["error"]["errorType"], "refusal");
+        let mut map = self::map();
+        let failed = map.finish(Err("boom".into()), 1_000);
+        assert_eq!(kinds(&failed), ["chat/error"]);
+    }
+
+    #[test]
+    fn commands_and_titles_go_to_the_session_channel() {
+        let mut map = map();
+        let commands = map.update(&update(json!({"sessionUpdate": "available_commands_update",
+            "availableCommands": [{"name": "web", "description": "Search", "input": {"hint": "query"}}]})));
+        assert_eq!(commands[0].0, "ahp-session://s");
+        assert_eq!(commands[0].1["commands"][0]["inputHint"], "query");
+        let title = map.update(&update(json!({"sessionUpdate": "session_info_update", "title": "Fixing"})));
+        assert_eq!(title[0].1, json!({"type": "session/titleChanged", "title": "Fixing"}));
+    }
+
+    #[test]
+    fn a_replay_records_nothing() {
+        let mut map = map();
+        map.replaying = true;
+        let chunk = update(json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "old"}}));
+        assert!(map.update(&chunk).is_empty());
+    }
+}

@@ -1,0 +1,241 @@
+//! The ACP bridge: Tether as the ACP client of a session's agent process.
+//!
+//! One [`AgentProcess`] per session with a running agent. It spawns the
+//! configured command with piped stdio, speaks ACP over it with the
+//! `agent-client-protocol` SDK (client side, protocol v1), and turns what
+//! the agent says into [`AgentEvent`]s for the session's actor, in the
+//! order the agent said it. The actor commits them as host-originated
+//! actions, so they are recorded before anyone sees them. What the actor
+//! asks of the agent ([`AgentProcess::prompt`], `cancel`, `resume`) goes
+//! the other way through a queue.
+//!
+//! Bounds: `initialize` and session setup each get [`AcpLimits::init_timeout`];
+//! a stdout line is bounded and must be a JSON-RPC object (`lines`); a turn
+//! may carry at most [`AcpLimits::max_updates_per_turn`] updates. Breaking
+//! one stops the process with a reason the session records. The child is
+//! killed when its handle is dropped, so no agent outlives its session or
+//! the host, whether or not it honours stdin EOF.
+
+mod bridge;
+mod lines;
+pub mod map;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+pub use bridge::{probe, spawn};
+
+/// What an ACP agent reported at `initialize`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AcpCapabilities {
+    /// `agentCapabilities.loadSession`.
+    pub load_session: bool,
+    /// `agentCapabilities.sessionCapabilities.resume`.
+    pub resume: bool,
+    /// `sessionCapabilities.additionalDirectories`: sessions can have more
+    /// working directories than `cwd`.
+    pub additional_directories: bool,
+    /// `promptCapabilities.image`.
+    pub image: bool,
+    /// `promptCapabilities.audio`.
+    pub audio: bool,
+    /// `promptCapabilities.embeddedContext`.
+    pub embedded_context: bool,
+    /// `agentInfo.title` (or name), when it sent one.
+    pub title: Option<String>,
+}
+
+impl AcpCapabilities {
+    /// A short list for people: "loadSession, resume, …" or "no extras".
+    pub fn summary(&self) -> String {
+        let flags = [
+            (self.load_session, "loadSession"),
+            (self.resume, "resume"),
+            (self.additional_directories, "additional directories"),
+            (self.image, "images"),
+            (self.audio, "audio"),
+            (self.embedded_context, "embedded context"),
+        ];
+        let on: Vec<&str> = flags.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
+        if on.is_empty() {
+            "no optional capabilities".to_owned()
+        } else {
+            on.join(", ")
+        }
+    }
+
+    /// As JSON, for `GET /v1/agents` and `tether agents`.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "loadSession": self.load_session,
+            "resume": self.resume,
+            "additionalDirectories": self.additional_directories,
+            "promptCapabilities": {"image": self.image, "audio": self.audio, "embeddedContext": self.embedded_context},
+        })
+    }
+}
+
+/// Working limits of agent processes.
+#[derive(Debug, Clone)]
+pub struct AcpLimits {
+    /// Longest `initialize` and session setup may take.
+    pub init_timeout: Duration,
+    /// Longest line an agent may write to stdout.
+    pub max_line_bytes: usize,
+    /// Most `session/update`s in one turn.
+    pub max_updates_per_turn: u64,
+    /// How long a stopped agent gets to exit before it is killed.
+    pub stop_grace: Duration,
+}
+
+impl Default for AcpLimits {
+    fn default() -> Self {
+        Self {
+            init_timeout: Duration::from_secs(30),
+            max_line_bytes: 8 * 1024 * 1024,
+            max_updates_per_turn: 100_000,
+            stop_grace: Duration::from_secs(2),
+        }
+    }
+}
+
+/// How the agent should open the session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpenMode {
+    /// `session/new`.
+    New,
+    /// Reopen the agent's own session `acpSessionRef`: `session/resume`
+    /// when the agent can, else `session/load` (its replay is not recorded).
+    Reopen(String),
+}
+
+/// What a process needs to open its session.
+#[derive(Debug, Clone)]
+pub struct OpenRequest {
+    /// The Tether session's channel URI (commands and titles go there).
+    pub session_uri: String,
+    /// The primary working directory.
+    pub cwd: PathBuf,
+    /// The other working directories (sent only when the agent supports them).
+    pub additional: Vec<PathBuf>,
+    /// New or reopened.
+    pub mode: OpenMode,
+}
+
+/// How a client answered a permission request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PermissionAnswer {
+    /// The option the client chose (or the first of the kind it approved or denied).
+    Selected(String),
+    /// The turn was cancelled or the request cannot be answered.
+    Cancelled,
+}
+
+/// What the agent said, for the session's actor, in order.
+#[derive(Debug)]
+pub enum AgentEvent {
+    /// The agent opened the session (record `x-tether/agentOpened`).
+    Opened {
+        /// The agent's own session id.
+        acp_session_ref: String,
+        /// Whether the agent can reopen it later.
+        load_session: bool,
+        /// Whether it was reopened rather than new.
+        resumed: bool,
+    },
+    /// Actions to commit, host-originated: `(channel, action)`.
+    Actions(Vec<(String, Value)>),
+    /// A permission request: commit `actions` (the tool call put in pending
+    /// confirmation), then answer on `answer` when a client confirms.
+    Permission {
+        /// The chat, the turn and the tool call.
+        chat: String,
+        /// The AHP turn.
+        turn_id: String,
+        /// The tool call awaiting confirmation.
+        tool_call_id: String,
+        /// The option ids offered, with whether each approves.
+        options: Vec<(String, bool)>,
+        /// What to commit first.
+        actions: Vec<(String, Value)>,
+        /// Where the answer goes.
+        answer: oneshot::Sender<PermissionAnswer>,
+    },
+    /// The process is gone (exited, killed, or stopped for breaking a
+    /// limit); the actor fails its open turns and settles the session.
+    Exited {
+        /// Why, for logs and the session's record.
+        reason: String,
+    },
+}
+
+/// What the actor asks of the agent.
+#[derive(Debug)]
+pub(crate) enum ToAgent {
+    Prompt {
+        chat: String,
+        turn_id: String,
+        text: String,
+    },
+    Cancel {
+        turn_id: String,
+    },
+    Resume {
+        cwd: PathBuf,
+        additional: Vec<PathBuf>,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+}
+
+/// A running agent process of one session. Dropping it kills the process.
+#[derive(Debug)]
+pub struct AgentProcess {
+    commands: mpsc::UnboundedSender<ToAgent>,
+    /// What the agent says, in order.
+    pub events: mpsc::Receiver<AgentEvent>,
+    /// Dropping this stops the bridge (and kills the child).
+    _stop: oneshot::Sender<()>,
+    /// What it reported at `initialize` (known once opened).
+    pub capabilities: AcpCapabilities,
+}
+
+impl AgentProcess {
+    /// Sends the turn's text as one `session/prompt` (queued while an
+    /// earlier prompt runs).
+    pub fn prompt(&self, chat: &str, turn_id: &str, text: &str) -> bool {
+        self.commands
+            .send(ToAgent::Prompt {
+                chat: chat.to_owned(),
+                turn_id: turn_id.to_owned(),
+                text: text.to_owned(),
+            })
+            .is_ok()
+    }
+
+    /// Cancels the turn (`session/cancel`) if it is the one running, or
+    /// drops it from the queue.
+    pub fn cancel(&self, turn_id: &str) {
+        let _ = self.commands.send(ToAgent::Cancel {
+            turn_id: turn_id.to_owned(),
+        });
+    }
+
+    /// Applies a new list of additional directories with `session/resume`
+    /// (same `cwd`); the agent's refusal is the error.
+    pub async fn resume(&self, cwd: PathBuf, additional: Vec<PathBuf>) -> Result<(), String> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(ToAgent::Resume {
+                cwd,
+                additional,
+                reply,
+            })
+            .map_err(|_| "the agent's process has stopped".to_owned())?;
+        answer
+            .await
+            .unwrap_or_else(|_| Err("the agent's process has stopped".to_owned()))
+    }
+}

@@ -1,0 +1,285 @@
+//! The session actor's side of an ACP agent: starting the process on the
+//! first turn, committing what it says (in order, host-originated, before
+//! anyone sees it), routing a client's answer to a permission request and a
+//! cancelled turn back to it, and settling the session when it goes away.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use serde_json::{Value, json};
+use tether_protocol::actions::{AGENT_OPENED, SESSION_SETTLED};
+use tether_protocol::workdir::file_uri_path;
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
+
+use super::SessionActor;
+use crate::agents::AgentSpec;
+use crate::agents::acp::{self, AgentEvent, AgentProcess, OpenMode, OpenRequest, PermissionAnswer};
+
+/// A running agent process and what it holds of the session.
+#[derive(Debug)]
+pub(super) struct Running {
+    pub(super) process: AgentProcess,
+    /// The process's place in the host's limit.
+    _slot: OwnedSemaphorePermit,
+    /// Permission requests waiting for a client, by `(chat, toolCallId)`.
+    permissions: HashMap<(String, String), Permission>,
+    /// When the agent last had something to do.
+    pub(super) last_active: tokio::time::Instant,
+    /// Whether a turn is out with it.
+    pub(super) busy: bool,
+}
+
+#[derive(Debug)]
+struct Permission {
+    turn_id: String,
+    /// `(optionId, approves)`.
+    options: Vec<(String, bool)>,
+    answer: oneshot::Sender<PermissionAnswer>,
+}
+
+/// Most agent events committed together.
+const EVENT_BATCH: usize = 256;
+
+impl SessionActor {
+    /// Starts the session's ACP agent (new, or reopening the agent's own
+    /// session when the transcript holds one it can load), bounded by the
+    /// host's process limit.
+    pub(super) fn start_agent(&mut self, spec: &AgentSpec, reopen: bool) -> Result<(), String> {
+        let Some(command) = spec.acp_command() else {
+            return Err(format!("agent {} is not an ACP agent", spec.provider));
+        };
+        let Some(model) = &self.model else {
+            return Err("the session is not loaded".to_owned());
+        };
+        let slot = self.ctx.agent_slots.clone().try_acquire_owned().map_err(|_| {
+            format!(
+                "this host already runs its maximum of {} agent processes (--max-agents); \
+                 try again when another session's agent has stopped",
+                self.ctx.config.max_agents
+            )
+        })?;
+        let dirs: Vec<PathBuf> = model
+            .session
+            .working_directories
+            .iter()
+            .flatten()
+            .filter_map(|uri| file_uri_path(uri).ok().map(PathBuf::from))
+            .collect();
+        let cwd = dirs.first().cloned().unwrap_or_else(|| PathBuf::from("/"));
+        let mode = match &model.projection.acp_session_ref {
+            Some(reference) if reopen && model.projection.load_session => {
+                OpenMode::Reopen(reference.clone())
+            }
+            _ => OpenMode::New,
+        };
+        let open = OpenRequest {
+            session_uri: self.uri.clone(),
+            cwd,
+            additional: dirs.into_iter().skip(1).collect(),
+            mode,
+        };
+        let process = acp::spawn(command, open, self.ctx.config.acp.clone())?;
+        tracing::info!(session = %self.id, agent = %spec.provider, "agent process started");
+        self.running = Some(Running {
+            process,
+            _slot: slot,
+            permissions: HashMap::new(),
+            last_active: tokio::time::Instant::now(),
+            busy: false,
+        });
+        Ok(())
+    }
+
+    /// Hands an accepted turn to the ACP agent, starting it first.
+    pub(super) fn prompt_agent(&mut self, spec: &AgentSpec, chat: &str, turn: &Value) {
+        let turn_id = turn.get("turnId").and_then(Value::as_str).unwrap_or_default();
+        let text = turn
+            .pointer("/message/text")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if self.running.is_none()
+            && let Err(reason) = self.start_agent(spec, true)
+        {
+            tracing::warn!(session = %self.id, agent = %spec.provider, %reason, "agent not started");
+            self.follow_ups.push((chat.to_owned(), turn_error(turn_id, "agent_unavailable", &format!(
+                "The agent {} could not be started: {reason}.", spec.provider
+            ))));
+            return;
+        }
+        if let Some(running) = &mut self.running {
+            running.busy = true;
+            running.last_active = tokio::time::Instant::now();
+            running.process.prompt(chat, turn_id, text);
+        }
+    }
+
+    /// A client's committed action that the agent must hear of: a cancelled
+    /// turn, or an answer to a permission request.
+    pub(super) fn tell_agent(&mut self, chat: &str, kind: &str, action: &Value) {
+        let Some(running) = &mut self.running else {
+            return;
+        };
+        match kind {
+            "chat/turnCancelled" => {
+                let turn_id = action.get("turnId").and_then(Value::as_str).unwrap_or_default();
+                running.process.cancel(turn_id);
+                // ACP: pending permission requests of a cancelled turn are
+                // answered `cancelled`.
+                let keys: Vec<_> = running
+                    .permissions
+                    .iter()
+                    .filter(|(_, p)| p.turn_id == turn_id)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for key in keys {
+                    if let Some(p) = running.permissions.remove(&key) {
+                        let _ = p.answer.send(PermissionAnswer::Cancelled);
+                    }
+                }
+            }
+            "chat/toolCallConfirmed" => {
+                let tool = action.get("toolCallId").and_then(Value::as_str).unwrap_or_default();
+                let Some(p) = running.permissions.remove(&(chat.to_owned(), tool.to_owned())) else {
+                    return;
+                };
+                let approved = action.get("approved").and_then(Value::as_bool).unwrap_or(false);
+                let selected = action.get("selectedOptionId").and_then(Value::as_str);
+                let choice = selected
+                    .and_then(|id| p.options.iter().find(|(o, _)| o == id))
+                    .or_else(|| p.options.iter().find(|(_, approves)| *approves == approved))
+                    .map(|(id, _)| id.clone());
+                let answer = choice.map_or(PermissionAnswer::Cancelled, PermissionAnswer::Selected);
+                let _ = p.answer.send(answer);
+            }
+            _ => {}
+        }
+    }
+
+    /// Commits what the agent said; more events that are already waiting
+    /// are committed in the same batch.
+    pub(super) async fn on_agent_event(&mut self, first: Option<AgentEvent>) {
+        let mut event = first;
+        let mut taken = 0;
+        while let Some(next) = event.take() {
+            taken += 1;
+            if let Some(running) = &mut self.running {
+                running.last_active = tokio::time::Instant::now();
+            }
+            match next {
+                AgentEvent::Opened {
+                    acp_session_ref,
+                    load_session,
+                    resumed,
+                } => {
+                    self.agent_live = true;
+                    self.follow_ups.push((
+                        self.uri.clone(),
+                        json!({"type": AGENT_OPENED, "acpSessionRef": acp_session_ref,
+                               "loadSession": load_session, "resumed": resumed}),
+                    ));
+                }
+                AgentEvent::Actions(actions) => {
+                    if let Some(running) = &mut self.running
+                        && actions.iter().any(|(_, a)| ends_turn(a))
+                    {
+                        running.busy = false;
+                    }
+                    self.follow_ups.extend(actions);
+                }
+                AgentEvent::Permission {
+                    chat,
+                    turn_id,
+                    tool_call_id,
+                    options,
+                    actions,
+                    answer,
+                } => {
+                    self.follow_ups.extend(actions);
+                    if let Some(running) = &mut self.running {
+                        running.permissions.insert(
+                            (chat, tool_call_id),
+                            Permission {
+                                turn_id,
+                                options,
+                                answer,
+                            },
+                        );
+                    }
+                }
+                AgentEvent::Exited { reason } => {
+                    self.running = None;
+                    let message =
+                        format!("The agent's process stopped before the turn finished: {reason}.");
+                    self.settle_after_agent("process_exited", &message, true);
+                    break;
+                }
+            }
+            if taken >= EVENT_BATCH {
+                break;
+            }
+            event = self.running.as_mut().and_then(|r| r.process.events.try_recv().ok());
+        }
+        if first_was_close(taken) {
+            // The bridge ended without a word (the actor let it go).
+            self.running = None;
+            self.agent_live = false;
+        }
+        self.run_follow_ups().await;
+    }
+
+    /// Stops an agent that has had nothing to do for `agent_idle`, and
+    /// settles the session as if its process had exited.
+    pub(super) async fn stop_idle_agent(&mut self) -> bool {
+        let Some(running) = &self.running else {
+            return false;
+        };
+        if running.busy || running.last_active.elapsed() < self.ctx.config.agent_idle {
+            return false;
+        }
+        tracing::info!(session = %self.id, "stopping an idle agent process");
+        self.running = None;
+        self.settle_after_agent("idle", "The agent was stopped after being idle.", false);
+        self.run_follow_ups().await;
+        true
+    }
+
+    /// Queues the records of an agent that is gone: every open turn failed,
+    /// the session settled dormant; after a crash (`crashed`), ended unless
+    /// it can be resumed. A dormant session's next turn starts the agent
+    /// again.
+    fn settle_after_agent(&mut self, cause: &str, message: &str, crashed: bool) {
+        self.agent_live = false;
+        let Some(model) = &self.model else { return };
+        for (chat, state) in &model.chats {
+            if let Some(turn) = &state.active_turn {
+                self.follow_ups
+                    .push((chat.clone(), turn_error(&turn.id, "process_exited", message)));
+            }
+        }
+        let state = if model.projection.resumable() || !crashed {
+            "dormant"
+        } else {
+            "ended"
+        };
+        self.follow_ups.push((
+            self.uri.clone(),
+            json!({"type": SESSION_SETTLED, "state": state, "cause": cause}),
+        ));
+    }
+}
+
+fn first_was_close(taken: usize) -> bool {
+    taken == 0
+}
+
+fn ends_turn(action: &Value) -> bool {
+    matches!(
+        action.get("type").and_then(Value::as_str),
+        Some("chat/turnComplete" | "chat/turnCancelled" | "chat/error")
+    )
+}
+
+fn turn_error(turn_id: &str, error_type: &str, message: &str) -> Value {
+    json!({"type": "chat/error", "turnId": turn_id, "duration": 0,
+           "part": {"kind": "error", "error": {"errorType": error_type, "message": message}}})
+}
