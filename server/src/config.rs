@@ -251,6 +251,33 @@ pub struct ServeArgs {
     #[arg(long, env = "TETHER_LEASE_TTL_MS", default_value_t = 10_000)]
     pub lease_ttl_ms: u64,
 
+    /// An ACP agent sessions can run: `NAME=COMMAND` (repeatable). The
+    /// command is split as a shell would, without a shell; leading
+    /// `KEY=VALUE` words are its environment. `TETHER_AGENTS` holds entries
+    /// separated by `;`.
+    #[arg(long = "agent", env = "TETHER_AGENTS", value_delimiter = ';', value_name = "NAME=COMMAND")]
+    pub agents: Vec<String>,
+
+    /// Most ACP agent processes running at once; a turn beyond it fails
+    /// with a clear error.
+    #[arg(long, env = "TETHER_MAX_AGENTS", default_value_t = 16)]
+    pub max_agents: usize,
+
+    /// Seconds an agent process may sit with no turn before it is stopped
+    /// and its session settled dormant (its next turn starts it again).
+    #[arg(long, env = "TETHER_AGENT_IDLE_SECS", default_value_t = 1800)]
+    pub agent_idle_secs: u64,
+
+    /// Longest an agent may take to answer `initialize` and open a session,
+    /// in milliseconds.
+    #[arg(long, env = "TETHER_AGENT_INIT_TIMEOUT_MS", default_value_t = 30_000)]
+    pub agent_init_timeout_ms: u64,
+
+    /// Most `session/update`s an agent may send in one turn before it is
+    /// stopped as flooding.
+    #[arg(long, env = "TETHER_AGENT_MAX_UPDATES", default_value_t = 100_000)]
+    pub agent_max_updates: u64,
+
     /// Directories working directories must lie in (comma-separated; symlinks
     /// are resolved first). Empty: no restriction.
     #[arg(long, env = "TETHER_ALLOWED_ROOTS", value_delimiter = ',')]
@@ -334,6 +361,7 @@ impl fmt::Debug for ServeArgs {
             .field("effects", &self.effects)
             .field("webhook_url", &self.webhook_url.as_deref().map(redact_url))
             .field("allowed_roots", &self.allowed_roots)
+            .field("agents", &self.agents.len())
             .finish_non_exhaustive()
     }
 }
@@ -341,6 +369,9 @@ impl fmt::Debug for ServeArgs {
 /// Why a configuration cannot be served.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// A `--agent` / `TETHER_AGENTS` entry that cannot be used.
+    #[error("--agent: {0}")]
+    Agent(String),
     /// `--effects webhook` without a URL.
     #[error("--effects webhook needs --webhook-url (TETHER_WEBHOOK_URL)")]
     WebhookUrlMissing,
@@ -443,6 +474,13 @@ impl ServeArgs {
                 hub_buffer: self.inbox_capacity.max(16),
                 effect_timeout: Duration::from_millis(self.effect_timeout_ms.max(1)),
                 lease_ttl: Duration::from_millis(self.lease_ttl_ms.max(500)),
+                max_agents: self.max_agents.max(1),
+                agent_idle: Duration::from_secs(self.agent_idle_secs.max(1)),
+                acp: crate::agents::acp::AcpLimits {
+                    init_timeout: Duration::from_millis(self.agent_init_timeout_ms.max(100)),
+                    max_updates_per_turn: self.agent_max_updates.max(1),
+                    ..crate::agents::acp::AcpLimits::default()
+                },
                 ..EngineConfig::default()
             },
             ws: WsLimits {
@@ -455,10 +493,27 @@ impl ServeArgs {
                 max_replay: self.max_replay,
                 max_replay_bytes: self.max_replay_bytes,
             },
-            agents: Vec::new(),
+            agents: self.agent_specs()?,
             effects,
             auth: self.auth()?,
         })
+    }
+
+    /// The configured ACP agents (not yet asked what they can do).
+    pub fn agent_specs(&self) -> Result<Vec<AgentSpec>, ConfigError> {
+        let mut specs: Vec<AgentSpec> = Vec::new();
+        for entry in self.agents.iter().filter(|e| !e.trim().is_empty()) {
+            let command =
+                crate::agents::AgentCommand::parse(entry).map_err(ConfigError::Agent)?;
+            if specs.iter().any(|s| s.provider == command.name) {
+                return Err(ConfigError::Agent(format!(
+                    "agent {} is configured twice",
+                    command.name
+                )));
+            }
+            specs.push(AgentSpec::acp(command));
+        }
+        Ok(specs)
     }
 
     /// The secret, from the flag or the file; `None`: authentication off.

@@ -68,9 +68,10 @@ impl AppState {
             ),
             EffectsConfig::Agent => Arc::new(AgentEffects),
         };
+        let agents = agents::acp::probe_all(&config.agents, &config.engine.acp).await;
         let engine = Engine::start(
             store.clone(),
-            Agents::new(config.agents.clone()),
+            Agents::new(agents),
             effects,
             config.engine.clone(),
         )

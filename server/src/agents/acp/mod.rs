@@ -28,6 +28,29 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use bridge::{probe, spawn};
 
+/// Asks every configured ACP agent what it can do (concurrently, each
+/// bounded by the init timeout). One that does not answer is still offered,
+/// with no optional capabilities, and the reason is logged: its sessions'
+/// turns fail with that reason until it is fixed.
+pub async fn probe_all(specs: &[crate::agents::AgentSpec], limits: &AcpLimits) -> Vec<crate::agents::AgentSpec> {
+    let asks = specs.iter().map(|spec| async move {
+        let Some(command) = spec.acp_command() else {
+            return spec.clone();
+        };
+        match probe(command, limits).await {
+            Ok(capabilities) => {
+                tracing::info!(agent = %spec.provider, capabilities = %capabilities.summary(), "ACP agent answered initialize");
+                spec.clone().with_capabilities(capabilities)
+            }
+            Err(reason) => {
+                tracing::error!(agent = %spec.provider, command = %command.display(), %reason, "ACP agent did not answer initialize; its turns will fail until it does");
+                spec.clone()
+            }
+        }
+    });
+    futures_util::future::join_all(asks).await
+}
+
 /// What an ACP agent reported at `initialize`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AcpCapabilities {

@@ -1,0 +1,303 @@
+//! A scripted ACP agent for Tether's tests, built on the ACP SDK's agent
+//! side. What it does is chosen per test:
+//!
+//! * `FAKE_ACP_CAPS` (comma-separated): `load`, `resume`, `dirs` — the
+//!   capabilities it reports at `initialize`.
+//! * `FAKE_ACP_MODE`: `never-init` (reads, never answers), `garbage` (writes
+//!   a line that is not JSON-RPC before anything else); default: normal.
+//! * The prompt's text is the script: `stream N`, `think`, `tool`,
+//!   `permission`, `crash`, `hang`, `garbage`, `title T`, `commands`,
+//!   `plan`, `flood N`, `refuse`, `dirs`; anything else is echoed back.
+//!
+//! `session/load` replays one old exchange (which a host must not record
+//! again); `session/resume` refuses a directory whose path contains
+//! `refuse`.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_client_protocol::v1::schema::{
+    CancelNotification, InitializeRequest, InitializeResponse, LoadSessionRequest,
+    LoadSessionResponse, NewSessionRequest, NewSessionResponse, PromptRequest, PromptResponse,
+    RequestPermissionOutcome, RequestPermissionRequest, ResumeSessionRequest,
+    ResumeSessionResponse, SessionNotification, SessionUpdate, StopReason,
+};
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::{Agent, ByteStreams, Client, Error};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+
+#[derive(Default)]
+struct State {
+    /// Additional directories per session, as last opened or resumed.
+    dirs: HashMap<String, Vec<String>>,
+    cancels: HashMap<String, Arc<Notify>>,
+    next: u32,
+}
+
+type Shared = Arc<Mutex<State>>;
+
+fn update(session: &str, update: Value) -> SessionNotification {
+    let update: SessionUpdate = serde_json::from_value(update).expect("a valid session update");
+    SessionNotification::new(session.to_owned(), update)
+}
+
+fn chunk(session: &str, kind: &str, text: &str) -> SessionNotification {
+    update(
+        session,
+        json!({"sessionUpdate": kind, "content": {"type": "text", "text": text}}),
+    )
+}
+
+fn dirs_of(paths: &[std::path::PathBuf]) -> Vec<String> {
+    paths.iter().map(|p| p.display().to_string()).collect()
+}
+
+fn cancel_of(state: &Shared, session: &str) -> Arc<Notify> {
+    let mut state = state.lock().expect("state");
+    state
+        .cancels
+        .entry(session.to_owned())
+        .or_insert_with(|| Arc::new(Notify::new()))
+        .clone()
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Error> {
+    let caps = std::env::var("FAKE_ACP_CAPS").unwrap_or_default();
+    let caps: Vec<String> = caps.split(',').map(str::to_owned).collect();
+    let mode = std::env::var("FAKE_ACP_MODE").unwrap_or_default();
+    if mode == "garbage" {
+        println!("Starting fake agent v1.0 ...");
+    }
+    if mode == "never-init" {
+        // Reads its input and never answers.
+        let mut sink = tokio::io::sink();
+        let _ = tokio::io::copy(&mut tokio::io::stdin(), &mut sink).await;
+        return Ok(());
+    }
+    let state: Shared = Shared::default();
+    let transport = ByteStreams::new(
+        tokio::io::stdout().compat_write(),
+        tokio::io::stdin().compat(),
+    );
+    let (s1, s2, s3, s4, s5) = (
+        state.clone(),
+        state.clone(),
+        state.clone(),
+        state.clone(),
+        state.clone(),
+    );
+    Agent
+        .v1()
+        .name("fake-acp-agent")
+        .on_receive_request(
+            async move |request: InitializeRequest, responder, _cx| {
+                let mut session = json!({});
+                if caps.iter().any(|c| c == "resume") {
+                    session["resume"] = json!({});
+                }
+                if caps.iter().any(|c| c == "dirs") {
+                    session["additionalDirectories"] = json!({});
+                }
+                let mut response: InitializeResponse = serde_json::from_value(json!({
+                    "protocolVersion": 1,
+                    "agentCapabilities": {
+                        "loadSession": caps.iter().any(|c| c == "load"),
+                        "sessionCapabilities": session,
+                        "promptCapabilities": {"image": false, "audio": false, "embeddedContext": true},
+                    },
+                    "agentInfo": {"name": "fake-acp-agent", "title": "Fake agent", "version": "1.0"},
+                }))
+                .expect("an initialize response");
+                response.protocol_version = request.protocol_version;
+                responder.respond(response)
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: NewSessionRequest, responder, _cx| {
+                let id = {
+                    let mut state = s1.lock().expect("state");
+                    state.next += 1;
+                    let id = format!("fake-{}-{}", std::process::id(), state.next);
+                    state.dirs.insert(id.clone(), dirs_of(&request.additional_directories));
+                    id
+                };
+                responder.respond(NewSessionResponse::new(id))
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: LoadSessionRequest, responder, cx: ConnectionTo<Client>| {
+                let id = request.session_id.to_string();
+                s2.lock()
+                    .expect("state")
+                    .dirs
+                    .insert(id.clone(), dirs_of(&request.additional_directories));
+                cx.send_notification(chunk(&id, "user_message_chunk", "an old question"))?;
+                cx.send_notification(chunk(&id, "agent_message_chunk", "replayed history"))?;
+                responder.respond(LoadSessionResponse::new())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: ResumeSessionRequest, responder, _cx| {
+                let dirs = dirs_of(&request.additional_directories);
+                if let Some(bad) = dirs.iter().find(|d| d.contains("refuse")) {
+                    return responder.respond_with_error(Error::invalid_params().data(json!(format!(
+                        "this agent cannot work in {bad}"
+                    ))));
+                }
+                s3.lock()
+                    .expect("state")
+                    .dirs
+                    .insert(request.session_id.to_string(), dirs);
+                responder.respond(ResumeSessionResponse::new())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_notification(
+            async move |notification: CancelNotification, _cx| {
+                cancel_of(&s4, &notification.session_id.to_string()).notify_waiters();
+                Ok(())
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |request: PromptRequest, responder, cx: ConnectionTo<Client>| {
+                let state = s5.clone();
+                let session = request.session_id.to_string();
+                let text = request
+                    .prompt
+                    .iter()
+                    .filter_map(|block| serde_json::to_value(block).ok())
+                    .filter_map(|b| b.get("text").and_then(Value::as_str).map(str::to_owned))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let cancel = cancel_of(&state, &session);
+                let worker = cx.clone();
+                cx.spawn(async move {
+                    let stop = run(&worker, &state, &session, &text, &cancel).await?;
+                    responder.respond(PromptResponse::new(stop))
+                })?;
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .connect_to(transport)
+        .await
+}
+
+/// Plays one prompt's script.
+async fn run(
+    cx: &ConnectionTo<Client>,
+    state: &Shared,
+    session: &str,
+    text: &str,
+    cancel: &Notify,
+) -> Result<StopReason, Error> {
+    let mut words = text.split_whitespace();
+    let command = words.next().unwrap_or_default();
+    let rest: Vec<&str> = words.collect();
+    let count = rest.first().and_then(|n| n.parse::<usize>().ok()).unwrap_or(3);
+    let say = |text: &str| cx.send_notification(chunk(session, "agent_message_chunk", text));
+    match command {
+        "stream" => {
+            for i in 0..count {
+                say(&format!("chunk{i} "))?;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        "flood" => {
+            for i in 0..count {
+                say(&format!("{i} "))?;
+            }
+        }
+        "think" => {
+            cx.send_notification(chunk(session, "agent_thought_chunk", "pondering"))?;
+            say("decided")?;
+        }
+        "tool" => {
+            cx.send_notification(update(session, json!({"sessionUpdate": "tool_call", "toolCallId": "read-1",
+                "title": "Reading notes.txt", "kind": "read", "status": "pending", "rawInput": {"path": "notes.txt"}})))?;
+            cx.send_notification(update(session, json!({"sessionUpdate": "tool_call_update", "toolCallId": "read-1",
+                "status": "in_progress"})))?;
+            cx.send_notification(update(session, json!({"sessionUpdate": "tool_call_update", "toolCallId": "read-1",
+                "status": "completed", "content": [{"type": "content", "content": {"type": "text", "text": "the notes"}}]})))?;
+            say("read it")?;
+        }
+        "permission" => {
+            cx.send_notification(update(session, json!({"sessionUpdate": "tool_call", "toolCallId": "edit-1",
+                "title": "Editing config.json", "kind": "edit", "status": "pending"})))?;
+            let request: RequestPermissionRequest = serde_json::from_value(json!({
+                "sessionId": session,
+                "toolCall": {"toolCallId": "edit-1", "title": "Editing config.json", "kind": "edit"},
+                "options": [{"optionId": "allow", "name": "Allow once", "kind": "allow_once"},
+                            {"optionId": "reject", "name": "Reject", "kind": "reject_once"}],
+            }))
+            .expect("a permission request");
+            let answer = tokio::select! {
+                answer = cx.send_request(request).block_task() => answer?,
+                () = cancel.notified() => return Ok(StopReason::Cancelled),
+            };
+            match answer.outcome {
+                RequestPermissionOutcome::Selected(selected) if selected.option_id.to_string() == "allow" => {
+                    cx.send_notification(update(session, json!({"sessionUpdate": "tool_call_update",
+                        "toolCallId": "edit-1", "status": "completed"})))?;
+                    say("edited")?;
+                }
+                RequestPermissionOutcome::Selected(_) => {
+                    cx.send_notification(update(session, json!({"sessionUpdate": "tool_call_update",
+                        "toolCallId": "edit-1", "status": "failed"})))?;
+                    say("not edited")?;
+                }
+                _ => return Ok(StopReason::Cancelled),
+            }
+        }
+        "crash" => {
+            say("about to crash")?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            std::process::exit(3);
+        }
+        "hang" => {
+            say("working")?;
+            cancel.notified().await;
+            return Ok(StopReason::Cancelled);
+        }
+        "garbage" => {
+            let mut out = std::io::stdout();
+            let _ = out.write_all(b"this is not json\n");
+            let _ = out.flush();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        "title" => {
+            cx.send_notification(update(session, json!({"sessionUpdate": "session_info_update", "title": rest.join(" ")})))?;
+        }
+        "commands" => {
+            cx.send_notification(update(session, json!({"sessionUpdate": "available_commands_update",
+                "availableCommands": [{"name": "test", "description": "Run the tests", "input": {"hint": "filter"}}]})))?;
+        }
+        "plan" => {
+            cx.send_notification(update(session, json!({"sessionUpdate": "plan", "entries": [
+                {"content": "look", "priority": "high", "status": "completed"},
+                {"content": "fix", "priority": "medium", "status": "pending"}]})))?;
+        }
+        "refuse" => return Ok(StopReason::Refusal),
+        "dirs" => {
+            let dirs = state
+                .lock()
+                .expect("state")
+                .dirs
+                .get(session)
+                .cloned()
+                .unwrap_or_default();
+            say(&format!("dirs: {}", dirs.join(",")))?;
+        }
+        _ => say(text)?,
+    }
+    Ok(StopReason::EndTurn)
+}
