@@ -328,6 +328,16 @@ pub struct Trial {
     target: Target,
 }
 
+impl Trial {
+    /// The session's state after the action, when it moves the session.
+    pub fn session_state(&self) -> Option<&SessionState> {
+        match &self.target {
+            Target::Session(session) => Some(session),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Target {
     Session(Box<SessionState>),

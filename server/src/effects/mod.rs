@@ -53,6 +53,13 @@ pub trait Effects: Send + Sync + std::fmt::Debug {
 
     /// Checks the working directories of a session about to be created.
     async fn check_directories(&self, directories: &[String]) -> Result<(), EffectError>;
+
+    /// Whether the session's own agent applies working-directory changes
+    /// (the `agent` backend): an ACP agent's session then gets them through
+    /// `session/resume` before they are committed.
+    fn delegates_to_agent(&self) -> bool {
+        false
+    }
 }
 
 /// The directories an action would add.
@@ -220,7 +227,8 @@ impl Effects for WebhookEffects {
 }
 
 /// `agent`: the session's agent applies the side effect. The built-in echo
-/// agent has nothing to apply and accepts.
+/// agent has nothing to apply and accepts; an ACP agent's running process
+/// is asked with `session/resume` (by the session's actor, which holds it).
 #[derive(Debug, Clone, Default)]
 pub struct AgentEffects;
 
@@ -232,5 +240,9 @@ impl Effects for AgentEffects {
 
     async fn check_directories(&self, _directories: &[String]) -> Result<(), EffectError> {
         Ok(())
+    }
+
+    fn delegates_to_agent(&self) -> bool {
+        true
     }
 }

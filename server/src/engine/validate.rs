@@ -69,6 +69,7 @@ pub(super) async fn check_dispatch(
     ctx: &Ctx,
     model: &mut SessionModel,
     agent: Option<&crate::agents::AgentSpec>,
+    process: Option<&crate::agents::acp::AgentProcess>,
     d: &mut Dispatch,
 ) -> Result<(), Refusal> {
     if let Some(principal) = &d.principal
@@ -133,7 +134,31 @@ pub(super) async fn check_dispatch(
             return Err(format!("Action {kind} does not apply to {}.", d.channel).into());
         }
     };
-    if let Some(origin) = &d.origin {
+    let through_agent = ctx.effects.delegates_to_agent()
+        && agent.is_some_and(|a| a.acp_command().is_some())
+        && tether_protocol::actions::is_session_workdir_action(&kind);
+    if d.origin.is_some() && through_agent {
+        // The ACP agent applies it: `session/resume` with the same cwd and
+        // the complete new list. An agent not running now gets the list
+        // when it next opens the session.
+        if let (Some(process), Some(after)) = (process, trial.session_state()) {
+            let dirs: Vec<std::path::PathBuf> = after
+                .working_directories
+                .iter()
+                .flatten()
+                .filter_map(|uri| tether_protocol::workdir::file_uri_path(uri).ok())
+                .map(std::path::PathBuf::from)
+                .collect();
+            let cwd = dirs.first().cloned().unwrap_or_else(|| "/".into());
+            let additional = dirs.into_iter().skip(1).collect();
+            process.resume(cwd, additional).await.map_err(|reason| {
+                Refusal::new(
+                    RefusalKind::Invalid,
+                    format!("The agent did not accept the working directories: {reason}."),
+                )
+            })?;
+        }
+    } else if let Some(origin) = &d.origin {
         let request = EffectRequest {
             channel: &d.channel,
             action: &d.action,

@@ -247,6 +247,16 @@ struct Queued {
     text: String,
 }
 
+/// What an agent's error says: its `data` when that is text, else its
+/// message (with any other data).
+fn said(error: &agent_client_protocol::Error) -> String {
+    match &error.data {
+        Some(serde_json::Value::String(text)) if !text.is_empty() => text.clone(),
+        Some(data) if !data.is_null() => format!("{} ({data})", error.message),
+        _ => error.message.clone(),
+    }
+}
+
 fn fail(verdict: &Verdict, reason: String) -> agent_client_protocol::Error {
     if let Ok(mut v) = verdict.lock() {
         v.get_or_insert(reason.clone());
@@ -394,13 +404,14 @@ impl Bridge {
                                 .await;
                                 let _ = reply.send(match answer {
                                     Ok(Ok(_)) => Ok(()),
-                                    Ok(Err(err)) => Err(format!("the agent refused: {}", err.message)),
+                                    Ok(Err(err)) => Err(format!("the agent refused: {}", said(&err))),
                                     Err(_) => Err("the agent did not answer session/resume in time".to_owned()),
                                 });
                             }
                         },
                         Some(()) = done.recv() => running = None,
                         _ = &mut stopped => return Ok(Stop::Asked),
+                        () = cx.incoming_closed() => return Ok(Stop::Ended),
                     }
                 }
             })
@@ -431,7 +442,7 @@ impl Bridge {
                 let response = tokio::time::timeout(timeout, cx.send_request(request).block_task())
                     .await
                     .map_err(|_| in_time("session/new"))?
-                    .map_err(|e| format!("it refused session/new: {}", e.message))?;
+                    .map_err(|e| format!("it refused session/new: {}", said(&e)))?;
                 (response.session_id.to_string(), false)
             }
             OpenMode::Reopen(id) if caps.resume => {
@@ -440,7 +451,7 @@ impl Bridge {
                 tokio::time::timeout(timeout, cx.send_request(request).block_task())
                     .await
                     .map_err(|_| in_time("session/resume"))?
-                    .map_err(|e| format!("it refused session/resume: {}", e.message))?;
+                    .map_err(|e| format!("it refused session/resume: {}", said(&e)))?;
                 (id.clone(), true)
             }
             OpenMode::Reopen(id) if caps.load_session => {
@@ -457,7 +468,7 @@ impl Bridge {
                 }
                 answer
                     .map_err(|_| in_time("session/load"))?
-                    .map_err(|e| format!("it refused session/load: {}", e.message))?;
+                    .map_err(|e| format!("it refused session/load: {}", said(&e)))?;
                 (id.clone(), true)
             }
             OpenMode::Reopen(_) => {
@@ -498,9 +509,16 @@ impl Bridge {
         );
         let (events, map) = (self.events.clone(), self.map.clone());
         cx.prepare_request(request).on_receiving_result(async move |result| {
+            if let Err(err) = &result
+                && (agent_client_protocol::is_incoming_transport_closed(err)
+                    || agent_client_protocol::is_connection_terminated(err))
+            {
+                // The process is going: its exit fails the turn, with why.
+                return Ok(());
+            }
             let stop = result
                 .map(|r| r.stop_reason)
-                .map_err(|e| e.message.clone());
+                .map_err(|e| said(&e));
             let actions = map
                 .lock()
                 .map(|mut m| m.finish(stop, now_ms()))

@@ -44,7 +44,14 @@ impl SessionActor {
     /// Starts the session's ACP agent (new, or reopening the agent's own
     /// session when the transcript holds one it can load), bounded by the
     /// host's process limit.
-    pub(super) fn start_agent(&mut self, spec: &AgentSpec, reopen: bool) -> Result<(), String> {
+    /// `dirs`: the working directories to open with, when not the
+    /// session's current ones (a resume's complete new list).
+    pub(super) fn start_agent(
+        &mut self,
+        spec: &AgentSpec,
+        reopen: bool,
+        dirs: Option<&[String]>,
+    ) -> Result<(), String> {
         let Some(command) = spec.acp_command() else {
             return Err(format!("agent {} is not an ACP agent", spec.provider));
         };
@@ -58,11 +65,10 @@ impl SessionActor {
                 self.ctx.config.max_agents
             )
         })?;
-        let dirs: Vec<PathBuf> = model
-            .session
-            .working_directories
+        let current = model.session.working_directories.as_deref().unwrap_or_default();
+        let dirs: Vec<PathBuf> = dirs
+            .unwrap_or(current)
             .iter()
-            .flatten()
             .filter_map(|uri| file_uri_path(uri).ok().map(PathBuf::from))
             .collect();
         let cwd = dirs.first().cloned().unwrap_or_else(|| PathBuf::from("/"));
@@ -98,7 +104,7 @@ impl SessionActor {
             .and_then(Value::as_str)
             .unwrap_or_default();
         if self.running.is_none()
-            && let Err(reason) = self.start_agent(spec, true)
+            && let Err(reason) = self.start_agent(spec, true, None)
         {
             tracing::warn!(session = %self.id, agent = %spec.provider, %reason, "agent not started");
             self.follow_ups.push((chat.to_owned(), turn_error(turn_id, "agent_unavailable", &format!(
@@ -225,6 +231,54 @@ impl SessionActor {
             self.agent_live = false;
         }
         self.run_follow_ups().await;
+    }
+
+    /// Reopens the ACP agent for `POST /v1/sessions/{id}/resume` with the
+    /// complete new list of directories: a running process gets
+    /// `session/resume`; otherwise a new one opens the agent's session
+    /// (`session/resume`, or `session/load` with its replay dropped). The
+    /// `x-tether/agentOpened` to record, or why the agent could not.
+    pub(super) async fn reopen_agent(&mut self, spec: &AgentSpec, dirs: &[String]) -> Result<Value, String> {
+        let reference = self
+            .model
+            .as_ref()
+            .and_then(|m| m.projection.acp_session_ref.clone())
+            .unwrap_or_default();
+        if let Some(running) = &self.running {
+            let paths: Vec<PathBuf> = dirs
+                .iter()
+                .filter_map(|uri| file_uri_path(uri).ok().map(PathBuf::from))
+                .collect();
+            let cwd = paths.first().cloned().unwrap_or_else(|| PathBuf::from("/"));
+            running
+                .process
+                .resume(cwd, paths.into_iter().skip(1).collect())
+                .await?;
+            return Ok(json!({"type": AGENT_OPENED, "acpSessionRef": reference,
+                             "loadSession": true, "resumed": true}));
+        }
+        self.start_agent(spec, true, Some(dirs))?;
+        let wait = self.ctx.config.acp.init_timeout + std::time::Duration::from_secs(1);
+        let first = match &mut self.running {
+            Some(running) => tokio::time::timeout(wait, running.process.events.recv()).await,
+            None => return Err("the agent did not start".to_owned()),
+        };
+        match first {
+            Ok(Some(AgentEvent::Opened {
+                acp_session_ref,
+                load_session,
+                resumed,
+            })) => Ok(json!({"type": AGENT_OPENED, "acpSessionRef": acp_session_ref,
+                             "loadSession": load_session, "resumed": resumed})),
+            Ok(Some(AgentEvent::Exited { reason })) => {
+                self.running = None;
+                Err(reason)
+            }
+            Ok(_) | Err(_) => {
+                self.running = None;
+                Err("the agent did not reopen its session in time".to_owned())
+            }
+        }
     }
 
     /// Stops an agent that has had nothing to do for `agent_idle`, and

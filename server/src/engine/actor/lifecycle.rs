@@ -196,18 +196,32 @@ impl SessionActor {
                 wanted.push(dir);
             }
         }
-        let mut actions = vec![(
-            self.uri.clone(),
-            serde_json::json!({
-                "type": AGENT_OPENED,
-                "acpSessionRef": model.projection.acp_session_ref,
-                "loadSession": model.projection.load_session,
-                "resumed": true,
-            }),
-        )];
-        if let Some(agent) = self.ctx.agents.get(&model.session.provider) {
-            actions.push((self.uri.clone(), agent.commands_advertisement()));
+        let spec = self.ctx.agents.get(&model.session.provider).cloned();
+        let opened = serde_json::json!({
+            "type": AGENT_OPENED,
+            "acpSessionRef": model.projection.acp_session_ref,
+            "loadSession": model.projection.load_session,
+            "resumed": true,
+        });
+        let mut actions = Vec::new();
+        match &spec {
+            Some(agent) if agent.acp_command().is_some() => {
+                let opened = self.reopen_agent(agent, &wanted).await.map_err(|reason| {
+                    EngineError::Conflict(format!(
+                        "Session {}'s agent could not be resumed: {reason}.",
+                        self.id
+                    ))
+                })?;
+                self.agent_live = true;
+                actions.push((self.uri.clone(), opened));
+            }
+            Some(agent) => {
+                actions.push((self.uri.clone(), opened));
+                actions.push((self.uri.clone(), agent.commands_advertisement()));
+            }
+            None => actions.push((self.uri.clone(), opened)),
         }
+
         // The additional directories are the complete new list.
         for dir in current.iter().skip(1).filter(|d| !wanted.contains(d)) {
             actions.push((

@@ -452,7 +452,8 @@ impl SessionActor {
                     continue;
                 }
             }
-            let checked = check_dispatch(&self.ctx, model, agent.as_ref(), &mut d).await;
+            let process = self.running.as_ref().map(|r| &r.process);
+            let checked = check_dispatch(&self.ctx, model, agent.as_ref(), process, &mut d).await;
             match checked {
                 Ok(()) => {
                     let kind = action_type(&d.action).unwrap_or_default().to_owned();
