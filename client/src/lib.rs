@@ -166,6 +166,11 @@ impl Client {
             .await
     }
 
+    /// `GET /v1/agents`: the agents sessions can run.
+    pub async fn agents(&self) -> Result<tether_protocol::rest::AgentList, Error> {
+        self.send(Method::GET, "v1/agents", &[], None::<&()>).await
+    }
+
     /// `POST /v1/sessions`: creates a session.
     pub async fn create_session(
         &self,

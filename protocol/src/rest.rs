@@ -14,6 +14,39 @@ pub struct Health {
     pub version: String,
 }
 
+/// One agent a session can run, in `GET /v1/agents`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(example = json!({"provider": "echo", "displayName": "Echo", "kind": "builtin",
+    "description": "Answers every turn with your own words; needs no model."}))]
+pub struct AgentEntry {
+    /// The `provider` sessions are created with.
+    pub provider: String,
+    /// Shown to people.
+    pub display_name: String,
+    /// What it is.
+    pub description: String,
+    /// `builtin` or `acp`.
+    pub kind: String,
+    /// An ACP agent's command line (environment values hidden).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// What an ACP agent reported at `initialize` (`loadSession`, `resume`,
+    /// `additionalDirectories`, `promptCapabilities`); absent when it did
+    /// not answer at start-up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub capabilities: Option<serde_json::Value>,
+}
+
+/// Answer of `GET /v1/agents`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentList {
+    /// Every agent this host offers, `echo` first.
+    pub agents: Vec<AgentEntry>,
+}
+
 /// Answer of `GET /readyz`: whether the store can be reached.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]

@@ -21,6 +21,8 @@ backend_tests!(
     resume_reopens_the_agent_without_replaying_its_history,
     working_directories_change_through_the_agent,
     the_boot_sweep_settles_a_session_whose_agent_was_mid_turn,
+    processes_are_killed_on_dispose_and_shutdown_even_when_they_ignore_eof,
+    the_cli_lists_agents_and_streams_a_turn_approving_with_yes,
 );
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
@@ -564,4 +566,89 @@ async fn the_boot_sweep_settles_a_session_whose_agent_was_mid_turn(db: TestDb) {
     let transcript = api.until("b1", "t2's end", ended("t2")).await;
     assert_eq!(answer(&transcript, "t2"), "back");
     server.terminate().await;
+}
+
+/// The fake agent's pid, from the `acpSessionRef` it made (`fake-PID-N`).
+fn agent_pid(transcript: &[(String, Value)]) -> u32 {
+    let reference = transcript
+        .iter()
+        .rev()
+        .find(|(_, a)| kind(a) == "x-tether/agentOpened")
+        .and_then(|(_, a)| a["acpSessionRef"].as_str())
+        .expect("an opened agent");
+    reference.split('-').nth(1).and_then(|p| p.parse().ok()).expect("a pid")
+}
+
+/// Whether `pid` is a live process (not gone, not a zombie).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
+}
+
+async fn gone(pid: u32) -> bool {
+    for _ in 0..200 {
+        if !alive(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    false
+}
+
+async fn processes_are_killed_on_dispose_and_shutdown_even_when_they_ignore_eof(db: TestDb) {
+    let spec = agent("fake", "FAKE_ACP_MODE=stubborn");
+    let mut server = ServerProcess::start(&db, &["--agent", &spec]).await;
+    let api = Api::new(server.base_url());
+    for id in ["d1", "d2"] {
+        api.create(id, "fake", &[]).await;
+        api.turn(id, "t1", "hang").await;
+    }
+    let first = agent_pid(&api.until("d1", "d1 at work", |a| kind(a) == "chat/responsePart").await);
+    let second = agent_pid(&api.until("d2", "d2 at work", |a| kind(a) == "chat/responsePart").await);
+    assert!(alive(first) && alive(second) && first != second);
+    let (status, _) = api.call(reqwest::Method::DELETE, "/v1/sessions/d1", None).await;
+    assert_eq!(status, 200);
+    assert!(gone(first).await, "disposing the session killed its agent");
+    assert!(alive(second));
+    server.terminate().await;
+    assert!(gone(second).await, "shutting down killed the agent that ignores SIGTERM and EOF");
+}
+
+async fn the_cli_lists_agents_and_streams_a_turn_approving_with_yes(db: TestDb) {
+    let spec = agent("fake", "FAKE_ACP_CAPS=load");
+    let server = ServerProcess::start(&db, &["--agent", &spec]).await;
+    let api = Api::new(server.base_url());
+    api.create("cli1", "fake", &[]).await;
+    let state = tempfile::tempdir().unwrap();
+    let cli = |args: &[&str]| {
+        let mut command = tokio::process::Command::new(tether_tests::tether_bin());
+        command
+            .args(args)
+            .env("TETHER_URL", server.base_url())
+            .env("XDG_STATE_HOME", state.path())
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        command
+    };
+    let listed = cli(&["agents"]).output().await.expect("tether agents");
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.status.success(), "{listed:?}");
+    assert!(text.lines().any(|l| l.starts_with("echo") && l.contains("builtin")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("fake") && l.contains("acp") && l.contains("loadSession")), "{text}");
+
+    let sent = tokio::time::timeout(
+        Duration::from_secs(60),
+        cli(&["send", "cli1", "permission", "--yes"]).output(),
+    )
+    .await
+    .expect("in time")
+    .expect("tether send");
+    let (out, err) = (String::from_utf8_lossy(&sent.stdout), String::from_utf8_lossy(&sent.stderr));
+    assert!(sent.status.success(), "{out} / {err}");
+    assert_eq!(out.trim(), "edited", "stderr: {err}");
+    assert!(err.contains("Editing config.json"), "{err}");
+    assert!(err.contains("approving"), "{err}");
+    let transcript = api.transcript("cli1").await;
+    let confirmed = transcript.iter().find(|(_, a)| kind(a) == "chat/toolCallConfirmed").expect("confirmed");
+    assert_eq!(confirmed.1["selectedOptionId"], "allow");
 }

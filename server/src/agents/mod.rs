@@ -220,6 +220,11 @@ impl Agents {
         self.list.iter().find(|a| a.provider == provider)
     }
 
+    /// Every agent, `echo` first.
+    pub fn list(&self) -> &[AgentSpec] {
+        &self.list
+    }
+
     /// The root state's `agents` list.
     pub fn infos(&self) -> Vec<Value> {
         self.list.iter().map(AgentSpec::agent_info).collect()

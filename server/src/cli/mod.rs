@@ -16,7 +16,7 @@ pub use token::token;
 
 use context::{context_get, context_put};
 use send::{dirs, send};
-use sessions::{sessions, show};
+use sessions::{agents, sessions, show};
 use tail::{clip, summary, tail};
 
 use std::io::{IsTerminal, Read, Write};
@@ -63,6 +63,8 @@ pub struct Remote {
 /// The client commands.
 #[derive(Debug, Subcommand)]
 pub enum RemoteCommand {
+    /// List the agents sessions can run (echo and the configured ACP agents).
+    Agents(AgentsArgs),
     /// List sessions, newest first.
     Sessions(SessionsArgs),
     /// Show one session's projection.
@@ -107,6 +109,13 @@ pub struct ShowArgs {
     id: String,
 }
 
+/// `tether agents`.
+#[derive(Debug, Args)]
+pub struct AgentsArgs {
+    #[command(flatten)]
+    remote: Remote,
+}
+
 /// `tether tail`.
 #[derive(Debug, Args)]
 pub struct TailArgs {
@@ -134,6 +143,11 @@ pub struct SendArgs {
     /// Give up waiting for the answer after this many seconds.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
+    /// Approve the agent's permission requests (the first option that
+    /// approves). Without it a terminal is asked; otherwise the request
+    /// waits for another client to answer.
+    #[arg(long)]
+    yes: bool,
 }
 
 /// `tether dirs`.
@@ -280,6 +294,7 @@ type Outcome = Result<(), Failed>;
 /// Runs a client command and returns the process exit code.
 pub async fn run(command: RemoteCommand) -> ExitCode {
     let result = match command {
+        RemoteCommand::Agents(args) => agents(args).await,
         RemoteCommand::Sessions(args) => sessions(args).await,
         RemoteCommand::Show(args) => show(args).await,
         RemoteCommand::Tail(args) => tail(args).await,

@@ -30,7 +30,7 @@ pub(super) async fn send(args: SendArgs) -> Outcome {
     note("… waiting for the agent");
     let answer = tokio::time::timeout(
         Duration::from_secs(args.timeout_secs),
-        follow_turn(&mut stream, &turn_id, args.remote.json),
+        follow_turn(&mut stream, &chat, &turn_id, args.remote.json, args.yes),
     )
     .await;
     match answer {
@@ -45,8 +45,17 @@ pub(super) async fn send(args: SendArgs) -> Outcome {
     }
 }
 
-/// Prints the agent's answer to `turn_id` as it streams, until the turn ends.
-async fn follow_turn(stream: &mut SessionStream, turn_id: &str, json: bool) -> Outcome {
+/// Prints the agent's answer to `turn_id` as it streams, until the turn
+/// ends: text to stdout as it arrives, thoughts, tool calls and permission
+/// requests to stderr. A permission request is approved with `yes`, asked
+/// on a terminal, or left to another client.
+async fn follow_turn(
+    stream: &mut SessionStream,
+    chat: &str,
+    turn_id: &str,
+    json: bool,
+    yes: bool,
+) -> Outcome {
     let mut open_line = false;
     while let Some(event) = stream.next().await {
         let envelope = match event {
@@ -67,10 +76,29 @@ async fn follow_turn(stream: &mut SessionStream, turn_id: &str, json: bool) -> O
             out_json(&*envelope, false)?;
         }
         match action["type"].as_str().unwrap_or_default() {
-            "chat/responsePart" if !json => {
-                if let Some(content) = action["part"]["content"].as_str() {
+            "chat/responsePart" if !json && action["part"]["kind"] == "reasoning" => {
+                report(&format!("(thinking) {}", action["part"]["content"].as_str().unwrap_or_default()));
+            }
+            "chat/responsePart" | "chat/delta" if !json => {
+                let content = action["part"]["content"].as_str().or(action["content"].as_str());
+                if let Some(content) = content {
                     write_stdout(content)?;
                     open_line = !content.ends_with('\n');
+                }
+            }
+            "chat/toolCallStart" if !json => {
+                report(&format!("⚙ {}", action["displayName"].as_str().unwrap_or("tool call")));
+            }
+            "chat/toolCallComplete" if !json => {
+                let done = if action["result"]["success"] == true { "done" } else { "failed" };
+                report(&format!("⚙ {} {done}", action["result"]["pastTenseMessage"].as_str().unwrap_or("tool call")));
+            }
+            "chat/toolCallReady" if action.get("confirmed").is_none() => {
+                if let Some(confirm) = permission(&action, turn_id, yes) {
+                    match stream.dispatch(chat, confirm).await? {
+                        Dispatched::Rejected { reason, .. } => report(&format!("tether: the answer was refused: {reason}")),
+                        Dispatched::Accepted(_) => {}
+                    }
                 }
             }
             "chat/turnComplete" => {
@@ -93,6 +121,50 @@ async fn follow_turn(stream: &mut SessionStream, turn_id: &str, json: bool) -> O
         }
     }
     Err(Failed::new(Exit::Unreachable, "the session stream ended"))
+}
+
+/// What the agent does besides writing text (tool calls, thoughts,
+/// permission requests), on stderr whether or not it is a terminal.
+fn report(message: &str) {
+    eprintln!("{message}");
+}
+
+/// The answer to a permission request: approved with `yes`, asked on a
+/// terminal, or `None` (another client answers).
+fn permission(ready: &Value, turn_id: &str, yes: bool) -> Option<Value> {
+    use std::io::IsTerminal;
+    let title = ready["confirmationTitle"]
+        .as_str()
+        .or(ready["invocationMessage"].as_str())
+        .unwrap_or("a tool call");
+    let options = ready["options"].as_array().cloned().unwrap_or_default();
+    let first = |kind: &str| {
+        options
+            .iter()
+            .find(|o| o["kind"] == kind)
+            .and_then(|o| o["id"].as_str())
+            .map(str::to_owned)
+    };
+    let approved = if yes {
+        report(&format!("tether: approving {title} (--yes)"));
+        true
+    } else if std::io::stdin().is_terminal() {
+        eprint!("tether: the agent asks to run {title}. Allow? [y/N] ");
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+        matches!(line.trim(), "y" | "Y" | "yes")
+    } else {
+        report(&format!(
+            "tether: the agent asks to run {title}; waiting for a client to answer (--yes approves)"
+        ));
+        return None;
+    };
+    let mut answer = json!({"type": "chat/toolCallConfirmed", "turnId": turn_id,
+        "toolCallId": ready["toolCallId"], "approved": approved});
+    if let Some(option) = first(if approved { "approve" } else { "deny" }) {
+        answer["selectedOptionId"] = json!(option);
+    }
+    Some(answer)
 }
 
 pub(super) async fn dirs(args: DirsArgs) -> Outcome {

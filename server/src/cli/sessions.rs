@@ -69,6 +69,17 @@ fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> Outco
     Ok(())
 }
 
+pub(super) async fn agents(args: AgentsArgs) -> Outcome {
+    let list = args.remote.client()?.agents().await?;
+    if args.remote.json {
+        return out_json(&list, true);
+    }
+    for agent in &list.agents {
+        out(&format!("{:<16} {:<8} {}", agent.provider, agent.kind, agent.description))?;
+    }
+    Ok(())
+}
+
 pub(super) async fn show(args: ShowArgs) -> Outcome {
     let view = args.remote.client()?.session(&args.id).await?;
     if args.remote.json {

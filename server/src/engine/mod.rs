@@ -260,6 +260,11 @@ pub(crate) fn parse_ms(text: &str) -> i64 {
 }
 
 impl Engine {
+    /// The agents this host offers.
+    pub fn agents(&self) -> &Agents {
+        &self.ctx.agents
+    }
+
     /// Starts the engine on `store`: loads the root state, advertises the
     /// agents and starts the group committer.
     pub async fn start(

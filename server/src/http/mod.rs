@@ -2,6 +2,7 @@
 //! module only merges them, adds the cross-cutting layers and the OpenAPI
 //! document.
 
+pub mod agents;
 pub mod contexts;
 pub mod error;
 pub mod extract;
@@ -44,6 +45,7 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
     tags(
         (name = "operations", description = "Liveness, readiness, metrics and this document."),
         (name = "sessions", description = "Session projections, transcripts, dispatch, resume and tool context."),
+        (name = "agents", description = "The agents sessions can run: echo and the configured ACP agents."),
         (name = "working context", description = "What an agent was doing, saved per project and session."),
     )
 )]
@@ -53,6 +55,7 @@ struct ApiDoc;
 fn documented() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(health::router())
+        .merge(agents::router())
         .merge(metrics::router())
         .merge(sessions::router())
         .merge(contexts::router())

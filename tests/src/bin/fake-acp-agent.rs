@@ -4,7 +4,8 @@
 //! * `FAKE_ACP_CAPS` (comma-separated): `load`, `resume`, `dirs` — the
 //!   capabilities it reports at `initialize`.
 //! * `FAKE_ACP_MODE`: `never-init` (reads, never answers), `garbage` (writes
-//!   a line that is not JSON-RPC before anything else); default: normal.
+//!   a line that is not JSON-RPC before anything else), `stubborn` (ignores
+//!   SIGTERM and stays after stdin closes); default: normal.
 //! * The prompt's text is the script: `stream N`, `think`, `tool`,
 //!   `permission`, `crash`, `hang`, `garbage`, `title T`, `commands`,
 //!   `plan`, `flood N`, `refuse`, `dirs`; anything else is echoed back.
@@ -79,6 +80,13 @@ async fn main() -> Result<(), Error> {
         let _ = tokio::io::copy(&mut tokio::io::stdin(), &mut sink).await;
         return Ok(());
     }
+    let stubborn = mode == "stubborn";
+    let _term = if stubborn {
+        // A handler replaces SIGTERM's default action: it no longer stops us.
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok()
+    } else {
+        None
+    };
     let state: Shared = Shared::default();
     let transport = ByteStreams::new(
         tokio::io::stdout().compat_write(),
@@ -189,7 +197,11 @@ async fn main() -> Result<(), Error> {
             agent_client_protocol::on_receive_request!(),
         )
         .connect_to(transport)
-        .await
+        .await?;
+    if stubborn {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+    Ok(())
 }
 
 /// Plays one prompt's script.

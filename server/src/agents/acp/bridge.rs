@@ -45,6 +45,7 @@ pub fn spawn(
     limits: AcpLimits,
 ) -> Result<AgentProcess, String> {
     let mut child = start(command, Some(&open.cwd))?;
+    let group = child.id();
     let (events_tx, events) = mpsc::channel(EVENTS);
     let (commands_tx, commands) = mpsc::unbounded_channel();
     let (stop, stopped) = oneshot::channel();
@@ -82,7 +83,7 @@ pub fn spawn(
         commands: commands_tx,
         events,
         _stop: stop,
-        capabilities: AcpCapabilities::default(),
+        group,
     })
 }
 
@@ -178,7 +179,7 @@ async fn stop_child(child: &mut Child, pid: Option<u32>, limits: &AcpLimits) -> 
     status.map(describe)
 }
 
-fn signal_group(pid: Option<u32>, signal: rustix::process::Signal) {
+pub(super) fn signal_group(pid: Option<u32>, signal: rustix::process::Signal) {
     if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()).and_then(rustix::process::Pid::from_raw) {
         let _ = rustix::process::kill_process_group(pid, signal);
     }

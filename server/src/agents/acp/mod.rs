@@ -221,8 +221,17 @@ pub struct AgentProcess {
     pub events: mpsc::Receiver<AgentEvent>,
     /// Dropping this stops the bridge (and kills the child).
     _stop: oneshot::Sender<()>,
-    /// What it reported at `initialize` (known once opened).
-    pub capabilities: AcpCapabilities,
+    /// Its process group (the child's pid), killed when this is dropped.
+    group: Option<u32>,
+}
+
+impl Drop for AgentProcess {
+    /// Kills the whole process group at once: an agent that ignores stdin
+    /// EOF, or a wrapper's grandchild (`npx`), goes too. The bridge reaps
+    /// the child.
+    fn drop(&mut self) {
+        bridge::signal_group(self.group, rustix::process::Signal::KILL);
+    }
 }
 
 impl AgentProcess {

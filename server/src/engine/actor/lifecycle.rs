@@ -336,6 +336,8 @@ impl SessionActor {
         let action =
             serde_json::json!({"type": SESSION_SETTLED, "state": settle, "cause": "disposed"});
         self.agent_live = false;
+        // Its agent goes with it (dropping the process kills its group).
+        self.running = None;
         self.follow_ups.push((self.uri.clone(), action));
         let outcomes = self.run_follow_ups().await;
         if let Some(DispatchOutcome::Rejected(refusal)) = outcomes.first() {
