@@ -255,7 +255,12 @@ pub struct ServeArgs {
     /// command is split as a shell would, without a shell; leading
     /// `KEY=VALUE` words are its environment. `TETHER_AGENTS` holds entries
     /// separated by `;`.
-    #[arg(long = "agent", env = "TETHER_AGENTS", value_delimiter = ';', value_name = "NAME=COMMAND")]
+    #[arg(
+        long = "agent",
+        env = "TETHER_AGENTS",
+        value_delimiter = ';',
+        value_name = "NAME=COMMAND"
+    )]
     pub agents: Vec<String>,
 
     /// Most ACP agent processes running at once; a turn beyond it fails
@@ -503,8 +508,7 @@ impl ServeArgs {
     pub fn agent_specs(&self) -> Result<Vec<AgentSpec>, ConfigError> {
         let mut specs: Vec<AgentSpec> = Vec::new();
         for entry in self.agents.iter().filter(|e| !e.trim().is_empty()) {
-            let command =
-                crate::agents::AgentCommand::parse(entry).map_err(ConfigError::Agent)?;
+            let command = crate::agents::AgentCommand::parse(entry).map_err(ConfigError::Agent)?;
             if specs.iter().any(|s| s.provider == command.name) {
                 return Err(ConfigError::Agent(format!(
                     "agent {} is configured twice",

@@ -33,11 +33,13 @@ fn agent(name: &str, env: &str) -> String {
 }
 
 fn config(agents: &[String]) -> ServeConfig {
-    let mut config = ServeConfig::default();
-    config.agents = agents
-        .iter()
-        .map(|a| AgentSpec::acp(AgentCommand::parse(a).expect("agent entry")))
-        .collect();
+    let mut config = ServeConfig {
+        agents: agents
+            .iter()
+            .map(|a| AgentSpec::acp(AgentCommand::parse(a).expect("agent entry")))
+            .collect(),
+        ..ServeConfig::default()
+    };
     config.engine.acp.init_timeout = Duration::from_secs(5);
     config
 }
@@ -91,8 +93,12 @@ impl Api {
         if chat {
             body["channel"] = json!(format!("ahp-chat:/{id}.main"));
         }
-        self.call(reqwest::Method::POST, &format!("/v1/sessions/{id}/actions"), Some(body))
-            .await
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{id}/actions"),
+            Some(body),
+        )
+        .await
     }
 
     async fn turn(&self, id: &str, turn_id: &str, text: &str) {
@@ -116,12 +122,22 @@ impl Api {
             .as_array()
             .expect("envelopes")
             .iter()
-            .map(|e| (e["channel"].as_str().unwrap_or_default().to_owned(), e["action"].clone()))
+            .map(|e| {
+                (
+                    e["channel"].as_str().unwrap_or_default().to_owned(),
+                    e["action"].clone(),
+                )
+            })
             .collect()
     }
 
     /// Waits until the transcript holds an action `done` accepts.
-    async fn until(&self, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Vec<(String, Value)> {
+    async fn until(
+        &self,
+        id: &str,
+        what: &str,
+        done: impl Fn(&Value) -> bool,
+    ) -> Vec<(String, Value)> {
         for _ in 0..400 {
             let transcript = self.transcript(id).await;
             if transcript.iter().any(|(_, a)| done(a)) {
@@ -153,7 +169,10 @@ fn is(kind_: &'static str) -> impl Fn(&Value) -> bool {
 fn ended(turn: &'static str) -> impl Fn(&Value) -> bool {
     move |a| {
         a["turnId"] == turn
-            && matches!(kind(a), "chat/turnComplete" | "chat/error" | "chat/turnCancelled")
+            && matches!(
+                kind(a),
+                "chat/turnComplete" | "chat/error" | "chat/turnCancelled"
+            )
     }
 }
 
@@ -196,9 +215,20 @@ async fn a_streamed_turn_is_recorded_in_order_and_seen_live(db: TestDb) {
     let transcript = api.until("s1", "the turn's end", ended("t1")).await;
     assert_eq!(
         kinds_of(&transcript, "t1"),
-        ["chat/turnStarted", "chat/responsePart", "chat/delta", "chat/delta", "chat/delta", "chat/delta", "chat/turnComplete"]
+        [
+            "chat/turnStarted",
+            "chat/responsePart",
+            "chat/delta",
+            "chat/delta",
+            "chat/delta",
+            "chat/delta",
+            "chat/turnComplete"
+        ]
     );
-    assert_eq!(answer(&transcript, "t1"), "chunk0 chunk1 chunk2 chunk3 chunk4 ");
+    assert_eq!(
+        answer(&transcript, "t1"),
+        "chunk0 chunk1 chunk2 chunk3 chunk4 "
+    );
     let opened = transcript
         .iter()
         .find(|(_, a)| kind(a) == "x-tether/agentOpened")
@@ -206,7 +236,12 @@ async fn a_streamed_turn_is_recorded_in_order_and_seen_live(db: TestDb) {
     assert_eq!(opened.0, "ahp-session:/s1");
     assert_eq!(opened.1["loadSession"], true);
     assert_eq!(opened.1["resumed"], false);
-    assert!(opened.1["acpSessionRef"].as_str().unwrap().starts_with("fake-"));
+    assert!(
+        opened.1["acpSessionRef"]
+            .as_str()
+            .unwrap()
+            .starts_with("fake-")
+    );
 
     // The viewer saw exactly the chat's records, in the same order.
     let mut seen = Vec::new();
@@ -236,7 +271,10 @@ async fn a_streamed_turn_is_recorded_in_order_and_seen_live(db: TestDb) {
     api.turn("s1", "t4", "title Fixing the build").await;
     api.turn("s1", "t5", "plan").await;
     let transcript = api.until("s1", "t5's end", ended("t5")).await;
-    assert!(answer(&transcript, "t5").contains("- [x] look"), "{transcript:?}");
+    assert!(
+        answer(&transcript, "t5").contains("- [x] look"),
+        "{transcript:?}"
+    );
     let view = api.view("s1").await;
     assert_eq!(view["title"], "Fixing the build");
     assert_eq!(view["projection"]["commands"][0]["name"], "test");
@@ -257,36 +295,65 @@ async fn a_permission_request_waits_for_a_client_and_its_answer_reaches_the_agen
             kind(a) == "chat/toolCallReady" && a["options"].is_array()
         })
         .await;
-    let ready = &transcript.iter().find(|(_, a)| kind(a) == "chat/toolCallReady").unwrap().1;
+    let ready = &transcript
+        .iter()
+        .find(|(_, a)| kind(a) == "chat/toolCallReady")
+        .unwrap()
+        .1;
     assert_eq!(ready["toolCallId"], "edit-1");
-    assert_eq!(ready["options"][0], json!({"id": "allow", "label": "Allow once", "kind": "approve", "group": 0}));
+    assert_eq!(
+        ready["options"][0],
+        json!({"id": "allow", "label": "Allow once", "kind": "approve", "group": 0})
+    );
     assert!(ready.get("confirmed").is_none(), "it waits for a person");
     // Nothing moves until a client answers.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!api.transcript("p1").await.iter().any(|(_, a)| ended("t1")(a)));
+    assert!(
+        !api.transcript("p1")
+            .await
+            .iter()
+            .any(|(_, a)| ended("t1")(a))
+    );
     let view = api.view("p1").await;
     assert_eq!(view["projection"]["openTurnId"], "t1");
 
     let (status, answer_) = api
-        .dispatch("p1", true, json!({"type": "chat/toolCallConfirmed", "turnId": "t1",
-            "toolCallId": "edit-1", "approved": true, "selectedOptionId": "allow"}))
+        .dispatch(
+            "p1",
+            true,
+            json!({"type": "chat/toolCallConfirmed", "turnId": "t1",
+            "toolCallId": "edit-1", "approved": true, "selectedOptionId": "allow"}),
+        )
         .await;
     assert_eq!(status, 200, "{answer_}");
     let transcript = api.until("p1", "t1's end", ended("t1")).await;
     assert_eq!(
         kinds_of(&transcript, "t1"),
-        ["chat/turnStarted", "chat/toolCallStart", "chat/toolCallReady", "chat/toolCallConfirmed",
-         "chat/toolCallComplete", "chat/responsePart", "chat/turnComplete"]
+        [
+            "chat/turnStarted",
+            "chat/toolCallStart",
+            "chat/toolCallReady",
+            "chat/toolCallConfirmed",
+            "chat/toolCallComplete",
+            "chat/responsePart",
+            "chat/turnComplete"
+        ]
     );
     assert_eq!(answer(&transcript, "t1"), "edited");
 
     // Denied: the agent hears "reject" (no option named, the first deny).
     api.turn("p1", "t2", "permission").await;
-    api.until("p1", "t2's confirmation", |a| kind(a) == "chat/toolCallReady" && a["turnId"] == "t2")
-        .await;
-    api.dispatch("p1", true, json!({"type": "chat/toolCallConfirmed", "turnId": "t2",
-        "toolCallId": "edit-1", "approved": false}))
-        .await;
+    api.until("p1", "t2's confirmation", |a| {
+        kind(a) == "chat/toolCallReady" && a["turnId"] == "t2"
+    })
+    .await;
+    api.dispatch(
+        "p1",
+        true,
+        json!({"type": "chat/toolCallConfirmed", "turnId": "t2",
+        "toolCallId": "edit-1", "approved": false}),
+    )
+    .await;
     let transcript = api.until("p1", "t2's end", ended("t2")).await;
     assert_eq!(answer(&transcript, "t2"), "not edited");
     server.stop().await;
@@ -297,9 +364,16 @@ async fn a_cancelled_turn_reaches_the_agent_and_the_session_goes_on(db: TestDb) 
     let api = Api::new(server.base_url());
     api.create("c1", "fake", &[]).await;
     api.turn("c1", "t1", "hang").await;
-    api.until("c1", "the agent at work", |a| kind(a) == "chat/responsePart").await;
+    api.until("c1", "the agent at work", |a| {
+        kind(a) == "chat/responsePart"
+    })
+    .await;
     let (status, _) = api
-        .dispatch("c1", true, json!({"type": "chat/turnCancelled", "turnId": "t1", "duration": 1}))
+        .dispatch(
+            "c1",
+            true,
+            json!({"type": "chat/turnCancelled", "turnId": "t1", "duration": 1}),
+        )
         .await;
     assert_eq!(status, 200);
     // The agent answered session/cancel with `cancelled`: its next turn is
@@ -309,15 +383,25 @@ async fn a_cancelled_turn_reaches_the_agent_and_the_session_goes_on(db: TestDb) 
     assert_eq!(answer(&transcript, "t2"), "after");
     assert_eq!(
         kinds_of(&transcript, "t1"),
-        ["chat/turnStarted", "chat/responsePart", "chat/turnCancelled"]
+        [
+            "chat/turnStarted",
+            "chat/responsePart",
+            "chat/turnCancelled"
+        ]
     );
     // Cancelled while a permission request waits: the agent is told
     // `cancelled` and the session goes on.
     api.turn("c1", "t3", "permission").await;
-    api.until("c1", "t3's confirmation", |a| kind(a) == "chat/toolCallReady" && a["turnId"] == "t3")
-        .await;
-    api.dispatch("c1", true, json!({"type": "chat/turnCancelled", "turnId": "t3", "duration": 1}))
-        .await;
+    api.until("c1", "t3's confirmation", |a| {
+        kind(a) == "chat/toolCallReady" && a["turnId"] == "t3"
+    })
+    .await;
+    api.dispatch(
+        "c1",
+        true,
+        json!({"type": "chat/turnCancelled", "turnId": "t3", "duration": 1}),
+    )
+    .await;
     api.turn("c1", "t4", "still here").await;
     let transcript = api.until("c1", "t4's end", ended("t4")).await;
     assert_eq!(answer(&transcript, "t4"), "still here");
@@ -327,7 +411,10 @@ async fn a_cancelled_turn_reaches_the_agent_and_the_session_goes_on(db: TestDb) 
 async fn a_crash_mid_turn_fails_the_turn_and_settles_the_session(db: TestDb) {
     let server = start(
         &db,
-        config(&[agent("loader", "FAKE_ACP_CAPS=load"), agent("plain", "FAKE_ACP_CAPS=")]),
+        config(&[
+            agent("loader", "FAKE_ACP_CAPS=load"),
+            agent("plain", "FAKE_ACP_CAPS="),
+        ]),
     )
     .await;
     let api = Api::new(server.base_url());
@@ -338,11 +425,20 @@ async fn a_crash_mid_turn_fails_the_turn_and_settles_the_session(db: TestDb) {
     assert_eq!(kind(failed), "chat/error");
     assert_eq!(failed["part"]["error"]["errorType"], "process_exited");
     assert!(
-        failed["part"]["error"]["message"].as_str().unwrap().contains("status 3"),
+        failed["part"]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("status 3"),
         "{failed}"
     );
-    let settled = api.until("k1", "the settling", is("x-tether/sessionSettled")).await;
-    let last = settled.iter().rev().find(|(_, a)| kind(a) == "x-tether/sessionSettled").unwrap();
+    let settled = api
+        .until("k1", "the settling", is("x-tether/sessionSettled"))
+        .await;
+    let last = settled
+        .iter()
+        .rev()
+        .find(|(_, a)| kind(a) == "x-tether/sessionSettled")
+        .unwrap();
     assert_eq!(last.1["state"], "dormant", "it can be resumed");
     assert_eq!(last.1["cause"], "process_exited");
     assert_eq!(api.view("k1").await["state"], "dormant");
@@ -359,15 +455,19 @@ async fn a_crash_mid_turn_fails_the_turn_and_settles_the_session(db: TestDb) {
     assert_eq!(opens[1]["resumed"], true);
     assert_eq!(opens[1]["acpSessionRef"], opens[0]["acpSessionRef"]);
     assert!(
-        !transcript.iter().any(|(_, a)| a.to_string().contains("replayed history")),
+        !transcript
+            .iter()
+            .any(|(_, a)| a.to_string().contains("replayed history")),
         "session/load's replay is not recorded again"
     );
 
     // An agent that cannot load: the session ends.
     api.create("k2", "plain", &[]).await;
     api.turn("k2", "t1", "crash").await;
-    api.until("k2", "the settling", |a| kind(a) == "x-tether/sessionSettled" && a["cause"] == "process_exited")
-        .await;
+    api.until("k2", "the settling", |a| {
+        kind(a) == "x-tether/sessionSettled" && a["cause"] == "process_exited"
+    })
+    .await;
     assert_eq!(api.view("k2").await["state"], "ended");
     server.stop().await;
 }
@@ -379,12 +479,14 @@ async fn an_agent_that_writes_garbage_or_never_answers_is_stopped_with_a_clear_e
         agent("midway", "FAKE_ACP_CAPS="),
     ]);
     config.engine.acp.init_timeout = Duration::from_millis(500);
+    config.engine.acp.max_updates_per_turn = 20;
     let server = start(&db, config).await;
     let api = Api::new(server.base_url());
     for (id, provider, text, needle) in [
         ("g1", "noisy", "hello", "not an ACP message"),
         ("g2", "mute", "hello", "did not answer initialize"),
         ("g3", "midway", "garbage", "not an ACP message"),
+        ("g4", "midway", "flood 50", "more than 20 updates"),
     ] {
         api.create(id, provider, &[]).await;
         api.turn(id, "t1", text).await;
@@ -408,11 +510,18 @@ async fn unknown_providers_and_the_process_limit_are_refused_clearly(db: TestDb)
     let server = start(&db, config).await;
     let api = Api::new(server.base_url());
     let (status, problem) = api
-        .call(reqwest::Method::POST, "/v1/sessions", Some(json!({"provider": "nobody"})))
+        .call(
+            reqwest::Method::POST,
+            "/v1/sessions",
+            Some(json!({"provider": "nobody"})),
+        )
         .await;
     assert_eq!(status, 422, "{problem}");
     let detail = problem["detail"].as_str().unwrap();
-    assert!(detail.contains("echo") && detail.contains("fake"), "{detail}");
+    assert!(
+        detail.contains("echo") && detail.contains("fake"),
+        "{detail}"
+    );
 
     // The root state advertises the agent with what it reported.
     let client = server.initialized("root-viewer").await;
@@ -424,13 +533,19 @@ async fn unknown_providers_and_the_process_limit_are_refused_clearly(db: TestDb)
     api.create("m1", "fake", &[]).await;
     api.create("m2", "fake", &[]).await;
     api.turn("m1", "t1", "hang").await;
-    api.until("m1", "the first agent at work", |a| kind(a) == "chat/responsePart").await;
+    api.until("m1", "the first agent at work", |a| {
+        kind(a) == "chat/responsePart"
+    })
+    .await;
     api.turn("m2", "t1", "hello").await;
     let transcript = api.until("m2", "the refused turn", ended("t1")).await;
     let failed = &transcript.iter().find(|(_, a)| ended("t1")(a)).unwrap().1;
     assert_eq!(failed["part"]["error"]["errorType"], "agent_unavailable");
     assert!(
-        failed["part"]["error"]["message"].as_str().unwrap().contains("maximum of 1"),
+        failed["part"]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum of 1"),
         "{failed}"
     );
     server.stop().await;
@@ -444,8 +559,10 @@ async fn an_idle_agent_is_stopped_and_its_next_turn_starts_it_again(db: TestDb) 
     api.create("i1", "fake", &[]).await;
     api.turn("i1", "t1", "hello").await;
     api.until("i1", "t1's end", ended("t1")).await;
-    api.until("i1", "the idle stop", |a| kind(a) == "x-tether/sessionSettled" && a["cause"] == "idle")
-        .await;
+    api.until("i1", "the idle stop", |a| {
+        kind(a) == "x-tether/sessionSettled" && a["cause"] == "idle"
+    })
+    .await;
     assert_eq!(api.view("i1").await["state"], "dormant");
     api.turn("i1", "t2", "awake").await;
     let transcript = api.until("i1", "t2's end", ended("t2")).await;
@@ -456,20 +573,32 @@ async fn an_idle_agent_is_stopped_and_its_next_turn_starts_it_again(db: TestDb) 
 async fn resume_reopens_the_agent_without_replaying_its_history(db: TestDb) {
     let server = start(
         &db,
-        config(&[agent("resumer", "FAKE_ACP_CAPS=resume,dirs"), agent("loader", "FAKE_ACP_CAPS=load,dirs")]),
+        config(&[
+            agent("resumer", "FAKE_ACP_CAPS=resume,dirs"),
+            agent("loader", "FAKE_ACP_CAPS=load,dirs"),
+        ]),
     )
     .await;
     let api = Api::new(server.base_url());
-    let (a, b, c) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b, c) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
     for provider in ["resumer", "loader"] {
         let id = format!("r-{provider}");
         api.create(&id, provider, &[a.path(), b.path()]).await;
         api.turn(&id, "t1", "dirs").await;
         let transcript = api.until(&id, "t1's end", ended("t1")).await;
-        assert_eq!(answer(&transcript, "t1"), format!("dirs: {}", b.path().display()));
+        assert_eq!(
+            answer(&transcript, "t1"),
+            format!("dirs: {}", b.path().display())
+        );
         api.turn(&id, "t2", "crash").await;
-        api.until(&id, "the settling", |x| kind(x) == "x-tether/sessionSettled" && x["cause"] == "process_exited")
-            .await;
+        api.until(&id, "the settling", |x| {
+            kind(x) == "x-tether/sessionSettled" && x["cause"] == "process_exited"
+        })
+        .await;
         let (status, resumed) = api
             .call(
                 reqwest::Method::POST,
@@ -494,10 +623,16 @@ async fn resume_reopens_the_agent_without_replaying_its_history(db: TestDb) {
             .filter(|(_, x)| kind(x) == "x-tether/agentOpened")
             .map(|(_, x)| x)
             .collect();
-        assert_eq!(opens.len(), 2, "{provider}: one process per open, none twice");
+        assert_eq!(
+            opens.len(),
+            2,
+            "{provider}: one process per open, none twice"
+        );
         assert_eq!(opens[1]["resumed"], true);
         assert!(
-            !transcript.iter().any(|(_, x)| x.to_string().contains("replayed history")),
+            !transcript
+                .iter()
+                .any(|(_, x)| x.to_string().contains("replayed history")),
             "{provider}: no history replayed into the transcript"
         );
     }
@@ -520,31 +655,60 @@ async fn working_directories_change_through_the_agent(db: TestDb) {
     api.until("w1", "t1's end", ended("t1")).await;
     let uri = |p: &std::path::Path| format!("file://{}", p.display());
     let (status, answer_) = api
-        .dispatch("w1", false, json!({"type": "session/workingDirectorySet", "directory": uri(&b)}))
+        .dispatch(
+            "w1",
+            false,
+            json!({"type": "session/workingDirectorySet", "directory": uri(&b)}),
+        )
         .await;
     assert_eq!(status, 200, "{answer_}");
     api.turn("w1", "t2", "dirs").await;
     let transcript = api.until("w1", "t2's end", ended("t2")).await;
-    assert_eq!(answer(&transcript, "t2"), format!("dirs: {}", b.display()), "applied through session/resume");
+    assert_eq!(
+        answer(&transcript, "t2"),
+        format!("dirs: {}", b.display()),
+        "applied through session/resume"
+    );
 
     // The agent refuses: so does the host, with the agent's reason, and
     // nothing is recorded.
     let (status, problem) = api
-        .dispatch("w1", false, json!({"type": "session/workingDirectorySet", "directory": uri(&refused)}))
+        .dispatch(
+            "w1",
+            false,
+            json!({"type": "session/workingDirectorySet", "directory": uri(&refused)}),
+        )
         .await;
     assert_eq!(status, 422, "{problem}");
-    assert!(problem["detail"].as_str().unwrap().contains("cannot work in"), "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("cannot work in"),
+        "{problem}"
+    );
     let view = api.view("w1").await;
     assert_eq!(view["workingDirectories"].as_array().unwrap().len(), 2);
 
     // A primary replacement needs a capability ACP agents do not have:
     // refused before the agent is asked.
     let (status, problem) = api
-        .dispatch("w1", false, json!({"type": "session/workingDirectoryReplaced",
-            "directory": uri(&a), "replacement": uri(&refused)}))
+        .dispatch(
+            "w1",
+            false,
+            json!({"type": "session/workingDirectoryReplaced",
+            "directory": uri(&a), "replacement": uri(&refused)}),
+        )
         .await;
     assert_eq!(status, 422, "{problem}");
-    assert!(problem["detail"].as_str().unwrap().to_lowercase().contains("primary"), "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .to_lowercase()
+            .contains("primary"),
+        "{problem}"
+    );
     server.stop().await;
 }
 
@@ -554,7 +718,10 @@ async fn the_boot_sweep_settles_a_session_whose_agent_was_mid_turn(db: TestDb) {
     let api = Api::new(server.base_url());
     api.create("b1", "fake", &[]).await;
     api.turn("b1", "t1", "hang").await;
-    api.until("b1", "the agent at work", |a| kind(a) == "chat/responsePart").await;
+    api.until("b1", "the agent at work", |a| {
+        kind(a) == "chat/responsePart"
+    })
+    .await;
     server.kill().await;
     server.restart().await;
     let transcript = api.until("b1", "the swept turn", ended("t1")).await;
@@ -576,13 +743,20 @@ fn agent_pid(transcript: &[(String, Value)]) -> u32 {
         .find(|(_, a)| kind(a) == "x-tether/agentOpened")
         .and_then(|(_, a)| a["acpSessionRef"].as_str())
         .expect("an opened agent");
-    reference.split('-').nth(1).and_then(|p| p.parse().ok()).expect("a pid")
+    reference
+        .split('-')
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .expect("a pid")
 }
 
 /// Whether `pid` is a live process (not gone, not a zombie).
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| stat.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+    })
 }
 
 async fn gone(pid: u32) -> bool {
@@ -603,15 +777,26 @@ async fn processes_are_killed_on_dispose_and_shutdown_even_when_they_ignore_eof(
         api.create(id, "fake", &[]).await;
         api.turn(id, "t1", "hang").await;
     }
-    let first = agent_pid(&api.until("d1", "d1 at work", |a| kind(a) == "chat/responsePart").await);
-    let second = agent_pid(&api.until("d2", "d2 at work", |a| kind(a) == "chat/responsePart").await);
+    let first = agent_pid(
+        &api.until("d1", "d1 at work", |a| kind(a) == "chat/responsePart")
+            .await,
+    );
+    let second = agent_pid(
+        &api.until("d2", "d2 at work", |a| kind(a) == "chat/responsePart")
+            .await,
+    );
     assert!(alive(first) && alive(second) && first != second);
-    let (status, _) = api.call(reqwest::Method::DELETE, "/v1/sessions/d1", None).await;
+    let (status, _) = api
+        .call(reqwest::Method::DELETE, "/v1/sessions/d1", None)
+        .await;
     assert_eq!(status, 200);
     assert!(gone(first).await, "disposing the session killed its agent");
     assert!(alive(second));
     server.terminate().await;
-    assert!(gone(second).await, "shutting down killed the agent that ignores SIGTERM and EOF");
+    assert!(
+        gone(second).await,
+        "shutting down killed the agent that ignores SIGTERM and EOF"
+    );
 }
 
 async fn the_cli_lists_agents_and_streams_a_turn_approving_with_yes(db: TestDb) {
@@ -633,8 +818,16 @@ async fn the_cli_lists_agents_and_streams_a_turn_approving_with_yes(db: TestDb) 
     let listed = cli(&["agents"]).output().await.expect("tether agents");
     let text = String::from_utf8_lossy(&listed.stdout);
     assert!(listed.status.success(), "{listed:?}");
-    assert!(text.lines().any(|l| l.starts_with("echo") && l.contains("builtin")), "{text}");
-    assert!(text.lines().any(|l| l.starts_with("fake") && l.contains("acp") && l.contains("loadSession")), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("echo") && l.contains("builtin")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("fake") && l.contains("acp") && l.contains("loadSession")),
+        "{text}"
+    );
 
     let sent = tokio::time::timeout(
         Duration::from_secs(60),
@@ -643,12 +836,18 @@ async fn the_cli_lists_agents_and_streams_a_turn_approving_with_yes(db: TestDb) 
     .await
     .expect("in time")
     .expect("tether send");
-    let (out, err) = (String::from_utf8_lossy(&sent.stdout), String::from_utf8_lossy(&sent.stderr));
+    let (out, err) = (
+        String::from_utf8_lossy(&sent.stdout),
+        String::from_utf8_lossy(&sent.stderr),
+    );
     assert!(sent.status.success(), "{out} / {err}");
     assert_eq!(out.trim(), "edited", "stderr: {err}");
     assert!(err.contains("Editing config.json"), "{err}");
     assert!(err.contains("approving"), "{err}");
     let transcript = api.transcript("cli1").await;
-    let confirmed = transcript.iter().find(|(_, a)| kind(a) == "chat/toolCallConfirmed").expect("confirmed");
+    let confirmed = transcript
+        .iter()
+        .find(|(_, a)| kind(a) == "chat/toolCallConfirmed")
+        .expect("confirmed");
     assert_eq!(confirmed.1["selectedOptionId"], "allow");
 }

@@ -113,7 +113,10 @@ mod tests {
         assert_eq!(agent.program, "my agent");
         assert_eq!(agent.args, ["--flag", "two words", "a b"]);
         assert_eq!(agent.env, [("KEY".to_owned(), "v1".to_owned())]);
-        assert_eq!(agent.display(), "'KEY=…' 'my agent' --flag 'two words' 'a b'");
+        assert_eq!(
+            agent.display(),
+            "'KEY=…' 'my agent' --flag 'two words' 'a b'"
+        );
     }
 
     #[test]

@@ -77,26 +77,45 @@ async fn follow_turn(
         }
         match action["type"].as_str().unwrap_or_default() {
             "chat/responsePart" if !json && action["part"]["kind"] == "reasoning" => {
-                report(&format!("(thinking) {}", action["part"]["content"].as_str().unwrap_or_default()));
+                report(&format!(
+                    "(thinking) {}",
+                    action["part"]["content"].as_str().unwrap_or_default()
+                ));
             }
             "chat/responsePart" | "chat/delta" if !json => {
-                let content = action["part"]["content"].as_str().or(action["content"].as_str());
+                let content = action["part"]["content"]
+                    .as_str()
+                    .or(action["content"].as_str());
                 if let Some(content) = content {
                     write_stdout(content)?;
                     open_line = !content.ends_with('\n');
                 }
             }
             "chat/toolCallStart" if !json => {
-                report(&format!("⚙ {}", action["displayName"].as_str().unwrap_or("tool call")));
+                report(&format!(
+                    "⚙ {}",
+                    action["displayName"].as_str().unwrap_or("tool call")
+                ));
             }
             "chat/toolCallComplete" if !json => {
-                let done = if action["result"]["success"] == true { "done" } else { "failed" };
-                report(&format!("⚙ {} {done}", action["result"]["pastTenseMessage"].as_str().unwrap_or("tool call")));
+                let done = if action["result"]["success"] == true {
+                    "done"
+                } else {
+                    "failed"
+                };
+                report(&format!(
+                    "⚙ {} {done}",
+                    action["result"]["pastTenseMessage"]
+                        .as_str()
+                        .unwrap_or("tool call")
+                ));
             }
             "chat/toolCallReady" if action.get("confirmed").is_none() => {
                 if let Some(confirm) = permission(&action, turn_id, yes) {
                     match stream.dispatch(chat, confirm).await? {
-                        Dispatched::Rejected { reason, .. } => report(&format!("tether: the answer was refused: {reason}")),
+                        Dispatched::Rejected { reason, .. } => {
+                            report(&format!("tether: the answer was refused: {reason}"))
+                        }
                         Dispatched::Accepted(_) => {}
                     }
                 }

@@ -75,7 +75,10 @@ pub(super) async fn agents(args: AgentsArgs) -> Outcome {
         return out_json(&list, true);
     }
     for agent in &list.agents {
-        out(&format!("{:<16} {:<8} {}", agent.provider, agent.kind, agent.description))?;
+        out(&format!(
+            "{:<16} {:<8} {}",
+            agent.provider, agent.kind, agent.description
+        ))?;
     }
     Ok(())
 }

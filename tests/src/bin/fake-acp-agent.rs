@@ -19,13 +19,13 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     CancelNotification, InitializeRequest, InitializeResponse, LoadSessionRequest,
     LoadSessionResponse, NewSessionRequest, NewSessionResponse, PromptRequest, PromptResponse,
     RequestPermissionOutcome, RequestPermissionRequest, ResumeSessionRequest,
     ResumeSessionResponse, SessionNotification, SessionUpdate, StopReason,
 };
-use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, ByteStreams, Client, Error};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -215,7 +215,10 @@ async fn run(
     let mut words = text.split_whitespace();
     let command = words.next().unwrap_or_default();
     let rest: Vec<&str> = words.collect();
-    let count = rest.first().and_then(|n| n.parse::<usize>().ok()).unwrap_or(3);
+    let count = rest
+        .first()
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(3);
     let say = |text: &str| cx.send_notification(chunk(session, "agent_message_chunk", text));
     match command {
         "stream" => {
@@ -236,15 +239,21 @@ async fn run(
         "tool" => {
             cx.send_notification(update(session, json!({"sessionUpdate": "tool_call", "toolCallId": "read-1",
                 "title": "Reading notes.txt", "kind": "read", "status": "pending", "rawInput": {"path": "notes.txt"}})))?;
-            cx.send_notification(update(session, json!({"sessionUpdate": "tool_call_update", "toolCallId": "read-1",
-                "status": "in_progress"})))?;
+            cx.send_notification(update(
+                session,
+                json!({"sessionUpdate": "tool_call_update", "toolCallId": "read-1",
+                "status": "in_progress"}),
+            ))?;
             cx.send_notification(update(session, json!({"sessionUpdate": "tool_call_update", "toolCallId": "read-1",
                 "status": "completed", "content": [{"type": "content", "content": {"type": "text", "text": "the notes"}}]})))?;
             say("read it")?;
         }
         "permission" => {
-            cx.send_notification(update(session, json!({"sessionUpdate": "tool_call", "toolCallId": "edit-1",
-                "title": "Editing config.json", "kind": "edit", "status": "pending"})))?;
+            cx.send_notification(update(
+                session,
+                json!({"sessionUpdate": "tool_call", "toolCallId": "edit-1",
+                "title": "Editing config.json", "kind": "edit", "status": "pending"}),
+            ))?;
             let request: RequestPermissionRequest = serde_json::from_value(json!({
                 "sessionId": session,
                 "toolCall": {"toolCallId": "edit-1", "title": "Editing config.json", "kind": "edit"},
@@ -257,14 +266,22 @@ async fn run(
                 () = cancel.notified() => return Ok(StopReason::Cancelled),
             };
             match answer.outcome {
-                RequestPermissionOutcome::Selected(selected) if selected.option_id.to_string() == "allow" => {
-                    cx.send_notification(update(session, json!({"sessionUpdate": "tool_call_update",
-                        "toolCallId": "edit-1", "status": "completed"})))?;
+                RequestPermissionOutcome::Selected(selected)
+                    if selected.option_id.to_string() == "allow" =>
+                {
+                    cx.send_notification(update(
+                        session,
+                        json!({"sessionUpdate": "tool_call_update",
+                        "toolCallId": "edit-1", "status": "completed"}),
+                    ))?;
                     say("edited")?;
                 }
                 RequestPermissionOutcome::Selected(_) => {
-                    cx.send_notification(update(session, json!({"sessionUpdate": "tool_call_update",
-                        "toolCallId": "edit-1", "status": "failed"})))?;
+                    cx.send_notification(update(
+                        session,
+                        json!({"sessionUpdate": "tool_call_update",
+                        "toolCallId": "edit-1", "status": "failed"}),
+                    ))?;
                     say("not edited")?;
                 }
                 _ => return Ok(StopReason::Cancelled),
@@ -287,16 +304,22 @@ async fn run(
             tokio::time::sleep(Duration::from_secs(5)).await;
         }
         "title" => {
-            cx.send_notification(update(session, json!({"sessionUpdate": "session_info_update", "title": rest.join(" ")})))?;
+            cx.send_notification(update(
+                session,
+                json!({"sessionUpdate": "session_info_update", "title": rest.join(" ")}),
+            ))?;
         }
         "commands" => {
             cx.send_notification(update(session, json!({"sessionUpdate": "available_commands_update",
                 "availableCommands": [{"name": "test", "description": "Run the tests", "input": {"hint": "filter"}}]})))?;
         }
         "plan" => {
-            cx.send_notification(update(session, json!({"sessionUpdate": "plan", "entries": [
+            cx.send_notification(update(
+                session,
+                json!({"sessionUpdate": "plan", "entries": [
                 {"content": "look", "priority": "high", "status": "completed"},
-                {"content": "fix", "priority": "medium", "status": "pending"}]})))?;
+                {"content": "fix", "priority": "medium", "status": "pending"}]}),
+            ))?;
         }
         "refuse" => return Ok(StopReason::Refusal),
         "dirs" => {

@@ -23,8 +23,8 @@ use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 use super::lines::{Guarded, Verdict};
 use super::map::{Turn, TurnMap};
 use super::{
-    AcpCapabilities, AcpLimits, AgentEvent, AgentProcess, OpenMode, OpenRequest,
-    PermissionAnswer, ToAgent,
+    AcpCapabilities, AcpLimits, AgentEvent, AgentProcess, OpenMode, OpenRequest, PermissionAnswer,
+    ToAgent,
 };
 use crate::agents::AgentCommand;
 use crate::store::now_ms;
@@ -180,7 +180,10 @@ async fn stop_child(child: &mut Child, pid: Option<u32>, limits: &AcpLimits) -> 
 }
 
 pub(super) fn signal_group(pid: Option<u32>, signal: rustix::process::Signal) {
-    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()).and_then(rustix::process::Pid::from_raw) {
+    if let Some(pid) = pid
+        .and_then(|p| i32::try_from(p).ok())
+        .and_then(rustix::process::Pid::from_raw)
+    {
         let _ = rustix::process::kill_process_group(pid, signal);
     }
 }
@@ -198,9 +201,8 @@ async fn initialize(
     cx: &ConnectionTo<Agent>,
     timeout: std::time::Duration,
 ) -> Result<InitializeResponse, String> {
-    let request = InitializeRequest::new(ProtocolVersion::V1).client_info(
-        Implementation::new("tether", env!("CARGO_PKG_VERSION")).title("Tether"),
-    );
+    let request = InitializeRequest::new(ProtocolVersion::V1)
+        .client_info(Implementation::new("tether", env!("CARGO_PKG_VERSION")).title("Tether"));
     match tokio::time::timeout(timeout, cx.send_request(request).block_task()).await {
         Ok(Ok(response)) => Ok(response),
         Ok(Err(err)) => Err(format!("it refused initialize: {err}")),
@@ -278,10 +280,21 @@ impl Bridge {
         };
         let transport = ByteStreams::new(
             stdin.compat_write(),
-            Guarded::new(stdout.compat(), self.limits.max_line_bytes, self.verdict.clone()),
+            Guarded::new(
+                stdout.compat(),
+                self.limits.max_line_bytes,
+                self.verdict.clone(),
+            ),
         );
         let (done_tx, mut done) = mpsc::unbounded_channel::<()>();
-        let notify = (self.events.clone(), self.map.clone(), self.verdict.clone());
+        // A limit broken inside a handler stops the connection from the loop.
+        let (abort_tx, mut abort) = mpsc::unbounded_channel::<()>();
+        let notify = (
+            self.events.clone(),
+            self.map.clone(),
+            self.verdict.clone(),
+            abort_tx,
+        );
         let limit = self.limits.max_updates_per_turn;
         let ask = (self.events.clone(), self.map.clone());
         let result = Client
@@ -289,14 +302,13 @@ impl Bridge {
             .name("tether")
             .on_receive_notification(
                 async move |notification: SessionNotification, _cx| {
-                    let (events, map, verdict) = &notify;
+                    let (events, map, verdict, abort) = &notify;
                     let actions = {
                         let mut map = map.lock().map_err(|_| fail(verdict, "poisoned".into()))?;
                         if map.updates >= limit {
-                            return Err(fail(
-                                verdict,
-                                format!("the agent sent more than {limit} updates in one turn"),
-                            ));
+                            fail(verdict, format!("the agent sent more than {limit} updates in one turn"));
+                            let _ = abort.send(());
+                            return Ok(());
                         }
                         map.update(&notification.update)
                     };
@@ -413,14 +425,19 @@ impl Bridge {
                         Some(()) = done.recv() => running = None,
                         _ = &mut stopped => return Ok(Stop::Asked),
                         () = cx.incoming_closed() => return Ok(Stop::Ended),
+                        Some(()) = abort.recv() => return Ok(Stop::Ended),
                     }
                 }
             })
             .await;
         match result {
             Ok(stop) => Ok(stop),
-            Err(err) if agent_client_protocol::is_connection_terminated(&err)
-                || agent_client_protocol::is_incoming_transport_closed(&err) => Ok(Stop::Ended),
+            Err(err)
+                if agent_client_protocol::is_connection_terminated(&err)
+                    || agent_client_protocol::is_incoming_transport_closed(&err) =>
+            {
+                Ok(Stop::Ended)
+            }
             Err(err) => Err(format!("the ACP connection failed: {err}")),
         }
     }
@@ -436,10 +453,16 @@ impl Bridge {
         } else {
             Vec::new()
         };
-        let in_time = |what: &str| format!("it did not answer {what} within {} s", timeout.as_secs_f64());
+        let in_time = |what: &str| {
+            format!(
+                "it did not answer {what} within {} s",
+                timeout.as_secs_f64()
+            )
+        };
         let (session, resumed) = match &open.mode {
             OpenMode::New => {
-                let request = NewSessionRequest::new(open.cwd.clone()).additional_directories(additional);
+                let request =
+                    NewSessionRequest::new(open.cwd.clone()).additional_directories(additional);
                 let response = tokio::time::timeout(timeout, cx.send_request(request).block_task())
                     .await
                     .map_err(|_| in_time("session/new"))?
@@ -463,7 +486,8 @@ impl Bridge {
                 }
                 let request = LoadSessionRequest::new(id.clone(), open.cwd.clone())
                     .additional_directories(additional);
-                let answer = tokio::time::timeout(timeout, cx.send_request(request).block_task()).await;
+                let answer =
+                    tokio::time::timeout(timeout, cx.send_request(request).block_task()).await;
                 if let Ok(mut m) = self.map.lock() {
                     m.replaying = false;
                 }
@@ -509,26 +533,25 @@ impl Bridge {
             vec![ContentBlock::Text(TextContent::new(next.text))],
         );
         let (events, map) = (self.events.clone(), self.map.clone());
-        cx.prepare_request(request).on_receiving_result(async move |result| {
-            if let Err(err) = &result
-                && (agent_client_protocol::is_incoming_transport_closed(err)
-                    || agent_client_protocol::is_connection_terminated(err))
-            {
-                // The process is going: its exit fails the turn, with why.
-                return Ok(());
-            }
-            let stop = result
-                .map(|r| r.stop_reason)
-                .map_err(|e| said(&e));
-            let actions = map
-                .lock()
-                .map(|mut m| m.finish(stop, now_ms()))
-                .unwrap_or_default();
-            if !actions.is_empty() {
-                let _ = events.send(AgentEvent::Actions(actions)).await;
-            }
-            let _ = done.send(());
-            Ok(())
-        })
+        cx.prepare_request(request)
+            .on_receiving_result(async move |result| {
+                if let Err(err) = &result
+                    && (agent_client_protocol::is_incoming_transport_closed(err)
+                        || agent_client_protocol::is_connection_terminated(err))
+                {
+                    // The process is going: its exit fails the turn, with why.
+                    return Ok(());
+                }
+                let stop = result.map(|r| r.stop_reason).map_err(|e| said(&e));
+                let actions = map
+                    .lock()
+                    .map(|mut m| m.finish(stop, now_ms()))
+                    .unwrap_or_default();
+                if !actions.is_empty() {
+                    let _ = events.send(AgentEvent::Actions(actions)).await;
+                }
+                let _ = done.send(());
+                Ok(())
+            })
     }
 }

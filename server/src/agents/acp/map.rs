@@ -138,7 +138,12 @@ impl TurnMap {
                 let content = fields.content.clone().unwrap_or_default();
                 match fields.status {
                     Some(status) => {
-                        actions.extend(self.tool_status(&id, status, &content, fields.raw_output.as_ref()));
+                        actions.extend(self.tool_status(
+                            &id,
+                            status,
+                            &content,
+                            fields.raw_output.as_ref(),
+                        ));
                     }
                     None if !content.is_empty() => {
                         actions.extend(self.tool_content(&id, &content));
@@ -153,7 +158,11 @@ impl TurnMap {
                 };
                 let mut text = String::from("**Plan**\n");
                 for entry in &plan.entries {
-                    let mark = match serde_json::to_value(&entry.status).ok().as_ref().and_then(Value::as_str) {
+                    let mark = match serde_json::to_value(&entry.status)
+                        .ok()
+                        .as_ref()
+                        .and_then(Value::as_str)
+                    {
                         Some("completed") => "x",
                         Some("in_progress") => "~",
                         _ => " ",
@@ -231,7 +240,11 @@ impl TurnMap {
             let title = fields.title.clone().unwrap_or_else(|| id.clone());
             actions.extend(self.start_tool(&id, &title, fields.kind));
         }
-        let title = self.tools.get(&id).map(|t| t.title.clone()).unwrap_or_default();
+        let title = self
+            .tools
+            .get(&id)
+            .map(|t| t.title.clone())
+            .unwrap_or_default();
         let options: Vec<Value> = request
             .options
             .iter()
@@ -305,7 +318,10 @@ impl TurnMap {
                 "agent_error",
                 format!("The agent stopped the turn: {other:?}."),
             ),
-            Err(message) => error("agent_error", format!("The agent failed the turn: {message}")),
+            Err(message) => error(
+                "agent_error",
+                format!("The agent failed the turn: {message}"),
+            ),
         };
         self.stream = None;
         vec![(turn.chat, action)]
@@ -414,7 +430,11 @@ impl TurnMap {
         let Some(turn) = &self.turn else {
             return actions;
         };
-        if self.tools.get(id).is_some_and(|t| t.phase == ToolPhase::Running) {
+        if self
+            .tools
+            .get(id)
+            .is_some_and(|t| t.phase == ToolPhase::Running)
+        {
             actions.push((
                 turn.chat.clone(),
                 json!({"type": "chat/toolCallContentChanged", "turnId": turn.turn_id,
@@ -541,7 +561,13 @@ mod tests {
         all.extend(map.update(&chunk("agent_message_chunk", "!")));
         assert_eq!(
             kinds(&all),
-            ["chat/responsePart", "chat/delta", "chat/responsePart", "chat/reasoning", "chat/responsePart"]
+            [
+                "chat/responsePart",
+                "chat/delta",
+                "chat/responsePart",
+                "chat/reasoning",
+                "chat/responsePart"
+            ]
         );
         assert_eq!(all[1].1["partId"], all[0].1["part"]["id"]);
         assert_eq!(all[2].1["part"]["kind"], "reasoning");
@@ -552,13 +578,20 @@ mod tests {
     #[test]
     fn a_tool_call_without_permission_runs_and_completes() {
         let mut map = map();
-        let mut all = map.update(&update(json!({"sessionUpdate": "tool_call", "toolCallId": "c1",
-            "title": "Reading", "kind": "read", "status": "pending", "rawInput": {"path": "/a"}})));
+        let mut all = map.update(&update(
+            json!({"sessionUpdate": "tool_call", "toolCallId": "c1",
+            "title": "Reading", "kind": "read", "status": "pending", "rawInput": {"path": "/a"}}),
+        ));
         all.extend(map.update(&update(json!({"sessionUpdate": "tool_call_update", "toolCallId": "c1",
             "status": "completed", "content": [{"type": "content", "content": {"type": "text", "text": "body"}}]}))));
         assert_eq!(
             kinds(&all),
-            ["chat/toolCallStart", "chat/toolCallDelta", "chat/toolCallReady", "chat/toolCallComplete"]
+            [
+                "chat/toolCallStart",
+                "chat/toolCallDelta",
+                "chat/toolCallReady",
+                "chat/toolCallComplete"
+            ]
         );
         assert_eq!(all[0].1["toolName"], "read");
         assert_eq!(all[2].1["confirmed"], "not-needed");
@@ -577,14 +610,19 @@ mod tests {
         }))
         .expect("request");
         let actions = map.permission(&request);
-        assert_eq!(kinds(&actions), ["chat/toolCallStart", "chat/toolCallReady"]);
+        assert_eq!(
+            kinds(&actions),
+            ["chat/toolCallStart", "chat/toolCallReady"]
+        );
         let ready = &actions[1].1;
         assert!(ready.get("confirmed").is_none());
         assert_eq!(ready["options"][0]["id"], "allow");
         assert_eq!(ready["options"][0]["kind"], "approve");
         assert_eq!(ready["options"][1]["kind"], "deny");
         // Until a client answers, a completion is not recorded.
-        let done = update(json!({"sessionUpdate": "tool_call_update", "toolCallId": "c2", "status": "completed"}));
+        let done = update(
+            json!({"sessionUpdate": "tool_call_update", "toolCallId": "c2", "status": "completed"}),
+        );
         assert!(map.update(&done).is_empty());
         map.confirmed("c2", true);
         assert_eq!(kinds(&map.update(&done)), ["chat/toolCallComplete"]);
@@ -596,7 +634,9 @@ mod tests {
         let end = map.finish(Ok(StopReason::EndTurn), 1_250);
         assert_eq!(kinds(&end), ["chat/turnComplete"]);
         assert_eq!(end[0].1["duration"], 250);
-        let late = update(json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}));
+        let late = update(
+            json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}),
+        );
         assert!(map.update(&late).is_empty());
 
         let mut map = self::map();
@@ -614,15 +654,22 @@ mod tests {
             "availableCommands": [{"name": "web", "description": "Search", "input": {"hint": "query"}}]})));
         assert_eq!(commands[0].0, "ahp-session://s");
         assert_eq!(commands[0].1["commands"][0]["inputHint"], "query");
-        let title = map.update(&update(json!({"sessionUpdate": "session_info_update", "title": "Fixing"})));
-        assert_eq!(title[0].1, json!({"type": "session/titleChanged", "title": "Fixing"}));
+        let title = map.update(&update(
+            json!({"sessionUpdate": "session_info_update", "title": "Fixing"}),
+        ));
+        assert_eq!(
+            title[0].1,
+            json!({"type": "session/titleChanged", "title": "Fixing"})
+        );
     }
 
     #[test]
     fn a_replay_records_nothing() {
         let mut map = map();
         map.replaying = true;
-        let chunk = update(json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "old"}}));
+        let chunk = update(
+            json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "old"}}),
+        );
         assert!(map.update(&chunk).is_empty());
     }
 }

@@ -32,7 +32,10 @@ pub use bridge::{probe, spawn};
 /// bounded by the init timeout). One that does not answer is still offered,
 /// with no optional capabilities, and the reason is logged: its sessions'
 /// turns fail with that reason until it is fixed.
-pub async fn probe_all(specs: &[crate::agents::AgentSpec], limits: &AcpLimits) -> Vec<crate::agents::AgentSpec> {
+pub async fn probe_all(
+    specs: &[crate::agents::AgentSpec],
+    limits: &AcpLimits,
+) -> Vec<crate::agents::AgentSpec> {
     let asks = specs.iter().map(|spec| async move {
         let Some(command) = spec.acp_command() else {
             return spec.clone();
@@ -82,7 +85,11 @@ impl AcpCapabilities {
             (self.audio, "audio"),
             (self.embedded_context, "embedded context"),
         ];
-        let on: Vec<&str> = flags.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
+        let on: Vec<&str> = flags
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, n)| *n)
+            .collect();
         if on.is_empty() {
             "no optional capabilities".to_owned()
         } else {

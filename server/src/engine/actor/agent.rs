@@ -58,14 +58,23 @@ impl SessionActor {
         let Some(model) = &self.model else {
             return Err("the session is not loaded".to_owned());
         };
-        let slot = self.ctx.agent_slots.clone().try_acquire_owned().map_err(|_| {
-            format!(
-                "this host already runs its maximum of {} agent processes (--max-agents); \
+        let slot = self
+            .ctx
+            .agent_slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| {
+                format!(
+                    "this host already runs its maximum of {} agent processes (--max-agents); \
                  try again when another session's agent has stopped",
-                self.ctx.config.max_agents
-            )
-        })?;
-        let current = model.session.working_directories.as_deref().unwrap_or_default();
+                    self.ctx.config.max_agents
+                )
+            })?;
+        let current = model
+            .session
+            .working_directories
+            .as_deref()
+            .unwrap_or_default();
         let dirs: Vec<PathBuf> = dirs
             .unwrap_or(current)
             .iter()
@@ -98,7 +107,10 @@ impl SessionActor {
 
     /// Hands an accepted turn to the ACP agent, starting it first.
     pub(super) fn prompt_agent(&mut self, spec: &AgentSpec, chat: &str, turn: &Value) {
-        let turn_id = turn.get("turnId").and_then(Value::as_str).unwrap_or_default();
+        let turn_id = turn
+            .get("turnId")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let text = turn
             .pointer("/message/text")
             .and_then(Value::as_str)
@@ -107,9 +119,17 @@ impl SessionActor {
             && let Err(reason) = self.start_agent(spec, true, None)
         {
             tracing::warn!(session = %self.id, agent = %spec.provider, %reason, "agent not started");
-            self.follow_ups.push((chat.to_owned(), turn_error(turn_id, "agent_unavailable", &format!(
-                "The agent {} could not be started: {reason}.", spec.provider
-            ))));
+            self.follow_ups.push((
+                chat.to_owned(),
+                turn_error(
+                    turn_id,
+                    "agent_unavailable",
+                    &format!(
+                        "The agent {} could not be started: {reason}.",
+                        spec.provider
+                    ),
+                ),
+            ));
             return;
         }
         if let Some(running) = &mut self.running {
@@ -127,7 +147,10 @@ impl SessionActor {
         };
         match kind {
             "chat/turnCancelled" => {
-                let turn_id = action.get("turnId").and_then(Value::as_str).unwrap_or_default();
+                let turn_id = action
+                    .get("turnId")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
                 running.process.cancel(turn_id);
                 // ACP: pending permission requests of a cancelled turn are
                 // answered `cancelled`.
@@ -144,11 +167,20 @@ impl SessionActor {
                 }
             }
             "chat/toolCallConfirmed" => {
-                let tool = action.get("toolCallId").and_then(Value::as_str).unwrap_or_default();
-                let Some(p) = running.permissions.remove(&(chat.to_owned(), tool.to_owned())) else {
+                let tool = action
+                    .get("toolCallId")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let Some(p) = running
+                    .permissions
+                    .remove(&(chat.to_owned(), tool.to_owned()))
+                else {
                     return;
                 };
-                let approved = action.get("approved").and_then(Value::as_bool).unwrap_or(false);
+                let approved = action
+                    .get("approved")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
                 let selected = action.get("selectedOptionId").and_then(Value::as_str);
                 let choice = selected
                     .and_then(|id| p.options.iter().find(|(o, _)| o == id))
@@ -223,7 +255,10 @@ impl SessionActor {
             if taken >= EVENT_BATCH {
                 break;
             }
-            event = self.running.as_mut().and_then(|r| r.process.events.try_recv().ok());
+            event = self
+                .running
+                .as_mut()
+                .and_then(|r| r.process.events.try_recv().ok());
         }
         if first_was_close(taken) {
             // The bridge ended without a word (the actor let it go).
@@ -238,7 +273,11 @@ impl SessionActor {
     /// `session/resume`; otherwise a new one opens the agent's session
     /// (`session/resume`, or `session/load` with its replay dropped). The
     /// `x-tether/agentOpened` to record, or why the agent could not.
-    pub(super) async fn reopen_agent(&mut self, spec: &AgentSpec, dirs: &[String]) -> Result<Value, String> {
+    pub(super) async fn reopen_agent(
+        &mut self,
+        spec: &AgentSpec,
+        dirs: &[String],
+    ) -> Result<Value, String> {
         let reference = self
             .model
             .as_ref()
@@ -268,8 +307,10 @@ impl SessionActor {
                 acp_session_ref,
                 load_session,
                 resumed,
-            })) => Ok(json!({"type": AGENT_OPENED, "acpSessionRef": acp_session_ref,
-                             "loadSession": load_session, "resumed": resumed})),
+            })) => Ok(
+                json!({"type": AGENT_OPENED, "acpSessionRef": acp_session_ref,
+                             "loadSession": load_session, "resumed": resumed}),
+            ),
             Ok(Some(AgentEvent::Exited { reason })) => {
                 self.running = None;
                 Err(reason)
@@ -306,8 +347,10 @@ impl SessionActor {
         let Some(model) = &self.model else { return };
         for (chat, state) in &model.chats {
             if let Some(turn) = &state.active_turn {
-                self.follow_ups
-                    .push((chat.clone(), turn_error(&turn.id, "process_exited", message)));
+                self.follow_ups.push((
+                    chat.clone(),
+                    turn_error(&turn.id, "process_exited", message),
+                ));
             }
         }
         let state = if model.projection.resumable() || !crashed {
