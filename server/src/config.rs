@@ -283,6 +283,16 @@ pub struct ServeArgs {
     #[arg(long, env = "TETHER_AGENT_MAX_UPDATES", default_value_t = 100_000)]
     pub agent_max_updates: u64,
 
+    /// Seconds a client has to answer a call of a tool it contributed; then
+    /// the call fails and the agent gets the error.
+    #[arg(long, env = "TETHER_CLIENT_TOOL_TIMEOUT_SECS", default_value_t = 60)]
+    pub client_tool_timeout_secs: u64,
+
+    /// Milliseconds a client that lost its last connection stays among a
+    /// session's active clients (its tools kept, its calls waiting).
+    #[arg(long, env = "TETHER_CLIENT_GRACE_MS", default_value_t = 30_000)]
+    pub client_grace_ms: u64,
+
     /// Directories working directories must lie in (comma-separated; symlinks
     /// are resolved first). Empty: no restriction.
     #[arg(long, env = "TETHER_ALLOWED_ROOTS", value_delimiter = ',')]
@@ -480,6 +490,8 @@ impl ServeArgs {
                 effect_timeout: Duration::from_millis(self.effect_timeout_ms.max(1)),
                 lease_ttl: Duration::from_millis(self.lease_ttl_ms.max(500)),
                 max_agents: self.max_agents.max(1),
+                client_tool_timeout: Duration::from_secs(self.client_tool_timeout_secs.max(1)),
+                client_grace: Duration::from_millis(self.client_grace_ms),
                 agent_idle: Duration::from_secs(self.agent_idle_secs.max(1)),
                 acp: crate::agents::acp::AcpLimits {
                     init_timeout: Duration::from_millis(self.agent_init_timeout_ms.max(100)),

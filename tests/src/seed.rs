@@ -112,6 +112,7 @@ pub async fn seed(url: &str, sessions: usize, envelopes: u64) -> Seeded {
                 session: None,
                 chats: Vec::new(),
                 turns,
+                directed: None,
             });
             last_of[i] = Some(batch.len() - 1);
             since_snapshot[i] += 1;

@@ -549,6 +549,7 @@ async fn an_append_for_a_session_another_host_holds_writes_nothing() {
         session: None,
         chats: Vec::new(),
         turns: Vec::new(),
+        directed: None,
     };
     let outcomes = store
         .append(vec![

@@ -568,6 +568,7 @@ async fn seed_turns(db: &TestDb, session: &str, chat: &str, count: usize) {
                 session: None,
                 chats: Vec::new(),
                 turns: Vec::new(),
+                directed: None,
             };
             [
                 at(

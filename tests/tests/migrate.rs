@@ -691,6 +691,7 @@ async fn an_interrupted_migration_resumes_and_completes() {
             session: None,
             chats: Vec::new(),
             turns: Vec::new(),
+            directed: None,
         }])
         .await
         .unwrap();

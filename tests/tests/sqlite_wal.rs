@@ -40,6 +40,7 @@ async fn the_wal_stays_bounded_under_sustained_appends() {
                     session: None,
                     chats: Vec::new(),
                     turns: Vec::new(),
+                    directed: None,
                 }
             })
             .collect();

@@ -36,6 +36,7 @@ fn envelope(channel: &str, n: u64) -> NewEnvelope {
         session: None,
         chats: Vec::new(),
         turns: Vec::new(),
+        directed: None,
     }
 }
 

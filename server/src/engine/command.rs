@@ -34,6 +34,9 @@ pub struct Dispatch {
     pub principal: Option<Principal>,
     /// Where the outcome goes.
     pub reply: Option<oneshot::Sender<DispatchOutcome>>,
+    /// A copy of the action only one client receives (host-originated
+    /// client tool calls); never stored.
+    pub directed: Option<crate::store::Directed>,
 }
 
 /// A message to a session actor.
@@ -89,6 +92,12 @@ pub enum Command {
         cursor: Option<String>,
         /// The seq of the `chat/turnsLoaded` committed, if any.
         reply: oneshot::Sender<Result<Option<u64>, EngineError>>,
+    },
+    /// A client's last connection closed and its grace period passed:
+    /// its tool calls fail and it leaves the session's active clients.
+    ClientGone {
+        /// The client.
+        client_id: String,
     },
     /// The session's view.
     View {

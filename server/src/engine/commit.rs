@@ -215,10 +215,16 @@ async fn publish(
                                 envelope.origin.as_ref(),
                                 None,
                             );
+                            let directed = envelope.directed.map(|d| {
+                                let frame =
+                                    action_frame(seq, &envelope.channel, &d.action, None, None);
+                                (d.client_id, frame.into())
+                            });
                             let published = Arc::new(Published {
                                 seq,
                                 channel: envelope.channel,
                                 frame: frame.into(),
+                                directed,
                             });
                             fresh.push(published.clone());
                             CommitOutcome::Committed(published)

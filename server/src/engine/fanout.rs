@@ -30,6 +30,18 @@ pub struct Published {
     pub channel: String,
     /// The whole JSON-RPC `action` notification.
     pub frame: Utf8Bytes,
+    /// The notification one client receives instead (`Directed`), if any.
+    pub directed: Option<(String, Utf8Bytes)>,
+}
+
+impl Published {
+    /// The frame a connection of `client_id` receives.
+    pub fn frame_for(&self, client_id: Option<&str>) -> &Utf8Bytes {
+        match (&self.directed, client_id) {
+            (Some((target, frame)), Some(client)) if target == client => frame,
+            _ => &self.frame,
+        }
+    }
 }
 
 /// What the hub carries.
@@ -301,6 +313,7 @@ pub fn envelope_json(envelope: &StoredEnvelope) -> serde_json::Value {
 /// The published form of a stored envelope (catch-up from the store).
 pub fn published_from_store(envelope: &StoredEnvelope) -> Published {
     Published {
+        directed: None,
         seq: envelope.seq,
         channel: envelope.channel.clone(),
         frame: action_frame(

@@ -112,7 +112,10 @@ pub(super) fn split(command: Command) -> Result<(Request, ReplyTo), Box<Command>
             cursor,
             reply,
         } => (Request::FetchTurns { chat, cursor }, ReplyTo::Seq(reply)),
-        read @ (Command::View { .. } | Command::Snapshot { .. }) => return Err(Box::new(read)),
+        // Presence is per host: a proxy copy has no client calls to fail.
+        read @ (Command::View { .. } | Command::Snapshot { .. } | Command::ClientGone { .. }) => {
+            return Err(Box::new(read));
+        }
     })
 }
 
@@ -132,6 +135,7 @@ pub(super) fn join(request: Request, reply: ReplyTo) -> Command {
             channel,
             action,
             principal,
+            directed: None,
             reply,
         }),
         (Request::Create { created }, ReplyTo::View(reply)) => Command::Create { created, reply },
@@ -192,6 +196,7 @@ impl ReplyTo {
                         seq,
                         channel,
                         frame: frame.into(),
+                        directed: None,
                     })),
                     Answer::Rejected { refusal, reason } => {
                         DispatchOutcome::Rejected(Refusal::new(refusal_kind(&refusal), reason))
@@ -369,6 +374,7 @@ fn answer_read(read: Command, model: Option<&SessionModel>) {
             let found = model.and_then(|m| super::actor::channel_state(m, &channel));
             drop(reply.send(Ok(found)));
         }
+        Command::ClientGone { .. } => {}
         other => {
             if let Ok((_, reply)) = split(other) {
                 reply.fail(EngineError::Unavailable("internal: not a read".into()));
@@ -517,6 +523,7 @@ impl Engine {
                     action,
                     principal,
                     reply: Some(reply),
+                    directed: None,
                 };
                 self.send(session, Command::Dispatch(dispatch)).await;
                 match answer.await {

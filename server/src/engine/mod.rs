@@ -8,6 +8,8 @@
 //! ```
 
 mod actor;
+mod client_tools;
+mod clients;
 mod command;
 mod commit;
 mod delivery;
@@ -75,6 +77,11 @@ pub struct EngineConfig {
     pub agent_idle: Duration,
     /// Working limits of each ACP agent process.
     pub acp: crate::agents::acp::AcpLimits,
+    /// Longest a client may take to answer a call of its tool.
+    pub client_tool_timeout: Duration,
+    /// How long a client that disconnected stays among a session's active
+    /// clients (its tools kept) before it is removed.
+    pub client_grace: Duration,
 }
 
 impl Default for EngineConfig {
@@ -90,6 +97,8 @@ impl Default for EngineConfig {
             max_agents: 16,
             agent_idle: Duration::from_secs(1800),
             acp: crate::agents::acp::AcpLimits::default(),
+            client_tool_timeout: Duration::from_secs(60),
+            client_grace: Duration::from_secs(30),
         }
     }
 }
@@ -176,6 +185,8 @@ pub(crate) struct Ctx {
     actors: Mutex<HashMap<String, mpsc::Sender<Command>>>,
     /// One permit per running ACP agent process.
     agent_slots: Arc<tokio::sync::Semaphore>,
+    /// Which clients are connected, and where they are active.
+    clients: clients::Presence,
     chats: Mutex<HashMap<String, String>>,
     root: tokio::sync::Mutex<RootModel>,
 }
@@ -260,6 +271,16 @@ pub(crate) fn parse_ms(text: &str) -> i64 {
 }
 
 impl Engine {
+    /// A WebSocket connection named `client_id`.
+    pub fn client_connected(&self, client_id: &str) {
+        self.ctx.client_connected(client_id);
+    }
+
+    /// A WebSocket connection of `client_id` closed.
+    pub fn client_disconnected(&self, client_id: &str) {
+        self.ctx.client_disconnected(client_id);
+    }
+
     /// The agents this host offers.
     pub fn agents(&self) -> &Agents {
         &self.ctx.agents
@@ -303,6 +324,7 @@ impl Engine {
             metrics,
             actors: Mutex::new(HashMap::new()),
             agent_slots,
+            clients: clients::Presence::default(),
             chats: Mutex::new(HashMap::new()),
             root: tokio::sync::Mutex::new(root),
         });
@@ -508,6 +530,7 @@ impl Engine {
                 action,
                 principal: Some(principal.clone()),
                 reply: Some(reply),
+                directed: None,
             }),
         )
         .await;

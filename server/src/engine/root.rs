@@ -105,6 +105,7 @@ impl Engine {
                 session: None,
                 chats: Vec::new(),
                 turns: Vec::new(),
+                directed: None,
             }])
             .await
             .map_err(|_| {

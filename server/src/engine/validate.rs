@@ -106,6 +106,9 @@ pub(super) async fn check_dispatch(
         }
         let caps = agent.map(|a| a.workdirs).unwrap_or_default();
         check_workdirs(model, caps, &kind, &mut d.action)?;
+        if let Some(origin) = &d.origin {
+            super::client_tools::check(model, &d.channel, &origin.client_id, &kind, &d.action)?;
+        }
         if kind == "chat/turnStarted" {
             check_new_turn_id(ctx, model, &d.channel, &d.action).await?;
         }

@@ -159,6 +159,21 @@ pub struct NewEnvelope {
     /// Turns its fold moved out of their chat's window, archived (upserted)
     /// in the same transaction.
     pub turns: Vec<ArchivedTurn>,
+    /// Another copy of the action for one client's connections only (a
+    /// client tool's arguments with the host's context). Never stored.
+    pub directed: Option<Directed>,
+}
+
+/// A copy of an envelope's action that only one client receives: the
+/// connections that named `client_id` at `initialize` (and, with
+/// authentication, whose principal may see `project`). Everyone else, the
+/// transcript and every replay get the stored action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Directed {
+    /// The client it is for.
+    pub client_id: String,
+    /// The action JSON text that client receives instead.
+    pub action: String,
 }
 
 /// An envelope as stored in the log.

@@ -211,6 +211,7 @@ mod tests {
             }),
             chats: Vec::new(),
             turns: Vec::new(),
+            directed: None,
         }
     }
 

@@ -260,6 +260,9 @@ impl Connection {
             })
             .await;
         }
+        if let Some(client_id) = &connection.client_id {
+            connection.engine.client_disconnected(client_id);
+        }
         drop(connection);
         let _ = writer.await;
     }
@@ -311,7 +314,8 @@ impl Connection {
                     if hidden_from(&self.principal, &published.channel, &published.frame) {
                         return Next::Continue;
                     }
-                    if self.queue.push(published.frame.clone()) {
+                    let frame = published.frame_for(self.client_id.as_deref()).clone();
+                    if self.queue.push(frame) {
                         Next::Continue
                     } else {
                         self.overflow()

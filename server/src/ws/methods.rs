@@ -40,6 +40,12 @@ impl Connection {
         } else {
             self.connection_scope.clone()
         };
+        if self.client_id.as_deref() != Some(client_id.as_str()) {
+            if let Some(previous) = self.client_id.take() {
+                self.engine.client_disconnected(&previous);
+            }
+            self.engine.client_connected(&client_id);
+        }
         self.client_id = Some(client_id);
     }
 

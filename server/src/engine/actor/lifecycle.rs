@@ -85,6 +85,7 @@ impl SessionActor {
             session: Some(self.record(&model)),
             chats: model.chats.keys().cloned().collect(),
             turns: Vec::new(),
+            directed: None,
         };
         let outcome = self
             .ctx

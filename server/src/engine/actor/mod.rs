@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 pub use super::command::{Command, Dispatch, DispatchOutcome};
 mod agent;
 mod lifecycle;
+mod tools;
 
 use super::commit::CommitOutcome;
 use super::forward::ProxyEnd;
@@ -47,6 +48,10 @@ pub(super) struct SessionActor {
     stepped_down: bool,
     /// The session's ACP agent process, while one runs.
     running: Option<agent::Running>,
+    /// Client tool calls waiting for their clients.
+    client_calls: tools::ClientCalls,
+    /// Directed copies of queued host actions, by the action's JSON text.
+    directed: std::collections::HashMap<String, crate::store::Directed>,
 }
 
 /// What woke the actor.
@@ -85,6 +90,8 @@ impl SessionActor {
             announcer: Announcer::new(),
             stepped_down: false,
             running: None,
+            client_calls: tools::ClientCalls::new(),
+            directed: std::collections::HashMap::new(),
         };
         if let Err(err) = actor.reload().await {
             tracing::error!(session = %actor.id, error = %err, "cannot load session");
@@ -133,6 +140,12 @@ impl SessionActor {
                 Some(_) => wait.min(actor.ctx.config.agent_idle),
                 None => wait,
             };
+            let wait = match actor.next_client_deadline() {
+                Some(deadline) => {
+                    wait.min(deadline.saturating_duration_since(tokio::time::Instant::now()))
+                }
+                None => wait,
+            };
             let wake = match &mut actor.running {
                 Some(running) => tokio::select! {
                     command = mailbox.recv() => Wake::Command(command),
@@ -152,11 +165,18 @@ impl SessionActor {
                     continue;
                 }
                 Wake::Timeout => {
+                    if !actor.client_calls.is_empty() {
+                        actor.expire_client_calls();
+                        actor.run_follow_ups().await;
+                    }
                     if actor.announcer.pending {
                         actor.announce(true);
                         continue;
                     }
-                    if actor.stop_idle_agent().await || actor.running.is_some() {
+                    if actor.stop_idle_agent().await
+                        || actor.running.is_some()
+                        || !actor.client_calls.is_empty()
+                    {
                         continue;
                     }
                     if actor.ctx.evict_if_idle(&actor.id, &mailbox) {
@@ -277,6 +297,7 @@ impl SessionActor {
             Command::FetchTurns { reply, .. } => {
                 let _ = reply.send(Err(err));
             }
+            Command::ClientGone { .. } => {}
         }
     }
 
@@ -318,6 +339,12 @@ impl SessionActor {
             } => {
                 let _ = reply.send(self.fetch_turns(chat, cursor).await);
             }
+            Command::ClientGone { client_id } => {
+                if !self.ctx.clients.connected(&client_id) {
+                    self.client_gone(&client_id);
+                    self.run_follow_ups().await;
+                }
+            }
         }
     }
 
@@ -353,8 +380,34 @@ impl SessionActor {
                 }
             }
         }
+        if let Some(m) = &model {
+            for client in &m.session.active_clients {
+                self.ctx.client_active(&client.client_id, &self.id);
+            }
+        }
         self.model = model;
         Ok(())
+    }
+
+    /// Keeps the host's presence index in step with the session's active
+    /// clients.
+    fn follow_clients(&self, kind: &str, action: &Value) {
+        match kind {
+            "session/activeClientSet" => {
+                if let Some(client) = action
+                    .pointer("/activeClient/clientId")
+                    .and_then(Value::as_str)
+                {
+                    self.ctx.client_active(client, &self.id);
+                }
+            }
+            "session/activeClientRemoved" => {
+                if let Some(client) = action.get("clientId").and_then(Value::as_str) {
+                    self.ctx.clients.left(client, &self.id);
+                }
+            }
+            _ => {}
+        }
     }
 
     /// Commits the queued host-originated actions (and any they cause).
@@ -371,12 +424,18 @@ impl SessionActor {
                 .map(|(channel, action)| {
                     let (reply, answer) = oneshot::channel();
                     waiting.push(answer);
+                    let directed = if self.directed.is_empty() {
+                        None
+                    } else {
+                        self.directed.remove(&action.to_string())
+                    };
                     Dispatch {
                         origin: None,
                         channel,
                         action,
                         principal: None,
                         reply: Some(reply),
+                        directed,
                     }
                 })
                 .collect();
@@ -431,6 +490,7 @@ impl SessionActor {
                             session: None,
                             chats: Vec::new(),
                             turns: model.take_trimmed(),
+                            directed: None,
                         });
                         let loaded = Dispatch {
                             origin: None,
@@ -438,6 +498,7 @@ impl SessionActor {
                             action: load,
                             principal: None,
                             reply: None,
+                            directed: None,
                         };
                         pending.push((loaded, TURNS_LOADED.to_owned()));
                     }
@@ -478,6 +539,7 @@ impl SessionActor {
                         session: None,
                         chats,
                         turns: model.take_trimmed(),
+                        directed: d.directed.take(),
                     });
                     pending.push((d, kind));
                 }
@@ -522,9 +584,13 @@ impl SessionActor {
                                 m.last_seq = published.seq;
                             }
                             self.since_snapshot += 1;
+                            self.follow_clients(&kind, &d.action);
                             if kind == "chat/turnStarted" {
                                 self.answer_turn(&d.channel, &d.action, agent.as_ref());
                             } else if d.origin.is_some() {
+                                if kind == "chat/toolCallComplete" {
+                                    self.client_tool_completed(&d.channel, &d.action);
+                                }
                                 self.tell_agent(&d.channel, &kind, &d.action);
                             }
                             reply(d.reply, DispatchOutcome::Accepted(published));
@@ -577,7 +643,12 @@ impl SessionActor {
             self.follow_ups
                 .push((self.uri.clone(), agent.commands_advertisement()));
         }
-        if agent.answers_turns {
+        let turn_id = turn["turnId"].as_str().unwrap_or_default();
+        let text = turn
+            .pointer("/message/text")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if agent.answers_turns && !self.echo_tool_turn(chat, turn_id, text) {
             for action in agent.answer_turn(turn) {
                 self.follow_ups.push((chat.to_owned(), action));
             }

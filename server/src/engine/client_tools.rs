@@ -1,0 +1,167 @@
+//! Tether's rules for client-contributed tools, on top of the reducers: a
+//! client registers tools, leaves, and completes a client tool call only in
+//! its own name; tool lists are bounded and well formed.
+
+use serde_json::Value;
+use tether_protocol::model::SessionModel;
+
+/// Most tools one client may contribute to a session.
+pub const MAX_TOOLS: usize = 64;
+/// Largest tool list one client may contribute, as JSON.
+pub const MAX_TOOLS_BYTES: usize = 64 * 1024;
+
+/// Checks a client's `session/activeClientSet`, `session/activeClientRemoved`
+/// or `chat/toolCallComplete` dispatched as `client_id`.
+pub fn check(
+    model: &SessionModel,
+    channel: &str,
+    client_id: &str,
+    kind: &str,
+    action: &Value,
+) -> Result<(), String> {
+    match kind {
+        "session/activeClientSet" => {
+            let named = action
+                .pointer("/activeClient/clientId")
+                .and_then(Value::as_str);
+            if named != Some(client_id) {
+                return Err(format!(
+                    "A client registers tools only under its own clientId ({client_id:?}); this \
+                     one names {:?}.",
+                    named.unwrap_or_default()
+                ));
+            }
+            check_tools(
+                action
+                    .pointer("/activeClient/tools")
+                    .unwrap_or(&Value::Null),
+            )
+        }
+        "session/activeClientRemoved" => {
+            let named = action.get("clientId").and_then(Value::as_str);
+            if named != Some(client_id) {
+                return Err(format!(
+                    "A client removes only itself ({client_id:?}) from the active clients; this \
+                     names {:?}.",
+                    named.unwrap_or_default()
+                ));
+            }
+            Ok(())
+        }
+        "chat/toolCallComplete" => {
+            let tool_call = action
+                .get("toolCallId")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            match client_contributor(model, channel, tool_call) {
+                Some(owner) if owner != client_id => Err(format!(
+                    "Tool call {tool_call} runs on client {owner:?}; only that client completes it."
+                )),
+                _ => Ok(()),
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+fn check_tools(tools: &Value) -> Result<(), String> {
+    let Some(list) = tools.as_array() else {
+        return Err("activeClient.tools must be an array of tool definitions.".to_owned());
+    };
+    if list.len() > MAX_TOOLS {
+        return Err(format!(
+            "A client may contribute at most {MAX_TOOLS} tools; this lists {}.",
+            list.len()
+        ));
+    }
+    let size = tools.to_string().len();
+    if size > MAX_TOOLS_BYTES {
+        return Err(format!(
+            "A client's tools may take at most {MAX_TOOLS_BYTES} bytes as JSON; these take {size}."
+        ));
+    }
+    let mut names = std::collections::HashSet::new();
+    for tool in list {
+        let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !valid {
+            return Err(format!(
+                "Tool name {name:?} must be 1 to 64 letters, digits, '_', '-' or '.'."
+            ));
+        }
+        if !names.insert(name) {
+            return Err(format!("Tool {name:?} is listed twice."));
+        }
+        if let Some(schema) = tool.get("inputSchema") {
+            let object = schema.as_object().ok_or_else(|| {
+                format!("Tool {name:?}: inputSchema must be a JSON Schema object.")
+            })?;
+            if object.get("type").is_some_and(|t| t != "object") {
+                return Err(format!(
+                    "Tool {name:?}: inputSchema must describe an object (\"type\": \"object\"), \
+                     as tool arguments are one."
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The client running `tool_call` in `chat`'s open turn, if a client does.
+fn client_contributor(model: &SessionModel, chat: &str, tool_call: &str) -> Option<String> {
+    let turn = model.chats.get(chat)?.active_turn.as_ref()?;
+    let parts = serde_json::to_value(&turn.response_parts).ok()?;
+    parts.as_array()?.iter().find_map(|part| {
+        let call = part.get("toolCall")?;
+        if call.get("toolCallId")?.as_str()? != tool_call {
+            return None;
+        }
+        let contributor = call.get("contributor")?;
+        (contributor.get("kind")?.as_str()? == "client")
+            .then(|| contributor.get("clientId")?.as_str().map(str::to_owned))?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tool_lists_are_bounded_and_well_formed() {
+        let ok = json!([{"name": "read_file", "inputSchema": {"type": "object"}}]);
+        assert!(check_tools(&ok).is_ok());
+        for (tools, needle) in [
+            (json!("x"), "must be an array"),
+            (json!([{"name": "has space"}]), "must be 1 to 64"),
+            (json!([{"name": "a"}, {"name": "a"}]), "listed twice"),
+            (
+                json!([{"name": "a", "inputSchema": "string"}]),
+                "JSON Schema object",
+            ),
+            (
+                json!([{"name": "a", "inputSchema": {"type": "array"}}]),
+                "describe an object",
+            ),
+            (
+                json!(
+                    (0..65)
+                        .map(|i| json!({"name": format!("t{i}")}))
+                        .collect::<Vec<_>>()
+                ),
+                "at most 64",
+            ),
+            (
+                json!([{"name": "big", "description": "x".repeat(70_000)}]),
+                "bytes as JSON",
+            ),
+        ] {
+            let err = check_tools(&tools).expect_err(needle);
+            assert!(err.contains(needle), "{needle}: {err}");
+        }
+    }
+}
