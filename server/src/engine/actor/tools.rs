@@ -20,7 +20,6 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 use tether_protocol::toolctx::ToolCallContext;
 use tether_protocol::workdir::file_uri_path;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::SessionActor;
@@ -31,8 +30,6 @@ use crate::store::Directed;
 pub(crate) enum Requester {
     /// The echo agent's `/tool` turn: answered with the result as text.
     Echo,
-    /// An agent (MCP `tools/call`): the result or the error.
-    Agent(oneshot::Sender<Result<Value, String>>),
 }
 
 /// A call waiting for its client.
@@ -287,9 +284,6 @@ impl SessionActor {
                     chat.to_owned(),
                     json!({"type": "chat/turnComplete", "turnId": call.turn_id, "duration": 0}),
                 ));
-            }
-            Requester::Agent(reply) => {
-                let _ = reply.send(outcome);
             }
         }
     }
