@@ -12,6 +12,7 @@ pub mod config;
 pub mod effects;
 pub mod engine;
 pub mod http;
+pub mod mcp;
 pub mod migrate;
 pub mod store;
 pub mod telemetry;
@@ -99,6 +100,9 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let store = state.store.clone();
     let engine = state.engine.clone();
+    if let Ok(addr) = listener.local_addr() {
+        engine.mcp().listening(addr);
+    }
     let grace = state.config.shutdown_grace;
     let sockets = state.shutdown.clone();
     let tasks = state.tasks.clone();

@@ -17,6 +17,7 @@ backend_tests!(
     a_client_acts_only_in_its_own_name,
     a_call_fails_cleanly_on_timeout_and_on_disconnect,
     tools_survive_a_reconnect_within_the_grace_period,
+    an_acp_agent_calls_a_client_tool_over_mcp,
 );
 
 async fn start(db: &TestDb, tune: impl FnOnce(&mut ServeConfig)) -> TestServer {
@@ -412,5 +413,105 @@ async fn tools_survive_a_reconnect_within_the_grace_period(db: TestDb) {
             .iter()
             .any(|a| a["type"] == "session/activeClientRemoved")
     );
+    server.stop().await;
+}
+
+async fn an_acp_agent_calls_a_client_tool_over_mcp(db: TestDb) {
+    let fake = env!("CARGO_BIN_EXE_fake-acp-agent");
+    let spec = format!("fake=FAKE_ACP_CAPS=mcp {fake}");
+    let server = start(&db, |c| {
+        c.agents = vec![tether_server::agents::AgentSpec::acp(
+            tether_server::agents::AgentCommand::parse(&spec).unwrap(),
+        )];
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (status, view) = rest(
+        &server,
+        reqwest::Method::POST,
+        "/v1/sessions",
+        Some(json!({"id": "mc", "provider": "fake", "workingDirectories": [dir.path()]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{view}");
+    let (executor, _session, mut chat) = console(&server, "mc", "console").await;
+    let viewer = server.initialized("viewer").await;
+    let (_, mut viewer_chat) = viewer.subscribe("ahp-chat:/mc.main".into()).await.unwrap();
+
+    turn(&server, "mc", 1, "t1", "mcp-list").await;
+    let actions = until(&server, "mc", "the tool list", |a| {
+        a["type"] == "chat/turnComplete" && a["turnId"] == "t1"
+    })
+    .await;
+    assert_eq!(answer(&actions, "t1"), "tools: lookup");
+
+    // The agent calls the tool; the console runs it with the host's context.
+    turn(
+        &server,
+        "mc",
+        2,
+        "t2",
+        r#"mcp lookup {"q": 2, "__tether": "from the model"}"#,
+    )
+    .await;
+    let ready = next_of(&mut chat, "chat/toolCallReady").await;
+    let context =
+        json!({"cwd": dir.path().canonicalize().unwrap().display().to_string(), "sessionId": "mc"});
+    assert_eq!(input_of(&ready), json!({"q": 2, "__tether": context}));
+    assert_eq!(
+        input_of(&next_of(&mut viewer_chat, "chat/toolCallReady").await),
+        json!({"q": 2, "__tether": "from the model"})
+    );
+    let tool_call = ready["toolCallId"].as_str().unwrap().to_owned();
+    executor
+        .dispatch(
+            "ahp-chat:/mc.main".into(),
+            action(json!({"type": "chat/toolCallComplete", "turnId": "t2",
+            "toolCallId": tool_call, "result": {"success": true, "pastTenseMessage": "Looked up",
+            "content": [{"type": "text", "text": "found 2"}]}})),
+        )
+        .await
+        .unwrap();
+    let actions = until(&server, "mc", "the agent's answer", |a| {
+        a["type"] == "chat/turnComplete" && a["turnId"] == "t2"
+    })
+    .await;
+    assert_eq!(
+        answer(&actions, "t2"),
+        "found 2",
+        "the agent got the client's result, and no context"
+    );
+
+    // The list follows the client's tools.
+    let mut more = register("console");
+    more["activeClient"]["tools"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "search"}));
+    executor
+        .dispatch("ahp-session:/mc".into(), action(more))
+        .await
+        .unwrap();
+    until(&server, "mc", "the new tools", |a| {
+        a["type"] == "session/activeClientSet" && a.to_string().contains("search")
+    })
+    .await;
+    turn(&server, "mc", 3, "t3", "mcp-list").await;
+    let actions = until(&server, "mc", "the new list", |a| {
+        a["type"] == "chat/turnComplete" && a["turnId"] == "t3"
+    })
+    .await;
+    assert_eq!(answer(&actions, "t3"), "tools: lookup,search");
+
+    // Only the agent's token opens the endpoint.
+    let url = format!("{}/mcp/mc", server.base_url());
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    for auth in [None, Some("Bearer not-the-token")] {
+        let mut request = reqwest::Client::new().post(&url).json(&body);
+        if let Some(auth) = auth {
+            request = request.header("authorization", auth);
+        }
+        assert_eq!(request.send().await.unwrap().status().as_u16(), 401);
+    }
     server.stop().await;
 }

@@ -93,6 +93,15 @@ pub enum Command {
         /// The seq of the `chat/turnsLoaded` committed, if any.
         reply: oneshot::Sender<Result<Option<u64>, EngineError>>,
     },
+    /// The session's agent calls a client tool (MCP `tools/call`).
+    CallTool {
+        /// The tool.
+        name: String,
+        /// Its arguments, as the model wrote them.
+        arguments: Value,
+        /// The client's result, or why the call failed.
+        reply: oneshot::Sender<Result<Value, String>>,
+    },
     /// A client's last connection closed and its grace period passed:
     /// its tool calls fail and it leaves the session's active clients.
     ClientGone {

@@ -113,7 +113,10 @@ pub(super) fn split(command: Command) -> Result<(Request, ReplyTo), Box<Command>
             reply,
         } => (Request::FetchTurns { chat, cursor }, ReplyTo::Seq(reply)),
         // Presence is per host: a proxy copy has no client calls to fail.
-        read @ (Command::View { .. } | Command::Snapshot { .. } | Command::ClientGone { .. }) => {
+        read @ (Command::View { .. }
+        | Command::Snapshot { .. }
+        | Command::ClientGone { .. }
+        | Command::CallTool { .. }) => {
             return Err(Box::new(read));
         }
     })
@@ -375,6 +378,9 @@ fn answer_read(read: Command, model: Option<&SessionModel>) {
             drop(reply.send(Ok(found)));
         }
         Command::ClientGone { .. } => {}
+        Command::CallTool { reply, .. } => {
+            let _ = reply.send(Err("the session's agent runs on another host".to_owned()));
+        }
         other => {
             if let Ok((_, reply)) = split(other) {
                 reply.fail(EngineError::Unavailable("internal: not a read".into()));

@@ -187,6 +187,8 @@ pub(crate) struct Ctx {
     agent_slots: Arc<tokio::sync::Semaphore>,
     /// Which clients are connected, and where they are active.
     clients: clients::Presence,
+    /// The per-session MCP endpoints agents reach client tools through.
+    mcp: crate::mcp::McpHub,
     chats: Mutex<HashMap<String, String>>,
     root: tokio::sync::Mutex<RootModel>,
 }
@@ -281,6 +283,44 @@ impl Engine {
         self.ctx.client_disconnected(client_id);
     }
 
+    /// The per-session MCP endpoints.
+    pub fn mcp(&self) -> &crate::mcp::McpHub {
+        &self.ctx.mcp
+    }
+
+    /// The tools the session's clients contribute (AHP `ToolDefinition`s).
+    pub async fn client_tools(&self, session: &str) -> Result<Vec<Value>, EngineError> {
+        let snapshot = self
+            .snapshot(&Principal::loopback_admin(), &Channel::session_uri(session))
+            .await?;
+        Ok(snapshot.state["activeClients"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|client| client["tools"].as_array().cloned().unwrap_or_default())
+            .collect())
+    }
+
+    /// Calls a client tool for the session's agent, in its running turn;
+    /// the client's result, or why the call failed.
+    pub async fn call_client_tool(
+        &self,
+        session: &str,
+        name: &str,
+        arguments: Value,
+    ) -> Result<Value, String> {
+        let (reply, answer) = oneshot::channel();
+        let command = Command::CallTool {
+            name: name.to_owned(),
+            arguments,
+            reply,
+        };
+        self.send(session, command).await;
+        answer
+            .await
+            .unwrap_or_else(|_| Err("the session stopped before the call finished".to_owned()))
+    }
+
     /// The agents this host offers.
     pub fn agents(&self) -> &Agents {
         &self.ctx.agents
@@ -325,6 +365,7 @@ impl Engine {
             actors: Mutex::new(HashMap::new()),
             agent_slots,
             clients: clients::Presence::default(),
+            mcp: crate::mcp::McpHub::default(),
             chats: Mutex::new(HashMap::new()),
             root: tokio::sync::Mutex::new(root),
         });

@@ -183,6 +183,7 @@ pub fn router(state: AppState) -> Router {
             }),
         )
         .merge(crate::ws::router())
+        .route("/mcp/{session}", axum::routing::any(crate::mcp::serve))
         .fallback(not_found)
         .with_state(state)
         .layer(RequestBodyLimitLayer::new(max_body))

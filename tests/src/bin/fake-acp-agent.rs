@@ -1,14 +1,16 @@
 //! A scripted ACP agent for Tether's tests, built on the ACP SDK's agent
 //! side. What it does is chosen per test:
 //!
-//! * `FAKE_ACP_CAPS` (comma-separated): `load`, `resume`, `dirs` — the
-//!   capabilities it reports at `initialize`.
+//! * `FAKE_ACP_CAPS` (comma-separated): `load`, `resume`, `dirs`, `mcp` —
+//!   the capabilities it reports at `initialize` (`mcp`: MCP over HTTP).
 //! * `FAKE_ACP_MODE`: `never-init` (reads, never answers), `garbage` (writes
 //!   a line that is not JSON-RPC before anything else), `stubborn` (ignores
 //!   SIGTERM and stays after stdin closes); default: normal.
 //! * The prompt's text is the script: `stream N`, `think`, `tool`,
 //!   `permission`, `crash`, `hang`, `garbage`, `title T`, `commands`,
-//!   `plan`, `flood N`, `refuse`, `dirs`; anything else is echoed back.
+//!   `plan`, `flood N`, `refuse`, `dirs`, `mcp-list`, `mcp NAME {json}` (the
+//!   MCP servers it was given: list their tools, or call one and say the
+//!   result); anything else is echoed back.
 //!
 //! `session/load` replays one old exchange (which a host must not record
 //! again); `session/resume` refuses a directory whose path contains
@@ -36,6 +38,8 @@ struct State {
     /// Additional directories per session, as last opened or resumed.
     dirs: HashMap<String, Vec<String>>,
     cancels: HashMap<String, Arc<Notify>>,
+    /// The HTTP MCP servers each session was opened with: `(url, token)`.
+    mcp: HashMap<String, Vec<(String, String)>>,
     next: u32,
 }
 
@@ -51,6 +55,77 @@ fn chunk(session: &str, kind: &str, text: &str) -> SessionNotification {
         session,
         json!({"sessionUpdate": kind, "content": {"type": "text", "text": text}}),
     )
+}
+
+/// The HTTP MCP servers of a session: `(url, bearer token)`.
+fn http_servers(servers: &[agent_client_protocol::v1::schema::McpServer]) -> Vec<(String, String)> {
+    servers
+        .iter()
+        .filter_map(|server| {
+            let value = serde_json::to_value(server).ok()?;
+            let url = value.get("url")?.as_str()?.to_owned();
+            let token = value["headers"]
+                .as_array()?
+                .iter()
+                .find(|h| h["name"] == "Authorization")
+                .and_then(|h| h["value"].as_str())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or_default()
+                .to_owned();
+            Some((url, token))
+        })
+        .collect()
+}
+
+/// Lists the tools of the session's first MCP server, or calls one: the
+/// text to say.
+async fn use_mcp(server: Option<(String, String)>, call: Option<(&str, Value)>) -> String {
+    use rmcp::ServiceExt;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let Some((url, token)) = server else {
+        return "no MCP server".to_owned();
+    };
+    let config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(token);
+    let transport = StreamableHttpClientTransport::from_config(config);
+    let client = match ().serve(transport).await {
+        Ok(client) => client,
+        Err(err) => return format!("MCP connect failed: {err}"),
+    };
+    let said = match call {
+        None => match client.list_all_tools().await {
+            Ok(tools) => {
+                let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+                format!("tools: {}", names.join(","))
+            }
+            Err(err) => format!("MCP list failed: {err}"),
+        },
+        Some((name, arguments)) => {
+            let mut params = rmcp::model::CallToolRequestParams::new(name.to_owned());
+            if let Value::Object(arguments) = arguments {
+                params = params.with_arguments(arguments);
+            }
+            match client.call_tool(params).await {
+                Ok(result) => {
+                    let text: Vec<String> = result
+                        .content
+                        .iter()
+                        .filter_map(|c| serde_json::to_value(c).ok())
+                        .filter_map(|c| c["text"].as_str().map(str::to_owned))
+                        .collect();
+                    let error = if result.is_error == Some(true) {
+                        "error: "
+                    } else {
+                        ""
+                    };
+                    format!("{error}{}", text.join(" "))
+                }
+                Err(err) => format!("MCP call failed: {err}"),
+            }
+        }
+    };
+    let _ = client.cancel().await;
+    said
 }
 
 fn dirs_of(paths: &[std::path::PathBuf]) -> Vec<String> {
@@ -111,12 +186,14 @@ async fn main() -> Result<(), Error> {
                 if caps.iter().any(|c| c == "dirs") {
                     session["additionalDirectories"] = json!({});
                 }
+                let mcp_http = caps.iter().any(|c| c == "mcp");
                 let mut response: InitializeResponse = serde_json::from_value(json!({
                     "protocolVersion": 1,
                     "agentCapabilities": {
                         "loadSession": caps.iter().any(|c| c == "load"),
                         "sessionCapabilities": session,
                         "promptCapabilities": {"image": false, "audio": false, "embeddedContext": true},
+                        "mcpCapabilities": {"http": mcp_http, "sse": false},
                     },
                     "agentInfo": {"name": "fake-acp-agent", "title": "Fake agent", "version": "1.0"},
                 }))
@@ -133,6 +210,7 @@ async fn main() -> Result<(), Error> {
                     state.next += 1;
                     let id = format!("fake-{}-{}", std::process::id(), state.next);
                     state.dirs.insert(id.clone(), dirs_of(&request.additional_directories));
+                    state.mcp.insert(id.clone(), http_servers(&request.mcp_servers));
                     id
                 };
                 responder.respond(NewSessionResponse::new(id))
@@ -322,6 +400,21 @@ async fn run(
             ))?;
         }
         "refuse" => return Ok(StopReason::Refusal),
+        "mcp-list" | "mcp" => {
+            let server = state
+                .lock()
+                .expect("state")
+                .mcp
+                .get(session)
+                .and_then(|s| s.first().cloned());
+            let call = (command == "mcp").then(|| {
+                let name = rest.first().copied().unwrap_or_default();
+                let args = rest.get(1..).map(|r| r.join(" ")).unwrap_or_default();
+                (name, serde_json::from_str(&args).unwrap_or(Value::Null))
+            });
+            let said = use_mcp(server, call).await;
+            say(&said)?;
+        }
         "dirs" => {
             let dirs = state
                 .lock()

@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex};
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, ContentBlock, Implementation, InitializeRequest, InitializeResponse,
-    LoadSessionRequest, NewSessionRequest, PermissionOptionKind, PromptRequest,
-    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
-    ResumeSessionRequest, SelectedPermissionOutcome, SessionNotification, TextContent,
+    CancelNotification, ContentBlock, HttpHeader, Implementation, InitializeRequest,
+    InitializeResponse, LoadSessionRequest, McpServer, McpServerHttp, NewSessionRequest,
+    PermissionOptionKind, PromptRequest, RequestPermissionOutcome, RequestPermissionRequest,
+    RequestPermissionResponse, ResumeSessionRequest, SelectedPermissionOutcome,
+    SessionNotification, TextContent,
 };
 use agent_client_protocol::{Agent, ByteStreams, Client};
 use tokio::io::AsyncBufReadExt;
@@ -222,6 +223,7 @@ fn capabilities_of(response: &InitializeResponse) -> AcpCapabilities {
         image: caps.prompt_capabilities.image,
         audio: caps.prompt_capabilities.audio,
         embedded_context: caps.prompt_capabilities.embedded_context,
+        mcp_http: caps.mcp_capabilities.http,
         title: response
             .agent_info
             .as_ref()
@@ -453,6 +455,15 @@ impl Bridge {
         } else {
             Vec::new()
         };
+        let mcp_servers: Vec<McpServer> = match &open.mcp {
+            Some((url, token)) if caps.mcp_http => vec![McpServer::Http(
+                McpServerHttp::new("tether", url.clone()).headers(vec![HttpHeader::new(
+                    "Authorization",
+                    format!("Bearer {token}"),
+                )]),
+            )],
+            _ => Vec::new(),
+        };
         let in_time = |what: &str| {
             format!(
                 "it did not answer {what} within {} s",
@@ -461,8 +472,9 @@ impl Bridge {
         };
         let (session, resumed) = match &open.mode {
             OpenMode::New => {
-                let request =
-                    NewSessionRequest::new(open.cwd.clone()).additional_directories(additional);
+                let request = NewSessionRequest::new(open.cwd.clone())
+                    .additional_directories(additional)
+                    .mcp_servers(mcp_servers);
                 let response = tokio::time::timeout(timeout, cx.send_request(request).block_task())
                     .await
                     .map_err(|_| in_time("session/new"))?
@@ -471,7 +483,8 @@ impl Bridge {
             }
             OpenMode::Reopen(id) if caps.resume => {
                 let request = ResumeSessionRequest::new(id.clone(), open.cwd.clone())
-                    .additional_directories(additional);
+                    .additional_directories(additional)
+                    .mcp_servers(mcp_servers);
                 tokio::time::timeout(timeout, cx.send_request(request).block_task())
                     .await
                     .map_err(|_| in_time("session/resume"))?
@@ -485,7 +498,8 @@ impl Bridge {
                     m.replaying = true;
                 }
                 let request = LoadSessionRequest::new(id.clone(), open.cwd.clone())
-                    .additional_directories(additional);
+                    .additional_directories(additional)
+                    .mcp_servers(mcp_servers);
                 let answer =
                     tokio::time::timeout(timeout, cx.send_request(request).block_task()).await;
                 if let Ok(mut m) = self.map.lock() {

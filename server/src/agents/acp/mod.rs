@@ -70,6 +70,9 @@ pub struct AcpCapabilities {
     pub audio: bool,
     /// `promptCapabilities.embeddedContext`.
     pub embedded_context: bool,
+    /// `mcpCapabilities.http`: it can reach Tether's per-session MCP
+    /// server (the session's client tools).
+    pub mcp_http: bool,
     /// `agentInfo.title` (or name), when it sent one.
     pub title: Option<String>,
 }
@@ -84,6 +87,7 @@ impl AcpCapabilities {
             (self.image, "images"),
             (self.audio, "audio"),
             (self.embedded_context, "embedded context"),
+            (self.mcp_http, "MCP over HTTP"),
         ];
         let on: Vec<&str> = flags
             .iter()
@@ -104,6 +108,7 @@ impl AcpCapabilities {
             "resume": self.resume,
             "additionalDirectories": self.additional_directories,
             "promptCapabilities": {"image": self.image, "audio": self.audio, "embeddedContext": self.embedded_context},
+            "mcpCapabilities": {"http": self.mcp_http},
         })
     }
 }
@@ -153,6 +158,9 @@ pub struct OpenRequest {
     pub additional: Vec<PathBuf>,
     /// New or reopened.
     pub mode: OpenMode,
+    /// The session's MCP endpoint `(url, bearer token)`, passed in
+    /// `mcpServers` when the agent takes MCP over HTTP.
+    pub mcp: Option<(String, String)>,
 }
 
 /// How a client answered a permission request.

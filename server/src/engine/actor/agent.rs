@@ -27,6 +27,9 @@ pub(super) struct Running {
     pub(super) last_active: tokio::time::Instant,
     /// Whether a turn is out with it.
     pub(super) busy: bool,
+    /// The turn it is answering: `(chat, turnId)` (its MCP tool calls
+    /// belong there).
+    pub(super) turn: Option<(String, String)>,
 }
 
 #[derive(Debug)]
@@ -87,11 +90,18 @@ impl SessionActor {
             }
             _ => OpenMode::New,
         };
+        let mcp = spec
+            .acp_capabilities()
+            .is_some_and(|c| c.mcp_http)
+            .then(|| self.ctx.mcp.endpoint(&self.engine(), &self.id))
+            .flatten()
+            .map(|e| (e.url, e.token));
         let open = OpenRequest {
             session_uri: self.uri.clone(),
             cwd,
             additional: dirs.into_iter().skip(1).collect(),
             mode,
+            mcp,
         };
         let process = acp::spawn(command, open, self.ctx.config.acp.clone())?;
         tracing::info!(session = %self.id, agent = %spec.provider, "agent process started");
@@ -101,6 +111,7 @@ impl SessionActor {
             permissions: HashMap::new(),
             last_active: tokio::time::Instant::now(),
             busy: false,
+            turn: None,
         });
         Ok(())
     }
@@ -134,6 +145,7 @@ impl SessionActor {
         }
         if let Some(running) = &mut self.running {
             running.busy = true;
+            running.turn = Some((chat.to_owned(), turn_id.to_owned()));
             running.last_active = tokio::time::Instant::now();
             running.process.prompt(chat, turn_id, text);
         }
@@ -221,6 +233,7 @@ impl SessionActor {
                         && actions.iter().any(|(_, a)| ends_turn(a))
                     {
                         running.busy = false;
+                        running.turn = None;
                     }
                     self.follow_ups.extend(actions);
                 }

@@ -298,6 +298,9 @@ impl SessionActor {
                 let _ = reply.send(Err(err));
             }
             Command::ClientGone { .. } => {}
+            Command::CallTool { reply, .. } => {
+                let _ = reply.send(Err(err.to_string()));
+            }
         }
     }
 
@@ -338,6 +341,14 @@ impl SessionActor {
                 reply,
             } => {
                 let _ = reply.send(self.fetch_turns(chat, cursor).await);
+            }
+            Command::CallTool {
+                name,
+                arguments,
+                reply,
+            } => {
+                self.agent_tool_call(&name, arguments, reply);
+                self.run_follow_ups().await;
             }
             Command::ClientGone { client_id } => {
                 if !self.ctx.clients.connected(&client_id) {

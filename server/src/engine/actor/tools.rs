@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 use tether_protocol::toolctx::ToolCallContext;
 use tether_protocol::workdir::file_uri_path;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::SessionActor;
@@ -30,6 +31,8 @@ use crate::store::Directed;
 pub(crate) enum Requester {
     /// The echo agent's `/tool` turn: answered with the result as text.
     Echo,
+    /// An agent (MCP `tools/call`): the result or the error.
+    Agent(oneshot::Sender<Result<Value, String>>),
 }
 
 /// A call waiting for its client.
@@ -74,14 +77,16 @@ impl SessionActor {
             serde_json::from_str::<Value>(args.trim())
         };
         let outcome = match arguments {
-            Ok(arguments) => self.call_client_tool(
-                chat,
-                turn_id,
-                format!("{turn_id}.tool"),
-                name,
-                arguments,
-                Requester::Echo,
-            ),
+            Ok(arguments) => self
+                .call_client_tool(
+                    chat,
+                    turn_id,
+                    format!("{turn_id}.tool"),
+                    name,
+                    arguments,
+                    Requester::Echo,
+                )
+                .map_err(|(reason, _)| reason),
             Err(err) => Err(format!("its arguments are not JSON: {err}")),
         };
         if let Err(reason) = outcome {
@@ -97,8 +102,34 @@ impl SessionActor {
         true
     }
 
+    /// The session's ACP agent calls a client tool (MCP `tools/call`), in
+    /// the turn it is answering.
+    pub(super) fn agent_tool_call(
+        &mut self,
+        name: &str,
+        arguments: Value,
+        reply: oneshot::Sender<Result<Value, String>>,
+    ) {
+        let Some((chat, turn_id)) = self.running.as_ref().and_then(|r| r.turn.clone()) else {
+            let _ = reply.send(Err("no turn of this session is running".to_owned()));
+            return;
+        };
+        let id = format!("mcp-{}", uuid::Uuid::new_v4().simple());
+        if let Err((reason, Requester::Agent(reply))) = self.call_client_tool(
+            &chat,
+            &turn_id,
+            id,
+            name,
+            arguments,
+            Requester::Agent(reply),
+        ) {
+            let _ = reply.send(Err(reason));
+        }
+    }
+
     /// Records a call to the client tool `name` and delivers it to the
-    /// client that contributed it; refused when no client offers it.
+    /// client that contributed it; refused (the requester handed back) when
+    /// no client offers it.
     pub(super) fn call_client_tool(
         &mut self,
         chat: &str,
@@ -107,14 +138,20 @@ impl SessionActor {
         name: &str,
         arguments: Value,
         requester: Requester,
-    ) -> Result<(), String> {
-        let model = self.model.as_ref().ok_or("the session is not loaded")?;
-        let (client, tool) = model
-            .session
-            .active_clients
-            .iter()
-            .find_map(|c| c.tools.iter().find(|t| t.name == name).map(|t| (c, t)))
-            .ok_or_else(|| format!("no client of this session offers a tool named {name:?}"))?;
+    ) -> Result<(), (String, Requester)> {
+        let found = self.model.as_ref().and_then(|model| {
+            model
+                .session
+                .active_clients
+                .iter()
+                .find_map(|c| c.tools.iter().find(|t| t.name == name).map(|t| (c, t)))
+        });
+        let Some((client, tool)) = found else {
+            return Err((
+                format!("no client of this session offers a tool named {name:?}"),
+                requester,
+            ));
+        };
         let client_id = client.client_id.clone();
         let display = tool.title.clone().unwrap_or_else(|| name.to_owned());
         let contributor = json!({"kind": "client", "clientId": client_id});
@@ -284,6 +321,9 @@ impl SessionActor {
                     chat.to_owned(),
                     json!({"type": "chat/turnComplete", "turnId": call.turn_id, "duration": 0}),
                 ));
+            }
+            Requester::Agent(reply) => {
+                let _ = reply.send(outcome);
             }
         }
     }
