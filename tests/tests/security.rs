@@ -29,6 +29,7 @@ backend_tests!(
     an_expired_token_closes_its_socket_and_the_sdk_resumes_with_no_gap,
     per_principal_bounds_answer_429_with_when_to_retry,
     identity_provider_tokens_are_checked_against_the_jwks,
+    client_tools_stay_with_their_principal_and_project,
 );
 
 const SECRET: &[u8] = b"a test secret that is long enough, 256 bits+";
@@ -1236,4 +1237,111 @@ async fn identity_provider_tokens_are_checked_against_the_jwks(db: TestDb) {
         assert_eq!(status, 401, "{what}");
     }
     server.stop().await;
+}
+
+/// The next envelope of `kind` on a subscription, as JSON.
+async fn next_action_of(subscription: &mut ahp::SessionSubscription, kind: &str) -> Value {
+    loop {
+        let envelope = tether_tests::next_envelope(subscription).await;
+        let value = serde_json::to_value(&envelope.action).unwrap();
+        if value["type"] == kind {
+            return value;
+        }
+    }
+}
+
+async fn client_tools_stay_with_their_principal_and_project(db: TestDb) {
+    let server = secured(&db, LimitsConfig::default()).await;
+    let admin = Api::new(&server, Some(token(Role::Admin, &["*"])));
+    let dir = tempfile::tempdir().unwrap();
+    let (status, _, body) = admin
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"id": "tools", "project": "alpha", "workingDirectories": [dir.path()]})),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let tool = json!({"type": "session/activeClientSet", "activeClient": {"clientId": "console",
+        "tools": [{"name": "lookup", "inputSchema": {"type": "object"}}]}});
+
+    // Another project's principal cannot register tools there: the session
+    // does not exist for it.
+    let carol = Api::new(
+        &server,
+        Some(mint(
+            "carol",
+            Role::Operator,
+            &["beta"],
+            Duration::from_secs(3600),
+        )),
+    );
+    let (status, _, _) = carol
+        .call(
+            "POST",
+            "/v1/sessions/tools/actions",
+            Some(json!({"clientId": "console", "clientSeq": 1, "action": tool})),
+        )
+        .await;
+    assert_eq!(status, 404);
+
+    // Alice registers; Mallory, in the same project, names the same clientId.
+    let alice = ahp_with(
+        &server,
+        &mint(
+            "alice",
+            Role::Operator,
+            &["alpha"],
+            Duration::from_secs(3600),
+        ),
+        "console",
+    )
+    .await;
+    let mallory = ahp_with(
+        &server,
+        &mint(
+            "mallory",
+            Role::Operator,
+            &["alpha"],
+            Duration::from_secs(3600),
+        ),
+        "console",
+    )
+    .await;
+    let (_, mut alice_chat) = alice
+        .subscribe("ahp-chat:/tools.main".into())
+        .await
+        .unwrap();
+    let (_, mut mallory_chat) = mallory
+        .subscribe("ahp-chat:/tools.main".into())
+        .await
+        .unwrap();
+    let (_, mut alice_session) = alice.subscribe("ahp-session:/tools".into()).await.unwrap();
+    alice
+        .dispatch("ahp-session:/tools".into(), tether_tests::action(tool))
+        .await
+        .unwrap();
+    next_action_of(&mut alice_session, "session/activeClientSet").await;
+    let turn = json!({"clientId": "rest", "clientSeq": 1, "channel": "ahp-chat:/tools.main",
+        "action": {"type": "chat/turnStarted", "turnId": "t1", "startedAt": "2026-12-01T10:00:00.000Z",
+                   "message": {"text": "/tool lookup {}", "origin": {"kind": "user"}}}});
+    let (status, _, body) = admin
+        .call("POST", "/v1/sessions/tools/actions", Some(turn))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let input = |ready: &Value| -> Value {
+        serde_json::from_str(ready["toolInput"].as_str().unwrap()).unwrap()
+    };
+    let theirs = next_action_of(&mut alice_chat, "chat/toolCallReady").await;
+    assert_eq!(
+        input(&theirs)["__tether"]["sessionId"],
+        "tools",
+        "the principal that registered the tool"
+    );
+    let spoofed = next_action_of(&mut mallory_chat, "chat/toolCallReady").await;
+    assert_eq!(
+        input(&spoofed),
+        json!({}),
+        "the same clientId under another principal sees no context"
+    );
 }

@@ -218,7 +218,11 @@ async fn publish(
                             let directed = envelope.directed.map(|d| {
                                 let frame =
                                     action_frame(seq, &envelope.channel, &d.action, None, None);
-                                (d.client_id, frame.into())
+                                super::fanout::DirectedFrame {
+                                    client_id: d.client_id,
+                                    sub: d.sub,
+                                    frame: frame.into(),
+                                }
                             });
                             let published = Arc::new(Published {
                                 seq,

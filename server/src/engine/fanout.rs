@@ -31,14 +31,30 @@ pub struct Published {
     /// The whole JSON-RPC `action` notification.
     pub frame: Utf8Bytes,
     /// The notification one client receives instead (`Directed`), if any.
-    pub directed: Option<(String, Utf8Bytes)>,
+    pub directed: Option<DirectedFrame>,
+}
+
+/// The frame of a `Directed` copy, and who receives it.
+#[derive(Debug)]
+pub struct DirectedFrame {
+    /// The client.
+    pub client_id: String,
+    /// Its principal, when known.
+    pub sub: Option<String>,
+    /// The `action` notification it receives.
+    pub frame: Utf8Bytes,
 }
 
 impl Published {
-    /// The frame a connection of `client_id` receives.
-    pub fn frame_for(&self, client_id: Option<&str>) -> &Utf8Bytes {
+    /// The frame a connection of `client_id`, authenticated as `sub`,
+    /// receives.
+    pub fn frame_for(&self, client_id: Option<&str>, sub: &str) -> &Utf8Bytes {
         match (&self.directed, client_id) {
-            (Some((target, frame)), Some(client)) if target == client => frame,
+            (Some(d), Some(client))
+                if d.client_id == client && d.sub.as_deref().is_none_or(|s| s == sub) =>
+            {
+                &d.frame
+            }
             _ => &self.frame,
         }
     }

@@ -165,13 +165,15 @@ pub struct NewEnvelope {
 }
 
 /// A copy of an envelope's action that only one client receives: the
-/// connections that named `client_id` at `initialize` (and, with
-/// authentication, whose principal may see `project`). Everyone else, the
-/// transcript and every replay get the stored action.
+/// connections that named `client_id` at `initialize`, and, when `sub` is
+/// known, whose principal is that one. Everyone else, the transcript and
+/// every replay get the stored action.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Directed {
     /// The client it is for.
     pub client_id: String,
+    /// The principal (token `sub`) that registered the client's tools.
+    pub sub: Option<String>,
     /// The action JSON text that client receives instead.
     pub action: String,
 }

@@ -314,7 +314,9 @@ impl Connection {
                     if hidden_from(&self.principal, &published.channel, &published.frame) {
                         return Next::Continue;
                     }
-                    let frame = published.frame_for(self.client_id.as_deref()).clone();
+                    let frame = published
+                        .frame_for(self.client_id.as_deref(), &self.principal.sub)
+                        .clone();
                     if self.queue.push(frame) {
                         Next::Continue
                     } else {

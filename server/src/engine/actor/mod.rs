@@ -52,6 +52,9 @@ pub(super) struct SessionActor {
     client_calls: tools::ClientCalls,
     /// Directed copies of queued host actions, by the action's JSON text.
     directed: std::collections::HashMap<String, crate::store::Directed>,
+    /// Who registered each active client's tools: `clientId` → token `sub`
+    /// (known from the `activeClientSet` this host committed).
+    tool_owners: std::collections::HashMap<String, String>,
 }
 
 /// What woke the actor.
@@ -92,6 +95,7 @@ impl SessionActor {
             running: None,
             client_calls: tools::ClientCalls::new(),
             directed: std::collections::HashMap::new(),
+            tool_owners: std::collections::HashMap::new(),
         };
         if let Err(err) = actor.reload().await {
             tracing::error!(session = %actor.id, error = %err, "cannot load session");
@@ -596,6 +600,12 @@ impl SessionActor {
                             }
                             self.since_snapshot += 1;
                             self.follow_clients(&kind, &d.action);
+                            if kind == "session/activeClientSet"
+                                && let (Some(origin), Some(principal)) = (&d.origin, &d.principal)
+                            {
+                                self.tool_owners
+                                    .insert(origin.client_id.clone(), principal.sub.clone());
+                            }
                             if kind == "chat/turnStarted" {
                                 self.answer_turn(&d.channel, &d.action, agent.as_ref());
                             } else if d.origin.is_some() {

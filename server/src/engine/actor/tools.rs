@@ -189,6 +189,7 @@ impl SessionActor {
                 plain.to_string(),
                 Directed {
                     client_id: client_id.clone(),
+                    sub: self.tool_owners.get(&client_id).cloned(),
                     action: directed.to_string(),
                 },
             );
