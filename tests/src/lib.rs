@@ -586,6 +586,20 @@ pub async fn next_envelope(
     }
 }
 
+/// Asserts a refusal: the status, and a problem whose `detail` contains
+/// `needle` (compared in lower case).
+pub fn assert_refused(status: u16, problem: &serde_json::Value, expected: u16, needle: &str) {
+    assert_eq!(status, expected, "{problem}");
+    let detail = problem["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_lowercase();
+    assert!(
+        detail.contains(&needle.to_lowercase()),
+        "{needle:?} not in {problem}"
+    );
+}
+
 /// The `title` field of an envelope's action (empty when absent).
 pub fn title_of(envelope: &ahp_types::actions::ActionEnvelope) -> String {
     serde_json::to_value(&envelope.action).expect("serialisable")["title"]

@@ -478,7 +478,8 @@ async fn an_agent_that_writes_garbage_or_never_answers_is_stopped_with_a_clear_e
         agent("mute", "FAKE_ACP_MODE=never-init"),
         agent("midway", "FAKE_ACP_CAPS="),
     ]);
-    config.engine.acp.init_timeout = Duration::from_millis(500);
+    // Long enough for a normal agent to start on a loaded machine.
+    config.engine.acp.init_timeout = Duration::from_secs(3);
     config.engine.acp.max_updates_per_turn = 20;
     let server = start(&db, config).await;
     let api = Api::new(server.base_url());
@@ -679,14 +680,7 @@ async fn working_directories_change_through_the_agent(db: TestDb) {
             json!({"type": "session/workingDirectorySet", "directory": uri(&refused)}),
         )
         .await;
-    assert_eq!(status, 422, "{problem}");
-    assert!(
-        problem["detail"]
-            .as_str()
-            .unwrap()
-            .contains("cannot work in"),
-        "{problem}"
-    );
+    tether_tests::assert_refused(status, &problem, 422, "cannot work in");
     let view = api.view("w1").await;
     assert_eq!(view["workingDirectories"].as_array().unwrap().len(), 2);
 
@@ -700,15 +694,7 @@ async fn working_directories_change_through_the_agent(db: TestDb) {
             "directory": uri(&a), "replacement": uri(&refused)}),
         )
         .await;
-    assert_eq!(status, 422, "{problem}");
-    assert!(
-        problem["detail"]
-            .as_str()
-            .unwrap()
-            .to_lowercase()
-            .contains("primary"),
-        "{problem}"
-    );
+    tether_tests::assert_refused(status, &problem, 422, "primary");
     server.stop().await;
 }
 

@@ -281,11 +281,7 @@ async fn a_client_acts_only_in_its_own_name(db: TestDb) {
         )),
     )
     .await;
-    assert_eq!(status, 422, "{problem}");
-    assert!(
-        problem["detail"].as_str().unwrap().contains("own clientId"),
-        "{problem}"
-    );
+    tether_tests::assert_refused(status, &problem, 422, "own clientId");
     let mut bad = register("mallory");
     bad["activeClient"]["tools"] = json!([{"name": "no spaces allowed"}]);
     let (status, problem) = rest(
@@ -326,14 +322,7 @@ async fn a_client_acts_only_in_its_own_name(db: TestDb) {
         )),
     )
     .await;
-    assert_eq!(status, 422, "{problem}");
-    assert!(
-        problem["detail"]
-            .as_str()
-            .unwrap()
-            .contains("only that client"),
-        "{problem}"
-    );
+    tether_tests::assert_refused(status, &problem, 422, "only that client");
     let (_, view) = rest(&server, reqwest::Method::GET, "/v1/sessions/own", None).await;
     assert_eq!(
         view["projection"]["openTurnId"], "t1",

@@ -307,6 +307,10 @@ impl Bridge {
                     let (events, map, verdict, abort) = &notify;
                     let actions = {
                         let mut map = map.lock().map_err(|_| fail(verdict, "poisoned".into()))?;
+                        if verdict.lock().map(|v| v.is_some()).unwrap_or(true) {
+                            // Stopping: nothing more of this agent is recorded.
+                            return Ok(());
+                        }
                         if map.updates >= limit {
                             fail(verdict, format!("the agent sent more than {limit} updates in one turn"));
                             let _ = abort.send(());
@@ -547,13 +551,18 @@ impl Bridge {
             vec![ContentBlock::Text(TextContent::new(next.text))],
         );
         let (events, map) = (self.events.clone(), self.map.clone());
+        let verdict = self.verdict.clone();
         cx.prepare_request(request)
             .on_receiving_result(async move |result| {
-                if let Err(err) = &result
-                    && (agent_client_protocol::is_incoming_transport_closed(err)
-                        || agent_client_protocol::is_connection_terminated(err))
-                {
-                    // The process is going: its exit fails the turn, with why.
+                let stopping = verdict.lock().map(|v| v.is_some()).unwrap_or(true);
+                let gone = result.as_ref().is_err_and(|err| {
+                    agent_client_protocol::is_incoming_transport_closed(err)
+                        || agent_client_protocol::is_connection_terminated(err)
+                });
+                if stopping || gone {
+                    // The process is going (it broke a limit, or exited):
+                    // its exit fails the turn, with why.
+                    let _ = done.send(());
                     return Ok(());
                 }
                 let stop = result.map(|r| r.stop_reason).map_err(|e| said(&e));
