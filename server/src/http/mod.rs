@@ -3,6 +3,7 @@
 //! document.
 
 pub mod agents;
+pub mod console;
 pub mod contexts;
 pub mod error;
 pub mod extract;
@@ -183,6 +184,7 @@ pub fn router(state: AppState) -> Router {
             }),
         )
         .merge(crate::ws::router())
+        .merge(console::router())
         .route("/mcp/{session}", axum::routing::any(crate::mcp::serve))
         .fallback(not_found)
         .with_state(state)

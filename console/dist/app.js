@@ -1,0 +1,487 @@
+// The Tether console: a session list that follows the root channel, and a
+// session view that renders the stream of envelopes in order, the
+// projection, working directories, turns with their streamed answers, tool
+// calls and permission prompts. REST for reads that are not streams, AHP
+// over WebSocket for everything live.
+import { AhpConnection } from "./ahp.js";
+const TOKEN_KEY = "tether-token";
+/** Envelopes kept on the page; older ones are in the transcript (REST). */
+const MAX_ROWS = 2_000;
+const $ = (selector) => {
+    const found = document.querySelector(selector);
+    if (!found)
+        throw new Error(`missing ${selector}`);
+    return found;
+};
+function element(tag, attributes = {}, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attributes))
+        node.setAttribute(key, value);
+    node.append(...children);
+    return node;
+}
+/** The caller's role, read from the token (the server checks it). */
+function roleOf(token) {
+    if (!token)
+        return "admin";
+    try {
+        const payload = JSON.parse(atob(token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/")));
+        return String(payload.role ?? "viewer");
+    }
+    catch {
+        return "viewer";
+    }
+}
+class Console {
+    token = sessionStorage.getItem(TOKEN_KEY);
+    connection = null;
+    current = null;
+    turns = new Map();
+    rows = 0;
+    /** Which form a dispatch came from, to show its refusal beside it. */
+    sentFrom = new Map();
+    listTimer;
+    viewTimer;
+    async start() {
+        this.bindForms();
+        if (!(await this.checkToken()))
+            return;
+        this.connect();
+        await Promise.all([this.loadAgents(), this.loadSessions()]);
+    }
+    // ─── REST ───────────────────────────────────────────────────────────
+    async api(path, init = {}) {
+        const headers = new Headers(init.headers);
+        if (this.token)
+            headers.set("authorization", `Bearer ${this.token}`);
+        if (init.body)
+            headers.set("content-type", "application/json");
+        const response = await fetch(path, { ...init, headers });
+        const text = await response.text();
+        let body = null;
+        try {
+            body = text ? JSON.parse(text) : null;
+        }
+        catch {
+            body = text;
+        }
+        if (response.status === 401)
+            this.askToken("The server refused the token: it is missing, wrong or expired. Enter a new one.");
+        return { status: response.status, body };
+    }
+    async checkToken() {
+        const { status } = await this.api("/v1/sessions?limit=1");
+        return status !== 401;
+    }
+    askToken(message) {
+        const dialog = $("#token");
+        $("#token-message").textContent = message;
+        if (!dialog.open)
+            dialog.showModal();
+    }
+    // ─── The connection ─────────────────────────────────────────────────
+    connect() {
+        const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+        this.connection?.stop();
+        const connection = new AhpConnection(`${scheme}//${location.host}/ahp`, this.token, {
+            state: (state) => this.showState(state),
+            envelope: (envelope) => this.onEnvelope(envelope),
+            snapshots: (snapshots, reason) => this.onSnapshots(snapshots, reason),
+            notification: (method) => {
+                if (method.startsWith("root/"))
+                    this.scheduleList();
+            },
+        });
+        this.connection = connection;
+        connection.start();
+        void connection.subscribe("ahp-root://").catch(() => undefined);
+        this.applyRole();
+    }
+    showState(state) {
+        const indicator = $("#connection");
+        indicator.dataset.state = state.kind;
+        switch (state.kind) {
+            case "connecting":
+                indicator.textContent = "Connecting…";
+                break;
+            case "connected":
+                indicator.textContent = "Connected";
+                if (this.current)
+                    void this.refreshView();
+                this.scheduleList();
+                break;
+            case "reconnecting":
+                indicator.textContent = `Reconnecting in ${(state.inMs / 1000).toFixed(1)} s (${state.reason})`;
+                break;
+            case "offline":
+                indicator.textContent = `Offline (${state.reason})`;
+                break;
+            case "unauthorized":
+                indicator.textContent = "Not signed in";
+                void this.checkToken();
+                break;
+        }
+    }
+    applyRole() {
+        // What a viewer may not do is not offered (the server refuses it anyway).
+        document.body.classList.toggle("viewer", roleOf(this.token) === "viewer");
+    }
+    // ─── The session list ───────────────────────────────────────────────
+    async loadAgents() {
+        const { status, body } = await this.api("/v1/agents");
+        if (status !== 200)
+            return;
+        const select = $("#create-provider");
+        select.replaceChildren(...body.agents.map((agent) => element("option", { value: agent.provider }, `${agent.displayName} (${agent.provider})`)));
+    }
+    scheduleList() {
+        window.clearTimeout(this.listTimer);
+        this.listTimer = window.setTimeout(() => void this.loadSessions(), 100);
+    }
+    async loadSessions() {
+        const filters = new FormData($("#filters"));
+        const query = new URLSearchParams({ limit: "200" });
+        for (const key of ["project", "state"]) {
+            const value = String(filters.get(key) ?? "");
+            if (value)
+                query.set(key, value);
+        }
+        const { status, body } = await this.api(`/v1/sessions?${query}`);
+        if (status !== 200)
+            return;
+        const list = $("#session-list");
+        list.replaceChildren(...body.items.map((s) => {
+            const button = element("button", { type: "button", "data-session": s.id, "aria-current": String(this.current?.id === s.id) }, element("span", { class: "title" }, s.title || s.id), element("span", { class: `badge ${s.state}` }, s.state), element("span", { class: "meta" }, `${s.provider} · ${s.project} · ${s.turns} turns${s.resumable ? " · resumable" : ""} · ${new Date(s.updatedAt).toLocaleString()}`));
+            button.addEventListener("click", () => void this.open(s.id));
+            return element("li", {}, button);
+        }));
+        if (!body.items.length)
+            list.replaceChildren(element("li", { class: "empty" }, "No sessions yet. Create one below."));
+    }
+    // ─── One session ────────────────────────────────────────────────────
+    async open(id) {
+        const connection = this.connection;
+        if (!connection)
+            return;
+        if (this.current) {
+            await connection.unsubscribe(this.current.resource);
+            if (this.current.defaultChat)
+                await connection.unsubscribe(this.current.defaultChat);
+        }
+        const { status, body } = await this.api(`/v1/sessions/${encodeURIComponent(id)}`);
+        if (status !== 200)
+            return;
+        this.current = body;
+        this.turns.clear();
+        this.rows = 0;
+        $("#envelopes").replaceChildren();
+        $("#notice").textContent = "";
+        for (const slot of document.querySelectorAll("#session .error"))
+            slot.textContent = "";
+        $("#session").hidden = false;
+        const session = await connection.subscribe(this.current.resource);
+        if (this.current.defaultChat) {
+            const chat = await connection.subscribe(this.current.defaultChat);
+            this.loadChat(chat.state);
+        }
+        this.renderView(session.state);
+        this.renderTurns();
+        this.scheduleList();
+        void this.loadContext();
+    }
+    async refreshView() {
+        if (!this.current)
+            return;
+        const { status, body } = await this.api(`/v1/sessions/${encodeURIComponent(this.current.id)}`);
+        if (status === 200) {
+            this.current = body;
+            this.renderView(null);
+        }
+    }
+    renderView(state) {
+        const view = this.current;
+        if (!view)
+            return;
+        $("#session-title").textContent = view.title || view.id;
+        const facts = [
+            ["State", view.cause ? `${view.state} (${view.cause})` : view.state],
+            ["Agent", view.provider],
+            ["Project", view.project],
+            ["Turns", String(view.turns)],
+            ["Open turn", view.projection.openTurnId ?? "none"],
+            ["Resumable", view.resumable ? "yes" : "no"],
+            ["Document revision", String(view.projection.documentRevision)],
+            ["Commands", view.projection.commands.map((c) => c.name).join(", ") || "none"],
+        ];
+        $("#projection").replaceChildren(...facts.flatMap(([k, v]) => [element("dt", {}, k), element("dd", {}, v)]));
+        const dirs = state?.workingDirectories ?? view.workingDirectories;
+        $("#dirs").replaceChildren(...dirs.map((uri, index) => {
+            const path = decodeURIComponent(uri.replace(/^file:\/\//, ""));
+            const remove = element("button", { type: "button", "data-writes": "" }, "Remove");
+            remove.setAttribute("aria-label", `Remove ${path}`);
+            remove.addEventListener("click", () => void this.send(this.current.resource, { type: "session/workingDirectoryRemoved", directory: uri }, $("#add-dir")));
+            return element("li", {}, element("code", {}, path), index === 0 ? element("span", { class: "meta" }, " primary") : remove);
+        }));
+        $("#resume").hidden = !(view.resumable && ["dormant", "closed"].includes(view.state));
+        this.applyRole();
+    }
+    async loadContext() {
+        const view = this.current;
+        if (!view)
+            return;
+        const { status, body } = await this.api(`/v1/projects/${encodeURIComponent(view.project)}/sessions/${encodeURIComponent(view.id)}/working-context`);
+        const panel = $("#context");
+        if (status !== 200 || !body.found) {
+            panel.textContent = "No working context saved for this session.";
+            return;
+        }
+        const working = body.working;
+        panel.replaceChildren(element("p", {}, `Goal: ${working.goal ?? "none"}`), element("p", {}, `Decisions: ${(working.decisions ?? []).length}, pending actions: ${(working.pendingActions ?? []).length}`));
+    }
+    loadChat(state) {
+        const all = [...(state.turns ?? [])];
+        if (state.activeTurn)
+            all.push({ ...state.activeTurn, state: "running" });
+        for (const turn of all) {
+            const view = { id: turn.id, text: turn.message?.text ?? "", parts: new Map(), tools: new Map(), state: String(turn.state ?? "complete") };
+            for (const part of turn.responseParts ?? [])
+                this.applyPart(view, part);
+            this.turns.set(turn.id, view);
+        }
+    }
+    applyPart(turn, part) {
+        if (part.kind === "markdown" || part.kind === "reasoning") {
+            turn.parts.set(part.id, { kind: part.kind, text: part.content ?? "" });
+        }
+        else if (part.kind === "toolCall") {
+            const call = part.toolCall;
+            turn.tools.set(call.toolCallId, { id: call.toolCallId, name: call.displayName ?? call.toolName, status: call.status, options: call.options ?? [] });
+        }
+    }
+    onEnvelope(envelope) {
+        if (envelope.rejectionReason !== undefined) {
+            const form = envelope.origin ? this.sentFrom.get(envelope.origin.clientSeq) : undefined;
+            if (form)
+                this.showError(form, envelope.rejectionReason);
+            return;
+        }
+        if (!this.current)
+            return;
+        if (envelope.channel !== this.current.resource && envelope.channel !== this.current.defaultChat)
+            return;
+        this.appendRow(envelope);
+        if (envelope.channel === this.current.defaultChat) {
+            this.applyChat(envelope.action);
+            this.renderTurns();
+        }
+        // The projection (state, turns, open turn) follows, at most ten times a second.
+        window.clearTimeout(this.viewTimer);
+        this.viewTimer = window.setTimeout(() => void this.refreshView(), 100);
+    }
+    onSnapshots(snapshots, reason) {
+        $("#notice").textContent = `Re-rendered from snapshots: ${reason}.`;
+        this.turns.clear();
+        for (const snapshot of snapshots) {
+            if (snapshot.resource === this.current?.defaultChat)
+                this.loadChat(snapshot.state);
+            if (snapshot.resource === this.current?.resource)
+                this.renderView(snapshot.state);
+        }
+        this.renderTurns();
+    }
+    appendRow(envelope) {
+        const list = $("#envelopes");
+        const row = element("li", { "data-seq": String(envelope.serverSeq) }, element("span", { class: "seq" }, `#${envelope.serverSeq}`), ` ${envelope.action.type}`);
+        list.append(row);
+        this.rows += 1;
+        // Only the newest rows stay in the page; the transcript has the rest.
+        while (this.rows > MAX_ROWS && list.firstElementChild) {
+            list.firstElementChild.remove();
+            this.rows -= 1;
+        }
+    }
+    applyChat(action) {
+        const id = String(action.turnId ?? "");
+        if (action.type === "chat/turnStarted") {
+            const message = action.message;
+            this.turns.set(id, { id, text: message?.text ?? "", parts: new Map(), tools: new Map(), state: "running" });
+            return;
+        }
+        const turn = this.turns.get(id);
+        if (!turn)
+            return;
+        switch (action.type) {
+            case "chat/responsePart":
+                this.applyPart(turn, action.part);
+                break;
+            case "chat/delta":
+            case "chat/reasoning": {
+                const part = turn.parts.get(String(action.partId));
+                if (part)
+                    part.text += String(action.content ?? "");
+                break;
+            }
+            case "chat/toolCallStart":
+                turn.tools.set(String(action.toolCallId), { id: String(action.toolCallId), name: String(action.displayName ?? action.toolName), status: "streaming", options: [] });
+                break;
+            case "chat/toolCallReady": {
+                const tool = turn.tools.get(String(action.toolCallId));
+                if (tool) {
+                    tool.status = action.confirmed ? "running" : "pending-confirmation";
+                    tool.options = action.options ?? [];
+                }
+                break;
+            }
+            case "chat/toolCallConfirmed": {
+                const tool = turn.tools.get(String(action.toolCallId));
+                if (tool)
+                    tool.status = action.approved ? "running" : "cancelled";
+                break;
+            }
+            case "chat/toolCallComplete": {
+                const tool = turn.tools.get(String(action.toolCallId));
+                const result = action.result;
+                if (tool) {
+                    tool.status = result?.success ? "completed" : "failed";
+                    tool.result = (result?.content ?? []).map((c) => c.text ?? "").join("\n");
+                }
+                break;
+            }
+            case "chat/turnComplete":
+                turn.state = "complete";
+                break;
+            case "chat/turnCancelled":
+                turn.state = "cancelled";
+                break;
+            case "chat/error": {
+                turn.state = "error";
+                const part = action.part;
+                turn.error = part?.error?.message;
+                break;
+            }
+        }
+    }
+    renderTurns() {
+        const list = $("#turns");
+        list.replaceChildren(...[...this.turns.values()].map((turn) => {
+            const answer = element("div", { class: "answer" });
+            for (const part of turn.parts.values()) {
+                answer.append(element("p", { class: part.kind }, part.text));
+            }
+            for (const tool of turn.tools.values()) {
+                const item = element("div", { class: "tool", "data-status": tool.status }, element("strong", {}, tool.name), ` — ${tool.status}`);
+                if (tool.result)
+                    item.append(element("pre", {}, tool.result));
+                if (tool.status === "pending-confirmation") {
+                    const options = tool.options.length ? tool.options : [{ id: "", label: "Approve", kind: "approve" }, { id: "", label: "Deny", kind: "deny" }];
+                    for (const option of options) {
+                        const button = element("button", { type: "button", "data-writes": "" }, option.label);
+                        button.addEventListener("click", () => {
+                            const action = { type: "chat/toolCallConfirmed", turnId: turn.id, toolCallId: tool.id, approved: option.kind === "approve" };
+                            if (option.id)
+                                action.selectedOptionId = option.id;
+                            void this.send(this.current.defaultChat, action, $("#turn"));
+                        });
+                        item.append(" ", button);
+                    }
+                }
+                answer.append(item);
+            }
+            if (turn.error)
+                answer.append(element("p", { class: "error" }, turn.error));
+            return element("li", { "data-turn": turn.id, "data-state": turn.state }, element("p", { class: "user" }, turn.text), answer, element("span", { class: "meta" }, turn.state));
+        }));
+        const running = [...this.turns.values()].some((t) => t.state === "running");
+        $("#cancel").disabled = !running;
+        this.applyRole();
+    }
+    // ─── Writing ────────────────────────────────────────────────────────
+    async send(channel, action, form) {
+        const connection = this.connection;
+        if (!connection)
+            return;
+        this.showError(form, "");
+        const seq = await connection.dispatch(channel, action);
+        this.sentFrom.set(seq, form);
+    }
+    showError(form, message) {
+        const slot = form.querySelector(".error");
+        if (slot)
+            slot.textContent = message;
+    }
+    bindForms() {
+        $("#filters").addEventListener("input", () => this.scheduleList());
+        $("#create").addEventListener("submit", async (event) => {
+            event.preventDefault();
+            const form = event.currentTarget;
+            const data = new FormData(form);
+            const dir = String(data.get("dir") ?? "").trim();
+            const { status, body } = await this.api("/v1/sessions", {
+                method: "POST",
+                body: JSON.stringify({ provider: data.get("provider"), workingDirectories: dir ? [dir] : [] }),
+            });
+            if (status === 201) {
+                this.showError(form, "");
+                await this.loadSessions();
+                await this.open(body.id);
+            }
+            else {
+                this.showError(form, body?.detail ?? `The server answered ${status}.`);
+            }
+        });
+        $("#turn").addEventListener("submit", (event) => {
+            event.preventDefault();
+            const form = event.currentTarget;
+            const input = form.elements.namedItem("text");
+            const text = input.value.trim();
+            if (!text || !this.current?.defaultChat)
+                return;
+            input.value = "";
+            void this.send(this.current.defaultChat, {
+                type: "chat/turnStarted",
+                turnId: crypto.randomUUID(),
+                startedAt: new Date().toISOString(),
+                message: { text, origin: { kind: "user" } },
+            }, form);
+        });
+        $("#cancel").addEventListener("click", () => {
+            const running = [...this.turns.values()].find((t) => t.state === "running");
+            if (running && this.current?.defaultChat) {
+                void this.send(this.current.defaultChat, { type: "chat/turnCancelled", turnId: running.id, duration: 0 }, $("#turn"));
+            }
+        });
+        $("#add-dir").addEventListener("submit", (event) => {
+            event.preventDefault();
+            const form = event.currentTarget;
+            const input = form.elements.namedItem("dir");
+            const path = input.value.trim();
+            if (!path || !this.current)
+                return;
+            const uri = path.startsWith("file:") ? path : `file://${path.startsWith("/") ? "" : "/"}${path}`;
+            void this.send(this.current.resource, { type: "session/workingDirectorySet", directory: uri }, form);
+        });
+        $("#resume").addEventListener("click", async () => {
+            const view = this.current;
+            if (!view)
+                return;
+            const [cwd, ...rest] = view.workingDirectories.map((u) => decodeURIComponent(u.replace(/^file:\/\//, "")));
+            const { status, body } = await this.api(`/v1/sessions/${encodeURIComponent(view.id)}/resume`, {
+                method: "POST",
+                body: JSON.stringify({ sessionId: view.id, cwd: cwd ?? "/", additionalDirectories: rest, mcpServers: [] }),
+            });
+            this.showError($("#session-actions"), status === 200 ? "" : body?.detail ?? `The server answered ${status}.`);
+            await this.refreshView();
+        });
+        $("#token-form").addEventListener("submit", (event) => {
+            event.preventDefault();
+            const value = String(new FormData(event.currentTarget).get("token") ?? "").trim();
+            if (!value)
+                return;
+            this.token = value;
+            sessionStorage.setItem(TOKEN_KEY, value);
+            $("#token").close();
+            void this.start();
+        });
+    }
+}
+void new Console().start();

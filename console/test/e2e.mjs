@@ -1,0 +1,213 @@
+// End-to-end test of the console in headless Chromium (Debian's package,
+// driven by playwright-core) against the real `tether` binary. Each step
+// saves a screenshot under $TETHER_E2E_OUT (default target/console-e2e).
+//
+//   TETHER_BIN=target/debug/tether TETHER_FAKE_AGENT=target/debug/fake-acp-agent \
+//     node console/test/e2e.mjs
+//
+// Bounded: every wait has a timeout, and the whole run is given 180 s.
+
+import { spawn } from "node:child_process";
+import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { chromium } from "playwright-core";
+
+const BIN = resolve(process.env.TETHER_BIN ?? "target/debug/tether");
+const FAKE = resolve(process.env.TETHER_FAKE_AGENT ?? "target/debug/fake-acp-agent");
+const OUT = resolve(process.env.TETHER_E2E_OUT ?? "target/console-e2e");
+const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
+const DATABASE = process.env.TETHER_E2E_DATABASE_URL || undefined; // default: a fresh SQLite file
+const WAIT = 15_000;
+
+mkdirSync(OUT, { recursive: true });
+const work = mkdtempSync(join(tmpdir(), "tether-console-"));
+setTimeout(() => fail("the run took longer than 180 s"), 180_000).unref();
+
+let server = null;
+let browser = null;
+let step = 0;
+
+function fail(message) {
+  console.error(`console e2e FAILED: ${message}`);
+  server?.kill("SIGKILL");
+  browser?.close().catch(() => {});
+  process.exit(1);
+}
+
+function assert(condition, message) {
+  if (!condition) fail(message);
+}
+
+async function freePort() {
+  return new Promise((done) => {
+    const probe = createServer().listen(0, "127.0.0.1", () => {
+      const { port } = probe.address();
+      probe.close(() => done(port));
+    });
+  });
+}
+
+const port = await freePort();
+const base = `http://127.0.0.1:${port}`;
+const database = DATABASE ?? `sqlite:${join(work, "tether.db")}`;
+
+async function start(extra = []) {
+  const args = ["serve", "--bind", `127.0.0.1:${port}`, "--database-url", database,
+    "--agent", `fake=FAKE_ACP_CAPS=load ${FAKE}`, ...extra];
+  const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("TETHER_")));
+  server = spawn(BIN, args, { env, stdio: ["ignore", "ignore", "pipe"] });
+  let log = "";
+  server.stderr.on("data", (chunk) => (log += chunk));
+  for (let i = 0; i < 200; i++) {
+    try {
+      if ((await fetch(`${base}/readyz`)).ok) return;
+    } catch {}
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  fail(`the server did not start:\n${log}`);
+}
+
+async function stop(signal = "SIGKILL") {
+  const exited = new Promise((done) => server.once("exit", done));
+  server.kill(signal);
+  await exited;
+}
+
+async function rest(path, init = {}, token) {
+  const headers = { "content-type": "application/json" };
+  if (token) headers.authorization = `Bearer ${token}`;
+  const response = await fetch(`${base}${path}`, { ...init, headers });
+  return { status: response.status, body: await response.json().catch(() => null) };
+}
+
+async function shot(page, name) {
+  step += 1;
+  await page.screenshot({ path: join(OUT, `${String(step).padStart(2, "0")}-${name}.png`), fullPage: true });
+}
+
+const connected = (page) => page.getByRole("status").filter({ hasText: "Connected" }).first().waitFor({ timeout: WAIT });
+
+/** The seqs the page rendered, in order. */
+const renderedSeqs = (page) =>
+  page.$$eval("#envelopes li", (rows) => rows.map((r) => Number(r.getAttribute("data-seq"))));
+
+try {
+  await start();
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+  });
+  const page = await (await browser.newContext()).newPage();
+  page.on("pageerror", (error) => fail(`the page threw: ${error.message}`));
+  await page.goto(base);
+  await connected(page);
+  await shot(page, "connected");
+
+  // A session created over REST appears live in the open console.
+  const dir = mkdtempSync(join(work, "project-"));
+  const created = await rest("/v1/sessions", { method: "POST", body: JSON.stringify({ id: "e2e", title: "From REST", workingDirectories: [dir] }) });
+  assert(created.status === 201, `create: ${created.status}`);
+  const listed = page.locator('[data-session="e2e"]');
+  await listed.waitFor({ timeout: WAIT });
+  await shot(page, "listed-live");
+  await listed.click();
+  await page.getByRole("heading", { name: "From REST" }).waitFor({ timeout: WAIT });
+
+  // A second browser context sees the same stream.
+  const other = await (await browser.newContext()).newPage();
+  await other.goto(base);
+  await connected(other);
+  await other.locator('[data-session="e2e"]').click();
+  await other.getByRole("heading", { name: "From REST" }).waitFor({ timeout: WAIT });
+
+  // A turn: the echo agent's answer streams in, on both pages.
+  await page.getByRole("textbox", { name: "Message" }).fill("hello from the browser");
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+  for (const p of [page, other]) {
+    await p.locator('#turns li[data-state="complete"] .answer', { hasText: "hello from the browser" }).waitFor({ timeout: WAIT });
+  }
+  await shot(page, "echo-answer");
+
+  // A bad working directory shows the server's reason next to the form.
+  await page.getByRole("textbox", { name: "Add directory" }).fill("/no/such/directory");
+  await page.getByRole("button", { name: "Add", exact: true }).click();
+  await page.locator("#add-dir .error", { hasText: "does not exist" }).waitFor({ timeout: WAIT });
+  await shot(page, "directory-refused");
+
+  // The server is killed and restarted: the stream resumes with no gap
+  // and no duplicate.
+  await stop("SIGKILL");
+  await page.getByRole("status").filter({ hasText: "Reconnecting" }).first().waitFor({ timeout: WAIT });
+  await shot(page, "reconnecting");
+  await start();
+  await connected(page);
+  await page.getByRole("textbox", { name: "Message" }).fill("after the restart");
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+  await page.locator('#turns li[data-state="complete"] .answer', { hasText: "after the restart" }).waitFor({ timeout: WAIT });
+  const transcript = await rest("/v1/sessions/e2e/transcript?after=0&limit=1000");
+  const stored = transcript.body.envelopes.map((e) => e.serverSeq);
+  const shown = await renderedSeqs(page);
+  const firstShown = shown[0];
+  const expected = stored.filter((s) => s >= firstShown);
+  assert(JSON.stringify(shown) === JSON.stringify(expected), `rendered ${shown} but the transcript has ${expected}`);
+  assert(new Set(shown).size === shown.length, "a duplicate row");
+  await shot(page, "resumed-no-gap");
+
+  // An ACP agent asks permission; the person approves it from the page.
+  await page.getByLabel("Agent").selectOption("fake");
+  await page.getByLabel("Working directory").fill(dir);
+  await page.getByRole("button", { name: "Create session" }).click();
+  await page.getByRole("textbox", { name: "Message" }).waitFor({ timeout: WAIT });
+  await page.getByRole("textbox", { name: "Message" }).fill("permission");
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+  const allow = page.getByRole("button", { name: "Allow once" });
+  await allow.waitFor({ timeout: WAIT });
+  await shot(page, "permission-prompt");
+  await allow.click();
+  await page.locator('#turns li[data-state="complete"] .answer', { hasText: "edited" }).waitFor({ timeout: WAIT });
+  await shot(page, "permission-approved");
+  writeFileSync(join(OUT, "summary.json"), JSON.stringify({ stored, shown }, null, 2));
+  await browser.close();
+  browser = null;
+  await stop("SIGTERM");
+
+  // With authentication on: a wrong token is told so; a viewer is not
+  // offered what it may not do.
+  const secret = join(work, "secret");
+  writeFileSync(secret, "a console test secret that is long enough, 256 bits+");
+  const mint = (role) =>
+    new Promise((done) => {
+      const child = spawn(BIN, ["token", "--sub", `${role}-e2e`, "--role", role, "--project", "*", "--ttl", "1h", "--auth-secret-file", secret]);
+      let out = "";
+      child.stdout.on("data", (c) => (out += c));
+      child.on("exit", () => done(out.trim()));
+    });
+  const viewer = await mint("viewer");
+  await start(["--auth-secret-file", secret]);
+  browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"] });
+  const guest = await (await browser.newContext()).newPage();
+  await guest.goto(base);
+  const dialog = guest.getByRole("dialog");
+  await dialog.waitFor({ timeout: WAIT });
+  await guest.getByLabel("Token").fill("not-a-token");
+  await guest.getByRole("button", { name: "Use this token" }).click();
+  await guest.getByText("The server refused the token").waitFor({ timeout: WAIT });
+  await shot(guest, "wrong-token");
+  await guest.getByLabel("Token").fill(viewer);
+  await guest.getByRole("button", { name: "Use this token" }).click();
+  await connected(guest);
+  await guest.locator('[data-session="e2e"]').click();
+  await guest.getByRole("heading", { name: "From REST" }).waitFor({ timeout: WAIT });
+  assert(!(await guest.getByRole("button", { name: "Send", exact: true }).isVisible()), "a viewer is offered Send");
+  assert(!(await guest.getByRole("textbox", { name: "Message" }).isVisible()), "a viewer is offered the turn box");
+  await shot(guest, "viewer");
+  await browser.close();
+  await stop("SIGTERM");
+  console.log(`console e2e: ok (${step} screenshots in ${OUT})`);
+  process.exit(0);
+} catch (error) {
+  fail(error.stack ?? String(error));
+}
