@@ -35,8 +35,20 @@ fn asset(body: &'static str, kind: &'static str) -> impl IntoResponse {
 /// `/` and the files it loads.
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/", get(|| async { asset(INDEX, "text/html; charset=utf-8") }))
-        .route("/console/style.css", get(|| async { asset(STYLE, "text/css; charset=utf-8") }))
-        .route("/console/app.js", get(|| async { asset(APP, "text/javascript; charset=utf-8") }))
-        .route("/console/ahp.js", get(|| async { asset(AHP, "text/javascript; charset=utf-8") }))
+        .route(
+            "/",
+            get(|| async { asset(INDEX, "text/html; charset=utf-8") }),
+        )
+        .route(
+            "/console/style.css",
+            get(|| async { asset(STYLE, "text/css; charset=utf-8") }),
+        )
+        .route(
+            "/console/app.js",
+            get(|| async { asset(APP, "text/javascript; charset=utf-8") }),
+        )
+        .route(
+            "/console/ahp.js",
+            get(|| async { asset(AHP, "text/javascript; charset=utf-8") }),
+        )
 }
