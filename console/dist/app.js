@@ -42,6 +42,7 @@ class Console {
     sentFrom = new Map();
     listTimer;
     viewTimer;
+    renderQueued = false;
     async start() {
         this.bindForms();
         if (!(await this.checkToken()))
@@ -272,7 +273,7 @@ class Console {
         this.appendRow(envelope);
         if (envelope.channel === this.current.defaultChat) {
             this.applyChat(envelope.action);
-            this.renderTurns();
+            this.scheduleTurns();
         }
         // The projection (state, turns, open turn) follows, at most ten times a second.
         window.clearTimeout(this.viewTimer);
@@ -360,6 +361,17 @@ class Console {
                 break;
             }
         }
+    }
+    /** Renders the conversation at most once a frame, however fast the
+     * deltas come. */
+    scheduleTurns() {
+        if (this.renderQueued)
+            return;
+        this.renderQueued = true;
+        requestAnimationFrame(() => {
+            this.renderQueued = false;
+            this.renderTurns();
+        });
     }
     renderTurns() {
         const list = $("#turns");

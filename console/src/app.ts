@@ -86,6 +86,7 @@ class Console {
   private sentFrom = new Map<number, HTMLElement>();
   private listTimer: number | undefined;
   private viewTimer: number | undefined;
+  private renderQueued = false;
 
   async start(): Promise<void> {
     this.bindForms();
@@ -329,7 +330,7 @@ class Console {
     this.appendRow(envelope);
     if (envelope.channel === this.current.defaultChat) {
       this.applyChat(envelope.action);
-      this.renderTurns();
+      this.scheduleTurns();
     }
     // The projection (state, turns, open turn) follows, at most ten times a second.
     window.clearTimeout(this.viewTimer);
@@ -415,6 +416,17 @@ class Console {
         break;
       }
     }
+  }
+
+  /** Renders the conversation at most once a frame, however fast the
+   * deltas come. */
+  private scheduleTurns(): void {
+    if (this.renderQueued) return;
+    this.renderQueued = true;
+    requestAnimationFrame(() => {
+      this.renderQueued = false;
+      this.renderTurns();
+    });
   }
 
   private renderTurns(): void {
