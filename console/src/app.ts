@@ -65,6 +65,11 @@ interface TurnView {
   error?: string;
 }
 
+/** A path (or a `file:` URI) as a `file:` URI; the server canonicalises it. */
+function toUri(path: string): string {
+  return path.startsWith("file:") ? path : `file://${path.startsWith("/") ? "" : "/"}${encodeURI(path)}`;
+}
+
 /** The caller's role, read from the token (the server checks it). */
 function roleOf(token: string | null): string {
   if (!token) return "admin";
@@ -279,6 +284,9 @@ class Console {
         remove.addEventListener("click", () => void this.send(this.current!.resource, { type: "session/workingDirectoryRemoved", directory: uri }, $("#add-dir")));
         return element("li", {}, element("code", {}, path), index === 0 ? element("span", { class: "meta" }, " primary") : remove);
       }),
+    );
+    $("#replace-dir").querySelector("select")!.replaceChildren(
+      ...dirs.map((uri) => element("option", { value: uri }, decodeURIComponent(uri.replace(/^file:\/\//, "")))),
     );
     $("#resume").hidden = !(view.resumable && ["dormant", "closed"].includes(view.state));
     this.applyRole();
@@ -523,8 +531,16 @@ class Console {
       const input = form.elements.namedItem("dir") as HTMLInputElement;
       const path = input.value.trim();
       if (!path || !this.current) return;
-      const uri = path.startsWith("file:") ? path : `file://${path.startsWith("/") ? "" : "/"}${path}`;
-      void this.send(this.current.resource, { type: "session/workingDirectorySet", directory: uri }, form);
+      void this.send(this.current.resource, { type: "session/workingDirectorySet", directory: toUri(path) }, form);
+    });
+    $<HTMLFormElement>("#replace-dir").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const form = event.currentTarget as HTMLFormElement;
+      const data = new FormData(form);
+      const from = String(data.get("from") ?? "");
+      const to = String(data.get("to") ?? "").trim();
+      if (!from || !to || !this.current) return;
+      void this.send(this.current.resource, { type: "session/workingDirectoryReplaced", directory: from, replacement: toUri(to) }, form);
     });
     $<HTMLButtonElement>("#resume").addEventListener("click", async () => {
       const view = this.current;

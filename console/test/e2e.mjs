@@ -137,6 +137,13 @@ try {
   await page.locator("#add-dir .error", { hasText: "does not exist" }).waitFor({ timeout: WAIT });
   await shot(page, "directory-refused");
 
+  // The primary directory is replaced (echo allows it); the list follows.
+  const elsewhere = mkdtempSync(join(work, "other-"));
+  await page.getByRole("textbox", { name: "Replacement" }).fill(elsewhere);
+  await page.getByRole("button", { name: "Replace", exact: true }).click();
+  await page.locator("#dirs code", { hasText: elsewhere }).waitFor({ timeout: WAIT });
+  await shot(page, "directory-replaced");
+
   // The server is killed and restarted: the stream resumes with no gap
   // and no duplicate.
   await stop("SIGKILL");
