@@ -5,7 +5,12 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use super::{Command, Ctx};
+use serde_json::Value;
+use tether_protocol::channel::Channel;
+use tokio::sync::oneshot;
+
+use super::{Command, Ctx, Engine, EngineError};
+use crate::auth::Principal;
 
 #[derive(Debug, Default)]
 struct Entry {
@@ -140,5 +145,56 @@ impl Ctx {
                 .unwrap_or(0);
             self.expect_back(client_id, generation);
         }
+    }
+}
+
+/// What the engine offers about clients and their tools.
+impl Engine {
+    /// A WebSocket connection named `client_id`.
+    pub fn client_connected(&self, client_id: &str) {
+        self.ctx.client_connected(client_id);
+    }
+
+    /// A WebSocket connection of `client_id` closed.
+    pub fn client_disconnected(&self, client_id: &str) {
+        self.ctx.client_disconnected(client_id);
+    }
+
+    /// The per-session MCP endpoints.
+    pub fn mcp(&self) -> &crate::mcp::McpHub {
+        &self.ctx.mcp
+    }
+
+    /// The tools the session's clients contribute (AHP `ToolDefinition`s).
+    pub async fn client_tools(&self, session: &str) -> Result<Vec<Value>, EngineError> {
+        let snapshot = self
+            .snapshot(&Principal::loopback_admin(), &Channel::session_uri(session))
+            .await?;
+        Ok(snapshot.state["activeClients"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|client| client["tools"].as_array().cloned().unwrap_or_default())
+            .collect())
+    }
+
+    /// Calls a client tool for the session's agent, in its running turn;
+    /// the client's result, or why the call failed.
+    pub async fn call_client_tool(
+        &self,
+        session: &str,
+        name: &str,
+        arguments: Value,
+    ) -> Result<Value, String> {
+        let (reply, answer) = oneshot::channel();
+        let command = Command::CallTool {
+            name: name.to_owned(),
+            arguments,
+            reply,
+        };
+        self.send(session, command).await;
+        answer
+            .await
+            .unwrap_or_else(|_| Err("the session stopped before the call finished".to_owned()))
     }
 }

@@ -19,6 +19,7 @@ mod forward;
 pub mod rebuild;
 mod root;
 mod rules;
+mod sessions;
 mod summary;
 mod turns;
 mod validate;
@@ -30,9 +31,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tether_protocol::channel::{Channel, ROOT};
-use tether_protocol::model::SessionCreated;
 use tether_protocol::view::SessionView;
-use tether_protocol::workdir::canonical_file_uri;
 use tokio::sync::{mpsc, oneshot};
 
 pub use actor::DispatchOutcome;
@@ -50,7 +49,7 @@ use crate::auth::Principal;
 use crate::cluster::Cluster;
 use crate::cluster::forward::Pending;
 use crate::effects::Effects;
-use crate::store::{Origin, Store, StoreError, now_ms};
+use crate::store::{Origin, Store, StoreError};
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -273,54 +272,6 @@ pub(crate) fn parse_ms(text: &str) -> i64 {
 }
 
 impl Engine {
-    /// A WebSocket connection named `client_id`.
-    pub fn client_connected(&self, client_id: &str) {
-        self.ctx.client_connected(client_id);
-    }
-
-    /// A WebSocket connection of `client_id` closed.
-    pub fn client_disconnected(&self, client_id: &str) {
-        self.ctx.client_disconnected(client_id);
-    }
-
-    /// The per-session MCP endpoints.
-    pub fn mcp(&self) -> &crate::mcp::McpHub {
-        &self.ctx.mcp
-    }
-
-    /// The tools the session's clients contribute (AHP `ToolDefinition`s).
-    pub async fn client_tools(&self, session: &str) -> Result<Vec<Value>, EngineError> {
-        let snapshot = self
-            .snapshot(&Principal::loopback_admin(), &Channel::session_uri(session))
-            .await?;
-        Ok(snapshot.state["activeClients"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|client| client["tools"].as_array().cloned().unwrap_or_default())
-            .collect())
-    }
-
-    /// Calls a client tool for the session's agent, in its running turn;
-    /// the client's result, or why the call failed.
-    pub async fn call_client_tool(
-        &self,
-        session: &str,
-        name: &str,
-        arguments: Value,
-    ) -> Result<Value, String> {
-        let (reply, answer) = oneshot::channel();
-        let command = Command::CallTool {
-            name: name.to_owned(),
-            arguments,
-            reply,
-        };
-        self.send(session, command).await;
-        answer
-            .await
-            .unwrap_or_else(|_| Err("the session stopped before the call finished".to_owned()))
-    }
-
     /// The agents this host offers.
     pub fn agents(&self) -> &Agents {
         &self.ctx.agents
@@ -625,250 +576,10 @@ impl Engine {
         })
     }
 
-    /// Creates a session: records it, counts it in the root state and tells
-    /// root subscribers.
-    pub async fn create_session(
-        &self,
-        principal: &Principal,
-        request: CreateSession,
-    ) -> Result<SessionView, EngineError> {
-        if !principal.can_write() {
-            return Err(EngineError::Forbidden(
-                "Viewers cannot create sessions.".into(),
-            ));
-        }
-        if !principal.can_see(&request.project) {
-            return Err(EngineError::Forbidden(format!(
-                "You may not create sessions in project {}.",
-                request.project
-            )));
-        }
-        tether_protocol::validate_name("session id", &request.id)
-            .map_err(|e| EngineError::InvalidParams(e.to_string()))?;
-        tether_protocol::validate_name("project", &request.project)
-            .map_err(|e| EngineError::InvalidParams(e.to_string()))?;
-        let provider = request.provider.unwrap_or_else(|| "echo".to_owned());
-        let agent = self.ctx.agents.get(&provider).ok_or_else(|| {
-            EngineError::ProviderNotFound(format!(
-                "No agent serves provider {provider:?}; available: {}.",
-                self.ctx.agents.providers().join(", ")
-            ))
-        })?;
-        let mut directories = Vec::new();
-        for uri in &request.working_directories {
-            let canonical = canonical_file_uri(uri)
-                .map_err(|e| EngineError::InvalidParams(capitalise_first(&e.to_string())))?;
-            if !directories.contains(&canonical) {
-                directories.push(canonical);
-            }
-        }
-        if directories.len() > 1 && !agent.workdirs.multiple {
-            return Err(EngineError::InvalidParams(format!(
-                "Agent {provider} works in a single directory; give at most one working directory."
-            )));
-        }
-        let timeout = self.ctx.config.effect_timeout;
-        match tokio::time::timeout(timeout, self.ctx.effects.check_directories(&directories)).await
-        {
-            Ok(Ok(())) => {}
-            Ok(Err(crate::effects::EffectError::Refused(reason))) => {
-                return Err(EngineError::InvalidParams(reason));
-            }
-            Ok(Err(crate::effects::EffectError::Unavailable(reason))) => {
-                return Err(EngineError::Unavailable(reason));
-            }
-            Err(_) => {
-                return Err(EngineError::Unavailable(
-                    "The side-effect backend did not answer in time; try again later.".into(),
-                ));
-            }
-        }
-        let created = SessionCreated {
-            project: request.project,
-            provider,
-            title: request.title.unwrap_or_default(),
-            working_directories: directories,
-            active_client: request.active_client,
-            default_chat: Channel::chat_uri(&format!("{}.main", request.id)),
-            created_at: rfc3339(now_ms()),
-        };
-        let id = request.id;
-        self.ask(&id, |reply| Command::Create { created, reply })
-            .await
-    }
-
-    /// Disposes a session: settles it `closed` (resumable) or `ended`; the
-    /// transcript is kept.
-    pub async fn dispose_session(
-        &self,
-        principal: &Principal,
-        id: &str,
-    ) -> Result<SessionView, EngineError> {
-        if !principal.can_write() {
-            return Err(EngineError::Forbidden(
-                "Viewers cannot dispose sessions.".into(),
-            ));
-        }
-        self.session_view(principal, id).await?;
-        self.ask(id, |reply| Command::Dispose { reply }).await
-    }
-
-    /// Adds a chat to a session.
-    pub async fn create_chat(
-        &self,
-        principal: &Principal,
-        session: &str,
-        chat: &str,
-    ) -> Result<(), EngineError> {
-        if !principal.can_write() {
-            return Err(EngineError::Forbidden(
-                "Viewers cannot create chats.".into(),
-            ));
-        }
-        match Channel::parse(chat) {
-            Ok(Channel::Chat(_)) => {}
-            _ => {
-                return Err(EngineError::InvalidParams(format!(
-                    "Chat URI {chat:?} is not of the form ahp-chat:/<id>."
-                )));
-            }
-        }
-        if self.chat_session(chat).await?.is_some() {
-            return Err(EngineError::AlreadyExists(format!(
-                "Chat {chat} already exists."
-            )));
-        }
-        self.session_view(principal, session).await?;
-        let chat = chat.to_owned();
-        self.ask(session, |reply| Command::CreateChat { chat, reply })
-            .await
-    }
-
-    /// Resumes a session's agent: `cwd` must be its primary directory;
-    /// `additional` becomes the complete list of other directories.
-    pub async fn resume(
-        &self,
-        principal: &Principal,
-        id: &str,
-        cwd: String,
-        additional: Vec<String>,
-    ) -> Result<SessionView, EngineError> {
-        if !principal.can_write() {
-            return Err(EngineError::Forbidden(
-                "Viewers cannot resume sessions.".into(),
-            ));
-        }
-        self.session_view(principal, id).await?;
-        let timeout = self.ctx.config.effect_timeout;
-        let mut added = additional.clone();
-        added.retain(|d| d != &cwd);
-        match tokio::time::timeout(timeout, self.ctx.effects.check_directories(&added)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(crate::effects::EffectError::Refused(reason))) => {
-                return Err(EngineError::InvalidParams(reason));
-            }
-            Ok(Err(crate::effects::EffectError::Unavailable(reason))) => {
-                return Err(EngineError::Unavailable(reason));
-            }
-            Err(_) => {
-                return Err(EngineError::Unavailable(
-                    "The side-effect backend did not answer in time; try again later.".into(),
-                ));
-            }
-        }
-        self.ask(id, |reply| Command::Resume {
-            cwd,
-            additional,
-            reply,
-        })
-        .await
-    }
-
-    /// The boot sweep: settles every session this host finds with no live
-    /// agent and no settling record, as ordinary transcript records.
-    /// Returns how many sessions it settled.
-    pub async fn boot_sweep(&self) -> Result<usize, EngineError> {
-        let mut swept = 0;
-        for state in ["live", "ended"] {
-            let filter = crate::store::SessionFilter {
-                state: Some(state.to_owned()),
-                ..Default::default()
-            };
-            let mut before = None;
-            loop {
-                let page = self
-                    .ctx
-                    .store
-                    .sessions(&filter, before, 500)
-                    .await
-                    .map_err(|e| EngineError::Unavailable(e.to_string()))?;
-                for row in &page.items {
-                    let unsettled = serde_json::from_str::<SessionView>(&row.record.projection)
-                        .map(|v| v.projection.settled.is_none())
-                        .unwrap_or(true);
-                    if unsettled
-                        && self
-                            .ask(&row.record.id, |reply| Command::Sweep { reply })
-                            .await?
-                    {
-                        swept += 1;
-                    }
-                }
-                match page.next_before {
-                    Some(next) => before = Some(next),
-                    None => break,
-                }
-            }
-        }
-        if swept > 0 {
-            tracing::info!(
-                sessions = swept,
-                "boot sweep settled sessions left open by the last run"
-            );
-        }
-        Ok(swept)
-    }
-
-    /// Loads older turns of a chat into its window (AHP `fetchTurns`):
-    /// commits `chat/turnsLoaded` before it returns, with its seq; `None`
-    /// when no older turn is left.
-    pub async fn fetch_turns(
-        &self,
-        principal: &Principal,
-        chat: &str,
-        cursor: Option<String>,
-    ) -> Result<Option<u64>, EngineError> {
-        let not_found = || EngineError::NotFound(format!("Chat {chat} does not exist."));
-        let Ok(parsed @ Channel::Chat(_)) = Channel::parse(chat) else {
-            return Err(EngineError::InvalidParams(format!(
-                "params.channel {chat:?} is not a chat URI (ahp-chat:/<id>)."
-            )));
-        };
-        let session = self.session_of(&parsed).await?.ok_or_else(not_found)?;
-        self.session_view(principal, &session)
-            .await
-            .map_err(|_| not_found())?;
-        let chat = chat.to_owned();
-        self.ask(&session, |reply| Command::FetchTurns {
-            chat,
-            cursor,
-            reply,
-        })
-        .await
-    }
-
     /// Whether a channel exists and the principal may see it.
     pub async fn visible(&self, principal: &Principal, channel: &str) -> bool {
         self.snapshot(principal, channel).await.is_ok()
     }
-}
-
-fn capitalise_first(text: &str) -> String {
-    let mut chars = text.chars();
-    chars
-        .next()
-        .map(|c| c.to_uppercase().collect::<String>() + chars.as_str())
-        .unwrap_or_default()
 }
 
 /// A JSON-RPC notification's text.
