@@ -104,6 +104,14 @@ impl McpHub {
         })
     }
 
+    /// The session's actor stopped (no agent runs for it any more): its
+    /// endpoint and token go.
+    pub fn forget(&self, session: &str) {
+        if let Ok(mut sessions) = self.sessions.lock() {
+            sessions.remove(session);
+        }
+    }
+
     /// The session's client tools changed: connected MCP clients are told.
     pub fn tools_changed(&self, session: &str) {
         if let Ok(sessions) = self.sessions.lock()

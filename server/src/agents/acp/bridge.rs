@@ -262,6 +262,12 @@ fn said(error: &agent_client_protocol::Error) -> String {
     }
 }
 
+/// Whether the agent broke a limit and is being stopped: nothing more of
+/// it is recorded.
+fn stopping(verdict: &Verdict) -> bool {
+    verdict.lock().map(|v| v.is_some()).unwrap_or(true)
+}
+
 fn fail(verdict: &Verdict, reason: String) -> agent_client_protocol::Error {
     if let Ok(mut v) = verdict.lock() {
         v.get_or_insert(reason.clone());
@@ -307,7 +313,7 @@ impl Bridge {
                     let (events, map, verdict, abort) = &notify;
                     let actions = {
                         let mut map = map.lock().map_err(|_| fail(verdict, "poisoned".into()))?;
-                        if verdict.lock().map(|v| v.is_some()).unwrap_or(true) {
+                        if stopping(verdict) {
                             // Stopping: nothing more of this agent is recorded.
                             return Ok(());
                         }
@@ -554,12 +560,12 @@ impl Bridge {
         let verdict = self.verdict.clone();
         cx.prepare_request(request)
             .on_receiving_result(async move |result| {
-                let stopping = verdict.lock().map(|v| v.is_some()).unwrap_or(true);
+                let halted = stopping(&verdict);
                 let gone = result.as_ref().is_err_and(|err| {
                     agent_client_protocol::is_incoming_transport_closed(err)
                         || agent_client_protocol::is_connection_terminated(err)
                 });
-                if stopping || gone {
+                if halted || gone {
                     // The process is going (it broke a limit, or exited):
                     // its exit fails the turn, with why.
                     let _ = done.send(());

@@ -273,7 +273,7 @@ impl SessionActor {
                 .as_mut()
                 .and_then(|r| r.process.events.try_recv().ok());
         }
-        if first_was_close(taken) {
+        if taken == 0 {
             // The bridge ended without a word (the actor let it go).
             self.running = None;
             self.agent_live = false;
@@ -376,10 +376,6 @@ impl SessionActor {
             json!({"type": SESSION_SETTLED, "state": state, "cause": cause}),
         ));
     }
-}
-
-fn first_was_close(taken: usize) -> bool {
-    taken == 0
 }
 
 fn ends_turn(action: &Value) -> bool {

@@ -50,8 +50,9 @@ pub(super) struct SessionActor {
     running: Option<agent::Running>,
     /// Client tool calls waiting for their clients.
     client_calls: tools::ClientCalls,
-    /// Directed copies of queued host actions, by the action's JSON text.
-    directed: std::collections::HashMap<String, crate::store::Directed>,
+    /// Directed copies of queued host actions, by their place in
+    /// `follow_ups` (taken with them).
+    directed: std::collections::HashMap<usize, crate::store::Directed>,
     /// Who registered each active client's tools: `clientId` → token `sub`
     /// (known from the `activeClientSet` this host committed).
     tool_owners: std::collections::HashMap<String, String>,
@@ -216,6 +217,7 @@ impl SessionActor {
             actor.announce(true);
         }
         actor.write_snapshot().await;
+        actor.ctx.mcp.forget(&actor.id);
         actor.release().await;
     }
 
@@ -434,16 +436,14 @@ impl SessionActor {
                 break;
             }
             let mut waiting = Vec::new();
+            let mut directed_copies = std::mem::take(&mut self.directed);
             let batch = std::mem::take(&mut self.follow_ups)
                 .into_iter()
-                .map(|(channel, action)| {
+                .enumerate()
+                .map(|(place, (channel, action))| {
                     let (reply, answer) = oneshot::channel();
                     waiting.push(answer);
-                    let directed = if self.directed.is_empty() {
-                        None
-                    } else {
-                        self.directed.remove(&action.to_string())
-                    };
+                    let directed = directed_copies.remove(&place);
                     Dispatch {
                         origin: None,
                         channel,

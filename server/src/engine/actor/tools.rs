@@ -186,7 +186,7 @@ impl SessionActor {
             (self.uri.clone(), needed(&input), needed(&injected)),
         ] {
             self.directed.insert(
-                plain.to_string(),
+                self.follow_ups.len(),
                 Directed {
                     client_id: client_id.clone(),
                     sub: self.tool_owners.get(&client_id).cloned(),
