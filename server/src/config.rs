@@ -228,6 +228,12 @@ pub struct ServeArgs {
     #[arg(long, env = "TETHER_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
     pub shutdown_grace_secs: u64,
 
+    /// Milliseconds between `/readyz` turning not-ready at SIGTERM and the
+    /// sockets closing, so load balancers stop routing here first (set it
+    /// to the balancer's health-check interval).
+    #[arg(long, env = "TETHER_DRAIN_DELAY_MS", default_value_t = 0)]
+    pub drain_delay_ms: u64,
+
     /// Log format. The level is set with RUST_LOG (default `info`).
     #[arg(long, env = "TETHER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -372,6 +378,7 @@ impl fmt::Debug for ServeArgs {
             .field("database", &self.database)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("shutdown_grace_secs", &self.shutdown_grace_secs)
+            .field("drain_delay_ms", &self.drain_delay_ms)
             .field("log_format", &self.log_format)
             .field("effects", &self.effects)
             .field("webhook_url", &self.webhook_url.as_deref().map(redact_url))
@@ -425,6 +432,8 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// How long in-flight requests may run after shutdown begins.
     pub shutdown_grace: Duration,
+    /// How long the host stays up not-ready before closing its sockets.
+    pub drain_delay: Duration,
     /// Engine settings.
     pub engine: EngineConfig,
     /// WebSocket limits.
@@ -442,6 +451,7 @@ impl Default for ServeConfig {
         Self {
             max_body_bytes: 2 * 1024 * 1024,
             shutdown_grace: Duration::from_secs(10),
+            drain_delay: Duration::ZERO,
             engine: EngineConfig::default(),
             ws: WsLimits::default(),
             agents: Vec::new(),
@@ -483,6 +493,7 @@ impl ServeArgs {
         Ok(ServeConfig {
             max_body_bytes: self.max_body_bytes,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+            drain_delay: Duration::from_millis(self.drain_delay_ms),
             engine: EngineConfig {
                 actor_idle: Duration::from_secs(self.actor_idle_secs.max(1)),
                 snapshot_every: self.snapshot_every.max(1),

@@ -50,6 +50,9 @@ pub struct AppState {
     /// Cancelled when the server shuts down; upgraded sockets watch it
     /// (axum's graceful shutdown does not wait for them).
     pub shutdown: CancellationToken,
+    /// Cancelled first when shutdown begins: `/readyz` answers 503 and new
+    /// WebSocket connections are refused from then on.
+    pub draining: CancellationToken,
     /// Tracks connection tasks so shutdown can wait for them.
     pub tasks: TaskTracker,
     /// When the server started.
@@ -70,11 +73,13 @@ impl AppState {
             EffectsConfig::Agent => Arc::new(AgentEffects),
         };
         let agents = agents::acp::probe_all(&config.agents, &config.engine.acp).await;
+        let metrics = Arc::new(engine::Metrics::new(config.auth.failures().clone()));
         let engine = Engine::start(
             store.clone(),
             Agents::new(agents),
             effects,
             config.engine.clone(),
+            metrics,
         )
         .await?;
         Ok(Self {
@@ -85,6 +90,7 @@ impl AppState {
             auth: config.auth.clone(),
             config: Arc::new(config),
             shutdown: CancellationToken::new(),
+            draining: CancellationToken::new(),
             tasks: TaskTracker::new(),
             started: Instant::now(),
         })
@@ -104,8 +110,11 @@ pub async fn serve(
         engine.mcp().listening(addr);
     }
     let grace = state.config.shutdown_grace;
+    let drain_delay = state.config.drain_delay;
     let sockets = state.shutdown.clone();
+    let draining = state.draining.clone();
     let tasks = state.tasks.clone();
+    let stopping = engine.clone();
     let app = http::router(state);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // Small frames (acknowledgements, envelopes) go out at once instead of
@@ -115,9 +124,19 @@ pub async fn serve(
             tracing::debug!(error = %err, "cannot set TCP_NODELAY");
         }
     });
+    // The order an operator can rely on: not ready (load balancers stop
+    // sending), the drain delay, agents stopped and their sessions settled
+    // while clients still watch, every socket closed with 1001, in-flight
+    // requests drained; then the store closes. All within the grace period.
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown.await;
-        tracing::info!("shutdown requested; draining in-flight requests and connections");
+        draining.cancel();
+        tracing::info!(?drain_delay, ?grace, "shutdown requested: not ready; draining");
+        tokio::time::sleep(drain_delay).await;
+        match tokio::time::timeout(grace, stopping.stop_agents()).await {
+            Ok(sessions) => tracing::info!(sessions, "agents stopped and sessions settled"),
+            Err(_) => tracing::warn!("sessions still settling after the grace period"),
+        }
         sockets.cancel();
         let _ = stop_tx.send(());
     });

@@ -282,6 +282,9 @@ pub struct ServerProcess {
     database_url: String,
     args: Vec<String>,
     child: Option<tokio::process::Child>,
+    /// Its stderr, kept across restarts (unless TETHER_TEST_SERVER_LOGS
+    /// shows it instead).
+    log: tempfile::NamedTempFile,
 }
 
 impl ServerProcess {
@@ -297,6 +300,7 @@ impl ServerProcess {
             database_url: db.url().to_owned(),
             args: args.iter().map(|a| (*a).to_owned()).collect(),
             child: None,
+            log: tempfile::NamedTempFile::new().expect("a log file"),
         };
         server.restart().await;
         server
@@ -319,14 +323,57 @@ impl ServerProcess {
 
     /// Stops the process with SIGTERM (a graceful shutdown) and waits.
     pub async fn terminate(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            if let Some(pid) = child.id() {
-                let _ = std::process::Command::new("kill")
-                    .args(["-TERM", &pid.to_string()])
-                    .status();
+        let _ = self.terminate_within(std::time::Duration::from_secs(30)).await;
+    }
+
+    /// Sends SIGTERM and waits at most `limit` for the process to exit:
+    /// its exit status, or `None` when it was still running (it is then
+    /// killed).
+    pub async fn terminate_within(
+        &mut self,
+        limit: std::time::Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        self.signal_term(&child);
+        match tokio::time::timeout(limit, child.wait()).await {
+            Ok(status) => status.ok(),
+            Err(_) => {
+                let _ = child.kill().await;
+                None
             }
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait()).await;
         }
+    }
+
+    /// Sends SIGTERM and returns at once, leaving the process to shut down;
+    /// [`ServerProcess::wait_exit`] waits for it.
+    pub fn begin_terminate(&self) {
+        if let Some(child) = &self.child {
+            self.signal_term(child);
+        }
+    }
+
+    /// Waits at most `limit` for the process to exit.
+    pub async fn wait_exit(
+        &mut self,
+        limit: std::time::Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        let status = tokio::time::timeout(limit, child.wait()).await.ok()?.ok();
+        self.child = None;
+        status
+    }
+
+    fn signal_term(&self, child: &tokio::process::Child) {
+        if let Some(pid) = child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+    }
+
+    /// What the process wrote to stderr so far (its log), across restarts.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
     }
 
     /// Kills the process with SIGKILL: no graceful shutdown, no store close.
@@ -357,7 +404,15 @@ impl ServerProcess {
             .stderr(if std::env::var_os("TETHER_TEST_SERVER_LOGS").is_some() {
                 std::process::Stdio::inherit()
             } else {
-                std::process::Stdio::null()
+                self.log
+                    .reopen()
+                    .and_then(|file| {
+                        use std::io::Seek;
+                        let mut file = file;
+                        file.seek(std::io::SeekFrom::End(0))?;
+                        Ok(file)
+                    })
+                    .map_or_else(|_| std::process::Stdio::null(), std::process::Stdio::from)
             })
             .kill_on_drop(true)
             .spawn()
@@ -584,6 +639,36 @@ pub async fn next_envelope(
             return envelope;
         }
     }
+}
+
+/// The value of metric `name` in an OpenMetrics exposition, summed over
+/// its label sets (`name{a="b"} 3`); `None` when no series has that name.
+pub fn metric_value(exposition: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = exposition
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let value = if rest.starts_with('{') {
+                rest.split_once("} ")?.1
+            } else {
+                rest.strip_prefix(' ')?
+            };
+            value.split(' ').next()?.parse().ok()
+        })
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// Metric `name` of the server at `base` (authentication off), summed over
+/// its label sets; panics when it is not served.
+pub async fn metric(base: &str, name: &str) -> u64 {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("the exposition");
+    metric_value(&text, name).unwrap_or_else(|| panic!("{name} missing from {text}")) as u64
 }
 
 /// Asserts a refusal: the status, and a problem whose `detail` contains

@@ -783,6 +783,30 @@ async fn processes_are_killed_on_dispose_and_shutdown_even_when_they_ignore_eof(
         gone(second).await,
         "shutting down killed the agent that ignores SIGTERM and EOF"
     );
+    // The shutdown itself failed the open turn and settled the session
+    // (cause `shutdown`), before the store closed: the next start's boot
+    // sweep finds nothing to do.
+    server.restart().await;
+    let transcript = api.transcript("d2").await;
+    let failed = &transcript
+        .iter()
+        .find(|(_, a)| ended("t1")(a))
+        .expect("the open turn failed at shutdown")
+        .1;
+    assert!(
+        failed["part"]["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("shut down")),
+        "{failed}"
+    );
+    let causes: Vec<&str> = transcript
+        .iter()
+        .filter(|(_, a)| kind(a) == "x-tether/sessionSettled")
+        .filter_map(|(_, a)| a["cause"].as_str())
+        .collect();
+    assert_eq!(causes.last(), Some(&"shutdown"), "{transcript:#?}");
+    assert_eq!(api.view("d2").await["state"], "dormant");
+    server.terminate().await;
 }
 
 async fn the_cli_lists_agents_and_streams_a_turn_approving_with_yes(db: TestDb) {

@@ -232,7 +232,7 @@ async fn a_slow_subscriber_is_closed_and_catches_up_without_delaying_others(db: 
         .await
         .unwrap();
     assert!(
-        metrics.contains("tether_slow_consumer_closes_total 1"),
+        tether_tests::metric_value(&metrics, "tether_slow_consumer_closes_total") == Some(1.0),
         "{metrics}"
     );
     drop(writers);
@@ -306,16 +306,7 @@ async fn connection_and_subscription_limits_answer_clearly(db: TestDb) {
 }
 
 async fn metric(server: &TestServer, name: &str) -> u64 {
-    let text = reqwest::get(format!("{}/metrics", server.base_url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing from {text}"))
+    tether_tests::metric(&server.base_url(), name).await
 }
 
 async fn actions_ready_together_commit_together(db: TestDb) {

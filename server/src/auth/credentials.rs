@@ -8,7 +8,6 @@
 //! refusal says only that a valid token is required.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
@@ -38,7 +37,7 @@ pub struct Auth {
     metrics_token: Option<Arc<str>>,
     /// Per-principal bounds (off with authentication off).
     pub limits: PrincipalLimits,
-    failures: Arc<AtomicU64>,
+    failures: crate::telemetry::metrics::Counters,
 }
 
 impl Default for Auth {
@@ -59,7 +58,7 @@ impl Auth {
             tokens: tokens.map(Arc::new),
             metrics_token: metrics_token.map(Into::into),
             limits,
-            failures: Arc::default(),
+            failures: Default::default(),
         }
     }
 
@@ -74,9 +73,9 @@ impl Auth {
         std::time::Duration::from_secs(self.tokens.as_ref().map_or(0, |t| t.leeway()))
     }
 
-    /// Failed authentications since start.
-    pub fn failures(&self) -> u64 {
-        self.failures.load(Ordering::Relaxed)
+    /// Failed authentications by reason (registered in `/metrics`).
+    pub fn failures(&self) -> &crate::telemetry::metrics::Counters {
+        &self.failures
     }
 
     /// The principal `token` names: the loopback admin with authentication
@@ -87,16 +86,22 @@ impl Auth {
         via: &'static str,
     ) -> Result<Principal, ApiError> {
         let Some(tokens) = &self.tokens else {
-            return Ok(Principal::loopback_admin());
+            let principal = Principal::loopback_admin();
+            tracing::Span::current().record("sub", principal.sub.as_str());
+            return Ok(principal);
         };
         let refused = match token {
             None => "missing",
             Some(token) => match tokens.verify(token) {
-                Ok(principal) => return Ok(principal),
+                Ok(principal) => {
+                    // The request's log line names who made it (never the token).
+                    tracing::Span::current().record("sub", principal.sub.as_str());
+                    return Ok(principal);
+                }
                 Err(refused) => refused.as_str(),
             },
         };
-        self.failures.fetch_add(1, Ordering::Relaxed);
+        self.failures.get_or_create(&[("reason", refused)]).inc();
         tracing::info!(reason = refused, via, "authentication failed");
         Err(unauthorized())
     }

@@ -48,6 +48,9 @@ impl From<String> for EffectError {
 /// A side-effect backend.
 #[async_trait]
 pub trait Effects: Send + Sync + std::fmt::Debug {
+    /// Its name in `/metrics` (`local`, `webhook`, `agent`).
+    fn backend(&self) -> &'static str;
+
     /// Applies the action's side effect, or says why it cannot.
     async fn apply(&self, request: &EffectRequest<'_>) -> Result<(), EffectError>;
 
@@ -132,6 +135,10 @@ fn display_roots(roots: &[PathBuf]) -> String {
 
 #[async_trait]
 impl Effects for LocalEffects {
+    fn backend(&self) -> &'static str {
+        "local"
+    }
+
     async fn apply(&self, request: &EffectRequest<'_>) -> Result<(), EffectError> {
         for directory in added_directories(request.action) {
             self.check(directory).await?;
@@ -209,6 +216,10 @@ impl WebhookEffects {
 
 #[async_trait]
 impl Effects for WebhookEffects {
+    fn backend(&self) -> &'static str {
+        "webhook"
+    }
+
     async fn apply(&self, request: &EffectRequest<'_>) -> Result<(), EffectError> {
         let origin = request
             .origin
@@ -234,6 +245,10 @@ pub struct AgentEffects;
 
 #[async_trait]
 impl Effects for AgentEffects {
+    fn backend(&self) -> &'static str {
+        "agent"
+    }
+
     async fn apply(&self, _request: &EffectRequest<'_>) -> Result<(), EffectError> {
         Ok(())
     }

@@ -108,6 +108,12 @@ pub enum Command {
         /// The client.
         client_id: String,
     },
+    /// The server is shutting down: stop the agent, fail its open turn
+    /// and settle the session dormant (resumable), then answer.
+    Shutdown {
+        /// Told when the records are committed.
+        reply: oneshot::Sender<()>,
+    },
     /// The session's view.
     View {
         /// `None` when the session does not exist.

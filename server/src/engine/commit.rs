@@ -4,7 +4,6 @@
 //! each request, while the writer commits the next batch.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -44,6 +43,28 @@ struct Request {
 #[derive(Debug, Clone)]
 pub struct Committer {
     sender: mpsc::Sender<Request>,
+    health: Arc<WriterHealth>,
+}
+
+/// How long after a failed group commit the writer counts as unhealthy
+/// when no commit has succeeded since: `/readyz` answers 503 for that
+/// long, then lets traffic probe the store again.
+const UNHEALTHY_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The writer's last failure, cleared by the next successful commit.
+#[derive(Debug, Default)]
+struct WriterHealth {
+    failed: std::sync::Mutex<Option<(std::time::Instant, String)>>,
+}
+
+impl WriterHealth {
+    fn record(&self, result: Result<(), &StoreError>) {
+        if let Ok(mut failed) = self.failed.lock() {
+            *failed = result
+                .err()
+                .map(|err| (std::time::Instant::now(), err.to_string()));
+        }
+    }
 }
 
 impl std::fmt::Debug for Request {
@@ -65,8 +86,28 @@ impl Committer {
         queue: usize,
     ) -> Self {
         let (sender, receiver) = mpsc::channel(queue.max(1));
-        tokio::spawn(run(store, delivery, metrics, receiver, max_batch.max(1)));
-        Self { sender }
+        let health = Arc::new(WriterHealth::default());
+        tokio::spawn(run(
+            store,
+            delivery,
+            metrics,
+            health.clone(),
+            receiver,
+            max_batch.max(1),
+        ));
+        Self { sender, health }
+    }
+
+    /// `Err` with the store's words while the last group commit failed
+    /// (less than a few seconds ago, and nothing committed since).
+    pub fn health(&self) -> Result<(), String> {
+        let failed = self.health.failed.lock().map_err(|_| "the writer panicked")?;
+        match &*failed {
+            Some((at, err)) if at.elapsed() < UNHEALTHY_FOR => {
+                Err(format!("the last group commit failed: {err}"))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Appends envelopes durably and returns one outcome each, in order.
@@ -124,13 +165,14 @@ async fn run(
     store: Arc<dyn Store>,
     delivery: Arc<Delivery>,
     metrics: Arc<Metrics>,
+    health: Arc<WriterHealth>,
     mut receiver: mpsc::Receiver<Request>,
     max_batch: usize,
 ) {
     // Publishing a batch (its frames, the hub, the answers) overlaps the
     // next batch's commit; one batch at most waits to be published.
     let (written, to_publish) = mpsc::channel(1);
-    tokio::spawn(publish(delivery.clone(), metrics, to_publish));
+    tokio::spawn(publish(delivery.clone(), metrics.clone(), to_publish));
     while let Some(first) = receiver.recv().await {
         let mut size = first.envelopes.len();
         let mut requests = vec![first];
@@ -160,7 +202,12 @@ async fn run(
         // batch waits until this one is published.
         let gate = delivery.enter().await;
         let shared = Arc::new(all);
+        let started = std::time::Instant::now();
         let result = store.append_with_snapshots(shared.clone(), snapshots).await;
+        metrics
+            .commit_seconds
+            .observe(started.elapsed().as_secs_f64());
+        health.record(result.as_ref().map(|_| ()));
         // The store has let go of the batch by the time it answers.
         let envelopes = Arc::try_unwrap(shared).unwrap_or_else(|still| (*still).clone());
         let (published, wait) = match gate {
@@ -198,10 +245,10 @@ async fn publish(
         let size = batch.envelopes.len();
         match batch.result {
             Ok(appended) => {
-                metrics.commits.fetch_add(1, Ordering::Relaxed);
-                metrics
-                    .committed_envelopes
-                    .fetch_add(size as u64, Ordering::Relaxed);
+                let committed = std::time::Instant::now();
+                metrics.commits.inc();
+                metrics.committed_envelopes.inc_by(size as u64);
+                metrics.batch_envelopes.observe(size as f64);
                 let mut fresh = Vec::with_capacity(size);
                 let outcomes: Vec<CommitOutcome> = appended
                     .into_iter()
@@ -229,6 +276,7 @@ async fn publish(
                                 channel: envelope.channel,
                                 frame: frame.into(),
                                 directed,
+                                committed,
                             });
                             fresh.push(published.clone());
                             CommitOutcome::Committed(published)
@@ -253,6 +301,8 @@ async fn publish(
                 if let Some(published) = batch.published {
                     let _ = published.send(());
                 }
+                metrics.commit_failures.inc();
+                metrics.store_error("commit");
                 tracing::error!(error = %err, envelopes = size, snapshots = batch.snapshots,
                     "group commit failed");
                 let err = CommitError(err.to_string());

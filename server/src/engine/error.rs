@@ -23,6 +23,19 @@ pub enum RefusalKind {
     Forbidden,
 }
 
+impl RefusalKind {
+    /// Its label in `/metrics` and logs.
+    pub fn code(self) -> &'static str {
+        match self {
+            RefusalKind::Invalid => "invalid",
+            RefusalKind::Conflict => "conflict",
+            RefusalKind::Unavailable => "unavailable",
+            RefusalKind::NotFound => "not_found",
+            RefusalKind::Forbidden => "forbidden",
+        }
+    }
+}
+
 /// A refused dispatch.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}")]

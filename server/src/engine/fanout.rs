@@ -32,6 +32,8 @@ pub struct Published {
     pub frame: Utf8Bytes,
     /// The notification one client receives instead (`Directed`), if any.
     pub directed: Option<DirectedFrame>,
+    /// When this host learnt it was committed (for the delivery latency).
+    pub committed: std::time::Instant,
 }
 
 /// The frame of a `Directed` copy, and who receives it.
@@ -330,6 +332,7 @@ pub fn envelope_json(envelope: &StoredEnvelope) -> serde_json::Value {
 pub fn published_from_store(envelope: &StoredEnvelope) -> Published {
     Published {
         directed: None,
+        committed: std::time::Instant::now(),
         seq: envelope.seq,
         channel: envelope.channel.clone(),
         frame: action_frame(

@@ -116,6 +116,7 @@ pub(super) fn split(command: Command) -> Result<(Request, ReplyTo), Box<Command>
         read @ (Command::View { .. }
         | Command::Snapshot { .. }
         | Command::ClientGone { .. }
+        | Command::Shutdown { .. }
         | Command::CallTool { .. }) => {
             return Err(Box::new(read));
         }
@@ -200,6 +201,7 @@ impl ReplyTo {
                         channel,
                         frame: frame.into(),
                         directed: None,
+                        committed: std::time::Instant::now(),
                     })),
                     Answer::Rejected { refusal, reason } => {
                         DispatchOutcome::Rejected(Refusal::new(refusal_kind(&refusal), reason))
@@ -378,6 +380,10 @@ fn answer_read(read: Command, model: Option<&SessionModel>) {
             drop(reply.send(Ok(found)));
         }
         Command::ClientGone { .. } => {}
+        // A proxy runs no agent.
+        Command::Shutdown { reply } => {
+            let _ = reply.send(());
+        }
         Command::CallTool { reply, .. } => {
             let _ = reply.send(Err("the session's agent runs on another host".to_owned()));
         }

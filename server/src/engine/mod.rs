@@ -25,9 +25,8 @@ mod turns;
 mod validate;
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tether_protocol::channel::{Channel, ROOT};
@@ -50,6 +49,7 @@ use crate::cluster::Cluster;
 use crate::cluster::forward::Pending;
 use crate::effects::Effects;
 use crate::store::{Origin, Store, StoreError};
+pub use crate::telemetry::metrics::Metrics;
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -102,24 +102,17 @@ impl Default for EngineConfig {
     }
 }
 
-/// Counters served at `/metrics`.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    /// Transactions the group committer wrote.
-    pub commits: AtomicU64,
-    /// Envelopes those transactions held (duplicates included).
-    pub committed_envelopes: AtomicU64,
-    /// Dispatches refused.
-    pub rejections: AtomicU64,
-    /// Connections that lagged behind the hub and caught up from the store.
-    pub catch_ups: AtomicU64,
-    /// Connections closed because they could not drain their queue.
-    pub slow_closes: AtomicU64,
+/// A submitted dispatch: answered already, or waiting for its session.
+/// Its outcome is counted in the metrics when it is taken.
+#[derive(Debug)]
+pub struct Submitted {
+    answer: Answer,
+    since: Instant,
+    metrics: Arc<Metrics>,
 }
 
-/// A submitted dispatch: answered already, or waiting for its session.
 #[derive(Debug)]
-pub enum Submitted {
+enum Answer {
     /// Refused (or answered) before reaching a session.
     Done(DispatchOutcome),
     /// In its session's queue; the outcome arrives here.
@@ -129,15 +122,22 @@ pub enum Submitted {
 impl Submitted {
     /// Waits for the outcome.
     pub async fn outcome(self) -> DispatchOutcome {
-        match self {
-            Submitted::Done(outcome) => outcome,
-            Submitted::Pending(answer) => answer.await.unwrap_or_else(|_| {
+        let outcome = match self.answer {
+            Answer::Done(outcome) => outcome,
+            Answer::Pending(answer) => answer.await.unwrap_or_else(|_| {
                 DispatchOutcome::Rejected(Refusal::new(
                     RefusalKind::Unavailable,
                     "The session stopped unexpectedly; retry.",
                 ))
             }),
-        }
+        };
+        let (label, reason) = match &outcome {
+            DispatchOutcome::Accepted(_) => ("accepted", "none"),
+            DispatchOutcome::Rejected(refusal) => ("rejected", refusal.kind.code()),
+        };
+        self.metrics
+            .dispatched(label, reason, self.since.elapsed());
+        outcome
     }
 }
 
@@ -284,6 +284,7 @@ impl Engine {
         agents: Agents,
         effects: Arc<dyn Effects>,
         config: EngineConfig,
+        metrics: Arc<Metrics>,
     ) -> Result<Self, StoreError> {
         let cluster = match store.join_cluster() {
             Some((pool, host)) => Some(Cluster::join(pool, host, config.lease_ttl).await?),
@@ -291,7 +292,6 @@ impl Engine {
         };
         let host = store.host().await?;
         let hub = Arc::new(Hub::new(config.hub_buffer, host.last_seq));
-        let metrics = Arc::new(Metrics::default());
         let (delivery, remote) = Delivery::new(hub.clone(), store.clone(), cluster.clone());
         let committer = Committer::start(
             store.clone(),
@@ -364,6 +364,25 @@ impl Engine {
     /// The engine's counters.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.ctx.metrics
+    }
+
+    /// `Err` with the store's words while group commits are failing.
+    pub fn writer_health(&self) -> Result<(), String> {
+        self.ctx.committer.health()
+    }
+
+    /// Sets the metrics read at scrape time: session actors, agents
+    /// running, the high seq and, with several hosts, the tail lag.
+    pub fn sample_metrics(&self) {
+        let m = &self.ctx.metrics;
+        m.session_actors.set(self.active_actors() as i64);
+        let free = self.ctx.agent_slots.available_permits();
+        m.agents_running
+            .set(self.ctx.config.max_agents.max(1).saturating_sub(free) as i64);
+        let published = self.ctx.hub.published();
+        m.server_seq.set(published as i64);
+        let announced = self.ctx.cluster.as_ref().map_or(0, |c| c.announced());
+        m.tail_lag.set(announced.saturating_sub(published) as i64);
     }
 
     /// How many session actors are in memory.
@@ -476,14 +495,30 @@ impl Engine {
         channel: &str,
         action: Value,
     ) -> Submitted {
+        let since = Instant::now();
+        let answer = self.hand_over(principal, origin, channel, action).await;
+        Submitted {
+            answer,
+            since,
+            metrics: self.ctx.metrics.clone(),
+        }
+    }
+
+    async fn hand_over(
+        &self,
+        principal: &Principal,
+        origin: Option<Origin>,
+        channel: &str,
+        action: Value,
+    ) -> Answer {
         let missing = || {
-            Submitted::Done(DispatchOutcome::Rejected(Refusal::new(
+            Answer::Done(DispatchOutcome::Rejected(Refusal::new(
                 RefusalKind::NotFound,
                 format!("Channel {channel} does not exist."),
             )))
         };
         if !principal.can_write() {
-            return Submitted::Done(DispatchOutcome::Rejected(Refusal::new(
+            return Answer::Done(DispatchOutcome::Rejected(Refusal::new(
                 RefusalKind::Forbidden,
                 "Viewers cannot dispatch actions.",
             )));
@@ -496,18 +531,18 @@ impl Engine {
             // The root state is every project's: a principal limited to
             // some projects may not change it.
             if principal.project_scope().is_some() {
-                return Submitted::Done(DispatchOutcome::Rejected(Refusal::new(
+                return Answer::Done(DispatchOutcome::Rejected(Refusal::new(
                     RefusalKind::Forbidden,
                     "Only a principal of every project may change the root state.",
                 )));
             }
-            return Submitted::Done(self.dispatch_root(origin, action).await);
+            return Answer::Done(self.dispatch_root(origin, action).await);
         }
         let session = match self.session_of(&parsed).await {
             Ok(Some(session)) => session,
             Ok(None) => return missing(),
             Err(err) => {
-                return Submitted::Done(DispatchOutcome::Rejected(Refusal::new(
+                return Answer::Done(DispatchOutcome::Rejected(Refusal::new(
                     RefusalKind::Unavailable,
                     err.to_string(),
                 )));
@@ -526,7 +561,7 @@ impl Engine {
             }),
         )
         .await;
-        Submitted::Pending(answer)
+        Answer::Pending(answer)
     }
 
     /// A channel's state and the seq it includes, taken atomically.

@@ -217,6 +217,26 @@ impl Engine {
         Ok(swept)
     }
 
+    /// At shutdown: every session actor in memory stops its agent, fails
+    /// the open turn and settles dormant. Returns how many actors answered.
+    pub async fn stop_agents(&self) -> usize {
+        let mailboxes: Vec<_> = self
+            .ctx
+            .actors
+            .lock()
+            .map(|actors| actors.values().cloned().collect())
+            .unwrap_or_default();
+        let asked = mailboxes.into_iter().map(|mailbox| async move {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            mailbox.send(Command::Shutdown { reply }).await.is_ok() && answer.await.is_ok()
+        });
+        futures_util::future::join_all(asked)
+            .await
+            .into_iter()
+            .filter(|answered| *answered)
+            .count()
+    }
+
     /// Loads older turns of a chat into its window (AHP `fetchTurns`):
     /// commits `chat/turnsLoaded` before it returns, with its seq; `None`
     /// when no older turn is left.

@@ -169,7 +169,17 @@ pub(super) async fn check_dispatch(
             origin: Some((&origin.client_id, origin.client_seq)),
         };
         let timeout = ctx.config.effect_timeout;
-        match tokio::time::timeout(timeout, ctx.effects.apply(&request)).await {
+        let backend = [("backend", ctx.effects.backend())];
+        let started = std::time::Instant::now();
+        let applied = tokio::time::timeout(timeout, ctx.effects.apply(&request)).await;
+        ctx.metrics
+            .effect_seconds
+            .get_or_create(&backend)
+            .observe(started.elapsed().as_secs_f64());
+        if !matches!(applied, Ok(Ok(()))) {
+            ctx.metrics.effect_failures.get_or_create(&backend).inc();
+        }
+        match applied {
             Ok(result) => result?,
             Err(_) => {
                 return Err(Refusal::new(
@@ -197,9 +207,6 @@ impl Ctx {
         action: &Value,
         refusal: Refusal,
     ) -> DispatchOutcome {
-        self.metrics
-            .rejections
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Some(origin) = origin else {
             tracing::warn!(%channel, reason = %refusal.reason, "host-originated action refused");
             return DispatchOutcome::Rejected(refusal);

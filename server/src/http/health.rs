@@ -2,6 +2,7 @@
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::StatusCode;
 use tether_protocol::rest::{Health, Problem, Readiness};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -30,19 +31,45 @@ pub async fn healthz() -> Json<Health> {
     })
 }
 
-/// Readiness: the store answers. Load balancers should route on this one.
+/// Readiness: the host is not shutting down, the store answers and group
+/// commits are not failing. Load balancers should route on this one.
 #[utoipa::path(
     get,
     path = "/readyz",
     tag = "operations",
     responses(
         (status = 200, description = "The store answered.", body = Readiness),
-        (status = 503, description = "The store cannot be reached.", body = Problem,
+        (status = 503, description = "Shutting down, the store cannot be reached, or group \
+         commits are failing; the detail says which.", body = Problem,
          content_type = "application/problem+json"),
     )
 )]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Readiness>, ApiError> {
+    let ready = readiness(&state).await;
+    state
+        .engine
+        .metrics()
+        .ready
+        .set(i64::from(ready.is_ok()));
+    ready
+}
+
+async fn readiness(state: &AppState) -> Result<Json<Readiness>, ApiError> {
+    if state.draining.is_cancelled() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "The server is shutting down; connect to another host.",
+        ));
+    }
     state.store.ping().await?;
+    state.engine.writer_health().map_err(|err| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            format!("Storage is refusing writes: {err}."),
+        )
+    })?;
     let host = state.store.host().await?;
     Ok(Json(Readiness {
         status: "ready".to_owned(),

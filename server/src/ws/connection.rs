@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
 use ahp_types::errors::{ahp_error_codes, json_rpc_error_codes};
@@ -28,7 +28,7 @@ use crate::AppState;
 use crate::auth::Principal;
 use crate::auth::limits::{ConnectionSlot, PrincipalLimits};
 use crate::engine::fanout::{HubItem, Routing, action_frame};
-use crate::engine::{DispatchOutcome, Engine};
+use crate::engine::{DispatchOutcome, Engine, Metrics};
 use crate::store::Origin;
 
 /// The optional AHP 1.0 commands Tether does not offer. Each is gated by a
@@ -112,13 +112,63 @@ pub(super) struct Answered {
 }
 
 /// A subscription's delivery state.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub(super) struct Subscription {
     /// The subscriber has every envelope of the channel up to this seq.
     pub(super) after: u64,
     /// The hub seq the channel was routed to this connection at: envelopes
     /// above it arrive in the inbox, those at or below it come from the store.
     pub(super) routed_at: u64,
+    /// Holds its place in the `tether_subscriptions` gauge.
+    _counted: Counted,
+}
+
+impl Subscription {
+    /// A subscription of `channel` at these seqs, counted in `metrics`.
+    pub(super) fn new(channel: &str, after: u64, routed_at: u64, metrics: &Metrics) -> Self {
+        let kind = match tether_protocol::channel::Channel::parse(channel) {
+            Ok(tether_protocol::channel::Channel::Root) => "root",
+            Ok(tether_protocol::channel::Channel::Session(_)) => "session",
+            Ok(tether_protocol::channel::Channel::Chat(_)) => "chat",
+            Err(_) => "other",
+        };
+        let gauge = metrics
+            .subscriptions
+            .get_or_create(&[("kind", kind)])
+            .clone();
+        gauge.inc();
+        Self {
+            after,
+            routed_at,
+            _counted: Counted(gauge),
+        }
+    }
+}
+
+/// A close code's label in `tether_ws_closes_total` (a bounded set).
+fn close_label(code: u16) -> &'static str {
+    match code {
+        1000 => "1000",
+        1001 => "1001",
+        1008 => "1008",
+        1009 => "1009",
+        1011 => "1011",
+        CLOSE_SLOW_CONSUMER => "slow_consumer",
+        CLOSE_PING_TIMEOUT => "ping_timeout",
+        CLOSE_TOKEN_EXPIRED => "token_expired",
+        CLOSE_UNSUPPORTED_VERSION => "unsupported_version",
+        _ => "other",
+    }
+}
+
+/// A place in a gauge, given back when dropped.
+#[derive(Debug)]
+struct Counted(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// A successful answer.
@@ -143,6 +193,8 @@ impl Connection {
         _permit: OwnedSemaphorePermit,
         _slot: ConnectionSlot,
     ) {
+        let opened = Instant::now();
+        let mut bytes_in = 0u64;
         let (sink, mut stream) = socket.split();
         let (sender, receiver) = mpsc::unbounded_channel();
         let backlog = Arc::new(Backlog {
@@ -171,6 +223,8 @@ impl Connection {
             inflight: Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_DISPATCHES)),
             principal_limits: state.auth.limits.clone(),
         };
+        tracing::info!(connection = %connection.connection_scope, sub = %connection.principal.sub,
+            role = %connection.principal.role, "websocket opened");
         let mut ping = tokio::time::interval(state.ws.ping_interval);
         ping.tick().await;
         let mut last_heard = Instant::now();
@@ -193,6 +247,7 @@ impl Connection {
                 incoming = stream.next() => match incoming {
                     Some(Ok(Message::Text(text))) => {
                         last_heard = Instant::now();
+                        bytes_in += text.len() as u64;
                         connection.on_text(text.as_str()).await
                     }
                     Some(Ok(Message::Binary(_))) => {
@@ -245,9 +300,16 @@ impl Connection {
                 Next::Close(code, reason) => break Some((code, reason)),
             }
         };
-        if let Some((code, reason)) = verdict {
-            tracing::info!(code, %reason, client = ?connection.client_id, "closing connection");
-            connection.queue.control(Outbound::Close(code, reason));
+        if let Some((code, reason)) = &verdict {
+            connection
+                .engine
+                .metrics()
+                .closes
+                .get_or_create(&[("code", close_label(*code))])
+                .inc();
+            connection
+                .queue
+                .control(Outbound::Close(*code, reason.clone()));
             // The closing handshake: keep reading (and discarding) until the
             // client answers with its own close, so it reads our close frame
             // instead of a reset connection. Bounded.
@@ -263,8 +325,17 @@ impl Connection {
         if let Some(client_id) = &connection.client_id {
             connection.engine.client_disconnected(client_id);
         }
+        let scope = std::mem::take(&mut connection.connection_scope);
+        let sub = std::mem::take(&mut connection.principal.sub);
+        let client = connection.client_id.take();
         drop(connection);
-        let _ = writer.await;
+        let bytes_out = writer.await.unwrap_or(0);
+        let (code, reason) = verdict.map_or((None, "closed by the client".to_owned()), |(c, r)| {
+            (Some(c), r)
+        });
+        tracing::info!(connection = %scope, %sub, client = client.as_deref().unwrap_or("-"),
+            code, %reason, bytes_in, bytes_out, duration_ms = opened.elapsed().as_millis() as u64,
+            "websocket closed");
     }
 
     pub(super) fn send(&self, frame: String) -> Next {
@@ -274,10 +345,7 @@ impl Connection {
 
     /// The verdict for a connection whose queue is over its byte limit.
     pub(super) fn overflow(&self) -> Next {
-        self.engine
-            .metrics()
-            .slow_closes
-            .fetch_add(1, Ordering::Relaxed);
+        self.engine.metrics().slow_closes.inc();
         Next::Close(
             CLOSE_SLOW_CONSUMER,
             format!(
@@ -317,6 +385,10 @@ impl Connection {
                     let frame = published
                         .frame_for(self.client_id.as_deref(), &self.principal.sub)
                         .clone();
+                    self.engine
+                        .metrics()
+                        .delivery_seconds
+                        .observe(published.committed.elapsed().as_secs_f64());
                     if self.queue.push(frame) {
                         Next::Continue
                     } else {
@@ -347,10 +419,7 @@ impl Connection {
     /// up to what the store holds now.
     async fn catch_up_all(&mut self) -> Next {
         tracing::debug!("connection lagged behind the hub; catching up from the store");
-        self.engine
-            .metrics()
-            .catch_ups
-            .fetch_add(1, Ordering::Relaxed);
+        self.engine.metrics().catch_ups.inc();
         let Ok(host) = self.engine.store().host().await else {
             return Next::Close(1011, "storage unavailable; reconnect".into());
         };
@@ -530,13 +599,16 @@ impl Connection {
     /// envelopes published before the route existed.
     async fn bridge(&mut self) -> Next {
         for channel in std::mem::take(&mut self.after_reply) {
-            let Some(subscription) = self.subscriptions.get(&channel).copied() else {
+            let Some((after, routed_at)) = self
+                .subscriptions
+                .get(&channel)
+                .map(|s| (s.after, s.routed_at))
+            else {
                 continue;
             };
-            if subscription.after < subscription.routed_at
-                && let Next::Close(code, reason) = self
-                    .deliver_from_store(&[channel], subscription.after, subscription.routed_at)
-                    .await
+            if after < routed_at
+                && let Next::Close(code, reason) =
+                    self.deliver_from_store(&[channel], after, routed_at).await
             {
                 return Next::Close(code, reason);
             }

@@ -124,10 +124,12 @@ impl Connection {
         let routed_at = self.routing.route(channel);
         self.subscriptions.insert(
             channel.to_owned(),
-            Subscription {
-                after: snapshot.from_seq,
+            Subscription::new(
+                channel,
+                snapshot.from_seq,
                 routed_at,
-            },
+                self.engine.metrics(),
+            ),
         );
         self.after_reply.push(channel.to_owned());
         Ok(
@@ -220,13 +222,9 @@ impl Connection {
             ));
         }
         for (channel, routed_at) in routed {
-            self.subscriptions.insert(
-                channel,
-                Subscription {
-                    after: horizon,
-                    routed_at,
-                },
-            );
+            let subscription =
+                Subscription::new(&channel, horizon, routed_at, self.engine.metrics());
+            self.subscriptions.insert(channel, subscription);
         }
         // Rendered as text around the stored actions: a large replay is
         // never parsed into a value tree and serialised again.
@@ -494,10 +492,11 @@ impl Connection {
                 }
                 other => RpcError::from(other),
             })?;
-        if let (Some(seq), Some(subscription)) = (loaded, self.subscriptions.get(&chat).copied())
-            && seq > subscription.after
+        let after = self.subscriptions.get(&chat).map(|s| s.after);
+        if let (Some(seq), Some(after)) = (loaded, after)
+            && seq > after
             && let Next::Close(..) = self
-                .deliver_from_store(std::slice::from_ref(&chat), subscription.after, seq)
+                .deliver_from_store(std::slice::from_ref(&chat), after, seq)
                 .await
         {
             return Err(RpcError::unavailable(

@@ -103,6 +103,13 @@ async fn upgrade(
     RawQuery(query): RawQuery,
     ws: WebSocketUpgrade,
 ) -> Response {
+    if state.draining.is_cancelled() {
+        return problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            Some("This host is shutting down; connect to another host.".into()),
+        );
+    }
     // The token is checked before the upgrade: a refused one is a 401, not
     // a socket. Its query form is never logged (the request span names the
     // route only).

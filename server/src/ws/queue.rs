@@ -103,7 +103,8 @@ pub(super) async fn write_loop(
     mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
     mut receiver: mpsc::UnboundedReceiver<Outbound>,
     backlog: Arc<Backlog>,
-) {
+) -> u64 {
+    let mut written = 0u64;
     while let Some(first) = receiver.recv().await {
         let mut next = Some(first);
         // Feed everything queued, then flush once.
@@ -111,6 +112,7 @@ pub(super) async fn write_loop(
             let sent = match item {
                 Outbound::Frame(frame) => {
                     let size = frame.len();
+                    written += size as u64;
                     let result = sink.feed(Message::Text(frame)).await;
                     backlog.drained(size);
                     result
@@ -123,16 +125,17 @@ pub(super) async fn write_loop(
                     };
                     let _ = sink.send(Message::Close(Some(frame))).await;
                     let _ = sink.close().await;
-                    return;
+                    return written;
                 }
             };
             if sent.is_err() {
-                return;
+                return written;
             }
             next = receiver.try_recv().ok();
         }
         if sink.flush().await.is_err() {
-            return;
+            return written;
         }
     }
+    written
 }

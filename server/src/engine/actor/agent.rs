@@ -351,6 +351,22 @@ impl SessionActor {
         true
     }
 
+    /// At shutdown: stops a running agent (its process group is killed
+    /// when the handle drops), fails its open turn and settles the session
+    /// dormant, so a client resumes it on another host or after a restart.
+    pub(super) async fn stop_agent_for_shutdown(&mut self) {
+        if self.running.take().is_none() {
+            return;
+        }
+        tracing::info!(session = %self.id, "stopping the agent: the server is shutting down");
+        self.settle_after_agent(
+            "shutdown",
+            "The server shut down during the turn; resume the session to continue.",
+            false,
+        );
+        self.run_follow_ups().await;
+    }
+
     /// Queues the records of an agent that is gone: every open turn failed,
     /// the session settled dormant; after a crash (`crashed`), ended unless
     /// it can be resumed. A dormant session's next turn starts the agent

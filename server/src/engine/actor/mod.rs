@@ -304,6 +304,9 @@ impl SessionActor {
                 let _ = reply.send(Err(err));
             }
             Command::ClientGone { .. } => {}
+            Command::Shutdown { reply } => {
+                let _ = reply.send(());
+            }
             Command::CallTool { reply, .. } => {
                 let _ = reply.send(Err(err.to_string()));
             }
@@ -355,6 +358,10 @@ impl SessionActor {
             } => {
                 self.agent_tool_call(&name, arguments, reply);
                 self.run_follow_ups().await;
+            }
+            Command::Shutdown { reply } => {
+                self.stop_agent_for_shutdown().await;
+                let _ = reply.send(());
             }
             Command::ClientGone { client_id } => {
                 if !self.ctx.clients.connected(&client_id) {

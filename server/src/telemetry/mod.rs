@@ -1,4 +1,7 @@
-//! Logging set-up: `RUST_LOG` picks the level, `--log-format` the shape.
+//! What the server tells its operators: the logs (`RUST_LOG` picks the
+//! level, `--log-format` the shape) and the metrics ([`metrics`]).
+
+pub mod metrics;
 
 use std::io::IsTerminal;
 
@@ -17,6 +20,10 @@ pub fn init(format: LogFormat) {
     // A second initialisation (tests starting several servers) is harmless.
     let _ = match format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_span_list(false)
+            .try_init(),
     };
 }

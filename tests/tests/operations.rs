@@ -1,0 +1,279 @@
+//! What an operator sees: `/metrics` counting what happens (with bounded
+//! labels), one structured log line per request and per WebSocket
+//! connection, and the SIGTERM sequence: not ready first, new connections
+//! refused, open sockets closed 1001, the process gone within its grace.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tether_tests::{
+    ServerProcess, TestDb, TestServer, action, backend_tests, metric_value, raw_at, raw_next,
+    raw_send,
+};
+
+backend_tests!(
+    metrics_count_dispatches_subscriptions_and_deliveries,
+    sigterm_turns_not_ready_refuses_new_sockets_and_closes_open_ones,
+);
+
+async fn exposition(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("the exposition")
+}
+
+fn series(text: &str, name: &str) -> f64 {
+    metric_value(text, name).unwrap_or_else(|| panic!("{name} missing from {text}"))
+}
+
+async fn create(base: &str, id: &str) {
+    let answer = reqwest::Client::new()
+        .post(format!("{base}/v1/sessions"))
+        .json(&json!({"id": id, "provider": "echo"}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(answer.status(), 201);
+}
+
+async fn metrics_count_dispatches_subscriptions_and_deliveries(db: TestDb) {
+    let server = TestServer::start(&db).await;
+    let base = server.base_url();
+    create(&base, "ops-metrics").await;
+    let watcher = server.initialized("ops-watcher").await;
+    let (_, mut stream) = watcher
+        .subscribe("ahp-session:/ops-metrics".into())
+        .await
+        .expect("subscribe");
+    watcher
+        .subscribe("ahp-chat:/ops-metrics.main".into())
+        .await
+        .expect("subscribe the chat");
+    let writer = server.initialized("ops-writer").await;
+    for n in 0..3 {
+        writer
+            .dispatch(
+                "ahp-session:/ops-metrics".into(),
+                action(json!({"type": "session/titleChanged", "title": format!("t{n}")})),
+            )
+            .await
+            .expect("dispatch");
+        tether_tests::next_envelope(&mut stream).await;
+    }
+    // Refused as invalid: a turn on the session channel.
+    let refused = reqwest::Client::new()
+        .post(format!("{base}/v1/sessions/ops-metrics/actions"))
+        .json(&json!({"clientId": "ops-rest", "clientSeq": 1,
+            "action": {"type": "chat/turnStarted", "turnId": "x", "message": {"text": "hi"}}}))
+        .send()
+        .await
+        .expect("dispatch");
+    assert_eq!(refused.status(), 422);
+    let text = exposition(&base).await;
+    assert!(
+        series(
+            &text,
+            r#"tether_dispatches_total{outcome="accepted",reason="none"}"#
+        ) >= 3.0
+    );
+    assert_eq!(
+        series(
+            &text,
+            r#"tether_dispatches_total{outcome="rejected",reason="invalid"}"#
+        ),
+        1.0
+    );
+    assert!(series(&text, "tether_dispatch_to_commit_seconds_count") >= 4.0);
+    assert!(series(&text, "tether_commit_to_delivery_seconds_count") >= 3.0);
+    assert!(series(&text, "tether_commit_batch_envelopes_count") >= 1.0);
+    assert!(series(&text, r#"tether_effect_duration_seconds_count{backend="local"}"#) >= 3.0);
+    assert_eq!(series(&text, r#"tether_subscriptions{kind="session"}"#), 1.0);
+    assert_eq!(series(&text, r#"tether_subscriptions{kind="chat"}"#), 1.0);
+    assert_eq!(series(&text, "tether_ws_connections"), 2.0);
+    assert_eq!(series(&text, "tether_ready"), 1.0);
+    assert!(series(&text, "tether_server_seq") >= 3.0);
+    assert!(series(&text, "tether_session_actors") >= 1.0);
+    // Low-cardinality labels only: no session, client or principal.
+    for id in ["ops-metrics", "ops-watcher", "ops-writer", "ops-rest"] {
+        assert!(!text.contains(id), "{id} appears in /metrics");
+    }
+    // Closing the subscriber gives its subscriptions back.
+    drop(stream);
+    drop(watcher);
+    let mut left = f64::NAN;
+    for _ in 0..200 {
+        left = series(&exposition(&base).await, "tether_subscriptions");
+        if left == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(left, 0.0, "the closed connection's subscriptions are gone");
+    server.stop().await;
+}
+
+/// The lines of a JSON log.
+fn log_lines(log: &str) -> Vec<Value> {
+    log.lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_request_and_connection_is_one_structured_line_naming_the_principal() {
+    let db = TestDb::sqlite();
+    let secret = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(secret.path(), "a log test secret that is long enough, 256 bits+").unwrap();
+    let mut server = ServerProcess::start(
+        &db,
+        &[
+            "--log-format",
+            "json",
+            "--auth-secret-file",
+            secret.path().to_str().unwrap(),
+        ],
+    )
+    .await;
+    let token = tether_server::auth::token::Authenticator::new(
+        b"a log test secret that is long enough, 256 bits+",
+    )
+    .unwrap()
+    .mint(
+        "ops-alice",
+        tether_server::auth::Role::Operator,
+        &["ops".to_owned()],
+        Duration::from_secs(600),
+    )
+    .unwrap();
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v1/sessions", server.base_url()))
+        .bearer_auth(&token)
+        .header("x-request-id", "ops-request-1")
+        .json(&json!({"id": "ops-logged", "project": "ops", "provider": "echo"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 201);
+    assert_eq!(answer.headers()["x-request-id"], "ops-request-1");
+    let refused = reqwest::get(format!("{}/v1/sessions", server.base_url()))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    let mut ws = raw_at(&format!("{}?access_token={token}", server.ws_url())).await;
+    raw_send(
+        &mut ws,
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"ops-c"}}"#,
+    )
+    .await;
+    raw_next(&mut ws).await.expect("initialized");
+    drop(ws);
+    let mut lines = Vec::new();
+    for _ in 0..100 {
+        lines = log_lines(&server.log());
+        if lines.iter().any(|l| l["message"] == "websocket closed") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let request = lines
+        .iter()
+        .find(|l| l["message"] == "request" && l["span"]["request_id"] == "ops-request-1")
+        .unwrap_or_else(|| panic!("no line for the request: {lines:#?}"));
+    assert_eq!(request["status"], 201);
+    assert_eq!(request["span"]["route"], "/v1/sessions");
+    assert_eq!(request["span"]["method"], "POST");
+    assert_eq!(request["span"]["sub"], "ops-alice");
+    assert!(request["latency_us"].is_u64());
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["message"] == "request" && l["status"] == 401),
+        "the refused request has its line too"
+    );
+    let closed = lines
+        .iter()
+        .find(|l| l["message"] == "websocket closed")
+        .expect("the connection's close line");
+    assert_eq!(closed["sub"], "ops-alice");
+    assert_eq!(closed["client"], "ops-c");
+    assert!(closed["bytes_in"].as_u64().unwrap() > 50, "{closed}");
+    assert!(closed["bytes_out"].as_u64().unwrap() > 10, "{closed}");
+    assert!(closed["duration_ms"].is_u64(), "{closed}");
+    assert!(
+        lines.iter().any(|l| l["message"] == "websocket opened"),
+        "the open line"
+    );
+    let log = server.log();
+    assert!(!log.contains(&token), "a token was logged");
+    server.terminate().await;
+}
+
+async fn sigterm_turns_not_ready_refuses_new_sockets_and_closes_open_ones(db: TestDb) {
+    let mut server = ServerProcess::start(
+        &db,
+        &["--drain-delay-ms", "1500", "--shutdown-grace-secs", "5"],
+    )
+    .await;
+    create(&server.base_url(), "ops-drain").await;
+    let mut ws = raw_at(&server.ws_url()).await;
+    raw_send(
+        &mut ws,
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"ops-d","initialSubscriptions":["ahp-session:/ops-drain"]}}"#,
+    )
+    .await;
+    raw_next(&mut ws).await.expect("initialized");
+    let started = std::time::Instant::now();
+    server.begin_terminate();
+    // Not ready first, while the socket is still open.
+    let http = reqwest::Client::new();
+    let mut not_ready = None;
+    for _ in 0..100 {
+        let answer = http
+            .get(format!("{}/readyz", server.base_url()))
+            .send()
+            .await
+            .expect("readyz during the drain delay");
+        if answer.status() == 503 {
+            not_ready = Some(answer.json::<Value>().await.unwrap());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let not_ready = not_ready.expect("/readyz turned 503");
+    assert_eq!(not_ready["code"], "shutting_down", "{not_ready}");
+    // New connections are refused with a reason while draining.
+    let refused = tokio_tungstenite::connect_async(server.ws_url()).await;
+    match refused {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 503);
+        }
+        other => panic!("a new socket was accepted while draining: {other:?}"),
+    }
+    // The open socket is closed 1001 after the drain delay.
+    let closed = raw_next(&mut ws).await;
+    assert_eq!(
+        closed,
+        Err((1001, "server shutting down".to_owned())),
+        "the open socket's close"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(1400),
+        "closed before the drain delay ran out: {:?}",
+        started.elapsed()
+    );
+    let status = server
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("the process exited within its grace period");
+    assert!(status.success(), "{status}");
+    // Nothing was lost: a restart serves the session.
+    server.restart().await;
+    let view = reqwest::get(format!("{}/v1/sessions/ops-drain", server.base_url()))
+        .await
+        .unwrap();
+    assert_eq!(view.status(), 200);
+    server.terminate().await;
+}
