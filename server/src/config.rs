@@ -27,6 +27,11 @@ pub struct Cli {
 pub enum Command {
     /// Run the server.
     Serve(Box<ServeArgs>),
+    /// Check what `tether serve` would run with (the same flags and
+    /// environment) and say in plain words what is wrong: configuration,
+    /// store and migrations, bind address, allowed roots, agents, auth
+    /// secret, clock, open-file limit. Exits non-zero when a check fails.
+    Doctor(Box<ServeArgs>),
     /// Print the OpenAPI document the server serves at /openapi.json.
     Openapi,
     /// Mint a bearer token from the server's auth secret and print it (and

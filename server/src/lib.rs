@@ -9,6 +9,7 @@ pub mod auth;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod doctor;
 pub mod effects;
 pub mod engine;
 pub mod http;
@@ -131,7 +132,11 @@ pub async fn serve(
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown.await;
         draining.cancel();
-        tracing::info!(?drain_delay, ?grace, "shutdown requested: not ready; draining");
+        tracing::info!(
+            ?drain_delay,
+            ?grace,
+            "shutdown requested: not ready; draining"
+        );
         tokio::time::sleep(drain_delay).await;
         match tokio::time::timeout(grace, stopping.stop_agents()).await {
             Ok(sessions) => tracing::info!(sessions, "agents stopped and sessions settled"),

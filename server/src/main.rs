@@ -21,6 +21,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => runtime.block_on(run_serve(*args)),
         Command::Token(args) => tether_server::cli::token(&args),
+        Command::Doctor(args) => runtime.block_on(tether_server::doctor::run(&args)),
         Command::Openapi => {
             print!("{}", tether_server::http::openapi_json());
             ExitCode::SUCCESS
@@ -67,6 +68,7 @@ async fn run_serve(args: ServeArgs) -> ExitCode {
     if let Err(err) = args.check_bind() {
         return fail(err.to_string());
     }
+    let open_files = tether_server::doctor::raise_open_file_limit();
     // The configuration (the auth secret among it) is checked before the
     // store is opened: a weak secret is refused at once.
     let config = match args.serve_config() {
@@ -100,6 +102,7 @@ async fn run_serve(args: ServeArgs) -> ExitCode {
         backend = store.backend().as_str(),
         database = %store::redact_url(&args.database.database_url),
         authentication = config.auth.enabled(),
+        open_files = open_files.map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
         "tether is serving"
     );
     let state = match AppState::new(store.clone(), config).await {

@@ -323,7 +323,9 @@ impl ServerProcess {
 
     /// Stops the process with SIGTERM (a graceful shutdown) and waits.
     pub async fn terminate(&mut self) {
-        let _ = self.terminate_within(std::time::Duration::from_secs(30)).await;
+        let _ = self
+            .terminate_within(std::time::Duration::from_secs(30))
+            .await;
     }
 
     /// Sends SIGTERM and waits at most `limit` for the process to exit:

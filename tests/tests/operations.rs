@@ -12,6 +12,7 @@ use tether_tests::{
 };
 
 backend_tests!(
+    doctor_passes_a_sound_setup_and_names_each_fault,
     metrics_count_dispatches_subscriptions_and_deliveries,
     sigterm_turns_not_ready_refuses_new_sockets_and_closes_open_ones,
 );
@@ -89,8 +90,16 @@ async fn metrics_count_dispatches_subscriptions_and_deliveries(db: TestDb) {
     assert!(series(&text, "tether_dispatch_to_commit_seconds_count") >= 4.0);
     assert!(series(&text, "tether_commit_to_delivery_seconds_count") >= 3.0);
     assert!(series(&text, "tether_commit_batch_envelopes_count") >= 1.0);
-    assert!(series(&text, r#"tether_effect_duration_seconds_count{backend="local"}"#) >= 3.0);
-    assert_eq!(series(&text, r#"tether_subscriptions{kind="session"}"#), 1.0);
+    assert!(
+        series(
+            &text,
+            r#"tether_effect_duration_seconds_count{backend="local"}"#
+        ) >= 3.0
+    );
+    assert_eq!(
+        series(&text, r#"tether_subscriptions{kind="session"}"#),
+        1.0
+    );
     assert_eq!(series(&text, r#"tether_subscriptions{kind="chat"}"#), 1.0);
     assert_eq!(series(&text, "tether_ws_connections"), 2.0);
     assert_eq!(series(&text, "tether_ready"), 1.0);
@@ -126,7 +135,11 @@ fn log_lines(log: &str) -> Vec<Value> {
 async fn each_request_and_connection_is_one_structured_line_naming_the_principal() {
     let db = TestDb::sqlite();
     let secret = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(secret.path(), "a log test secret that is long enough, 256 bits+").unwrap();
+    std::fs::write(
+        secret.path(),
+        "a log test secret that is long enough, 256 bits+",
+    )
+    .unwrap();
     let mut server = ServerProcess::start(
         &db,
         &[
@@ -276,4 +289,139 @@ async fn sigterm_turns_not_ready_refuses_new_sockets_and_closes_open_ones(db: Te
         .unwrap();
     assert_eq!(view.status(), 200);
     server.terminate().await;
+}
+
+/// `tether doctor` with `args` (and nothing from the environment): its
+/// exit code and output.
+async fn doctor(args: &[&str]) -> (i32, String) {
+    let mut command = tokio::process::Command::new(tether_tests::tether_bin());
+    for (key, _) in std::env::vars() {
+        if key.starts_with("TETHER_") {
+            command.env_remove(key);
+        }
+    }
+    let output = command
+        .arg("doctor")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run tether doctor");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    (output.status.code().unwrap_or(-1), text)
+}
+
+/// The report's line about `subject`, which must exist.
+fn line<'a>(report: &'a str, mark: &str, subject: &str) -> &'a str {
+    report
+        .lines()
+        .find(|l| l.starts_with(mark) && l[6..].starts_with(subject))
+        .unwrap_or_else(|| panic!("no {mark} line for {subject}: {report}"))
+}
+
+async fn doctor_passes_a_sound_setup_and_names_each_fault(db: TestDb) {
+    // A migrated store (a server ran on it), a free port, a real agent,
+    // a strong secret, a root that exists.
+    TestServer::start(&db).await.stop().await;
+    let fake = env!("CARGO_BIN_EXE_fake-acp-agent");
+    let root = tempfile::tempdir().unwrap();
+    let secret = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        secret.path(),
+        "9f8e7d6c5b4a39281706f5e4d3c2b1a0-strong-enough",
+    )
+    .unwrap();
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().to_string();
+    drop(free);
+    let agent = format!("fake={fake}");
+    let sound = [
+        "--database-url",
+        db.url(),
+        "--bind",
+        &port,
+        "--auth-secret-file",
+        secret.path().to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--allowed-roots",
+        root.path().to_str().unwrap(),
+        "--max-connections",
+        "1000",
+    ];
+    let (code, report) = doctor(&sound).await;
+    assert_eq!(code, 0, "{report}");
+    assert!(
+        line(&report, "ok", "store").contains("answers")
+            || line(&report, "ok", "store").contains("opens")
+    );
+    assert!(
+        line(&report, "ok", "migrations").contains("applied"),
+        "{report}"
+    );
+    assert!(
+        line(&report, "ok", "agent").contains("answered initialize"),
+        "{report}"
+    );
+    line(&report, "ok", "auth secret");
+    line(&report, "ok", "bind address");
+    line(&report, "ok", "allowed root");
+    line(&report, "ok", "open files");
+    assert!(!report.contains("FAIL"), "{report}");
+
+    // Each fault, in plain words, and a failing exit.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_port = taken.local_addr().unwrap().to_string();
+    let weak = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(weak.path(), "a".repeat(40)).unwrap();
+    let broken = format!("broken=FAKE_ACP_MODE=never-init {fake}");
+    let unreachable = match db.backend() {
+        tether_tests::Backend::Postgres => "postgres://postgres@127.0.0.1:1/none".to_owned(),
+        tether_tests::Backend::Sqlite => "sqlite:/nonexistent-dir/x/tether.db".to_owned(),
+    };
+    let (code, report) = doctor(&[
+        "--database-url",
+        &unreachable,
+        "--database-connect-timeout-secs",
+        "2",
+        "--bind",
+        &taken_port,
+        "--auth-secret-file",
+        weak.path().to_str().unwrap(),
+        "--agent",
+        &broken,
+        "--agent-init-timeout-ms",
+        "500",
+        "--allowed-roots",
+        "/nonexistent-root",
+    ])
+    .await;
+    assert_eq!(code, 1, "{report}");
+    assert!(
+        line(&report, "FAIL", "auth secret").contains("guessable"),
+        "{report}"
+    );
+    assert!(
+        line(&report, "FAIL", "bind address").contains("already in use"),
+        "{report}"
+    );
+    assert!(
+        line(&report, "FAIL", "store").contains("cannot"),
+        "{report}"
+    );
+    assert!(
+        line(&report, "FAIL", "allowed root").contains("/nonexistent-root"),
+        "{report}"
+    );
+    assert!(
+        line(&report, "FAIL", "agent").contains("broken"),
+        "{report}"
+    );
+    assert!(report.contains("check(s) failed"), "{report}");
+    drop(taken);
+    // A bad configuration is named before anything else is tried.
+    let (code, report) = doctor(&["--database-url", db.url(), "--effects", "webhook"]).await;
+    assert_eq!(code, 1, "{report}");
+    line(&report, "FAIL", "configuration");
 }

@@ -101,7 +101,11 @@ impl Committer {
     /// `Err` with the store's words while the last group commit failed
     /// (less than a few seconds ago, and nothing committed since).
     pub fn health(&self) -> Result<(), String> {
-        let failed = self.health.failed.lock().map_err(|_| "the writer panicked")?;
+        let failed = self
+            .health
+            .failed
+            .lock()
+            .map_err(|_| "the writer panicked")?;
         match &*failed {
             Some((at, err)) if at.elapsed() < UNHEALTHY_FOR => {
                 Err(format!("the last group commit failed: {err}"))

@@ -135,8 +135,7 @@ impl Submitted {
             DispatchOutcome::Accepted(_) => ("accepted", "none"),
             DispatchOutcome::Rejected(refusal) => ("rejected", refusal.kind.code()),
         };
-        self.metrics
-            .dispatched(label, reason, self.since.elapsed());
+        self.metrics.dispatched(label, reason, self.since.elapsed());
         outcome
     }
 }

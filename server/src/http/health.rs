@@ -46,11 +46,7 @@ pub async fn healthz() -> Json<Health> {
 )]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Readiness>, ApiError> {
     let ready = readiness(&state).await;
-    state
-        .engine
-        .metrics()
-        .ready
-        .set(i64::from(ready.is_ok()));
+    state.engine.metrics().ready.set(i64::from(ready.is_ok()));
     ready
 }
 

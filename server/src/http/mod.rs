@@ -194,29 +194,32 @@ pub fn router(state: AppState) -> Router {
             problem_for_bare_client_errors,
         ))
         .layer(
-            TraceLayer::new_for_http().make_span_with(|request: &Request| {
-                let route = request
-                    .extensions()
-                    .get::<MatchedPath>()
-                    .map(MatchedPath::as_str)
-                    .unwrap_or("unmatched");
-                let id = request
-                    .headers()
-                    .get(&REQUEST_ID)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("-");
-                tracing::info_span!("http", method = %request.method(), route, request_id = id,
+            TraceLayer::new_for_http()
+                .make_span_with(|request: &Request| {
+                    let route = request
+                        .extensions()
+                        .get::<MatchedPath>()
+                        .map(MatchedPath::as_str)
+                        .unwrap_or("unmatched");
+                    let id = request
+                        .headers()
+                        .get(&REQUEST_ID)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("-");
+                    tracing::info_span!("http", method = %request.method(), route, request_id = id,
                     sub = tracing::field::Empty)
-            })
-            // One line per request, with its status and latency, inside the
-            // span that names the route, the request id and the principal.
-            .on_response(|response: &Response, latency: std::time::Duration, _: &tracing::Span| {
-                tracing::info!(
-                    status = response.status().as_u16(),
-                    latency_us = latency.as_micros() as u64,
-                    "request"
-                );
-            }),
+                })
+                // One line per request, with its status and latency, inside the
+                // span that names the route, the request id and the principal.
+                .on_response(
+                    |response: &Response, latency: std::time::Duration, _: &tracing::Span| {
+                        tracing::info!(
+                            status = response.status().as_u16(),
+                            latency_us = latency.as_micros() as u64,
+                            "request"
+                        );
+                    },
+                ),
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))

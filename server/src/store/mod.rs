@@ -17,9 +17,9 @@
 //!   row it summarises.
 
 mod plan;
-mod postgres;
+pub(crate) mod postgres;
 mod rows;
-mod sqlite;
+pub(crate) mod sqlite;
 
 use std::fmt;
 use std::sync::Arc;
@@ -483,12 +483,16 @@ pub async fn open(url: &str, options: &StoreOptions) -> Result<Arc<dyn Store>, S
     }
 }
 
-enum Target {
+/// Which backend a database URL names.
+pub(crate) enum Target {
+    /// Postgres.
     Postgres,
+    /// SQLite, at this path.
     Sqlite(String),
 }
 
-fn parse_url(url: &str) -> Result<Target, StoreError> {
+/// The backend `url` names, or why it names none.
+pub(crate) fn parse_url(url: &str) -> Result<Target, StoreError> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return Ok(Target::Postgres);
     }

@@ -29,6 +29,9 @@ use super::{
     seq_to_db,
 };
 
+/// The Postgres schema's migrations, embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
 /// The Postgres store.
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
@@ -58,7 +61,7 @@ impl PostgresStore {
             .map_err(|e| fail(e.to_string()))?;
         // The migrator takes an advisory lock, so hosts starting together on
         // one database migrate it once.
-        sqlx::migrate!("../migrations/postgres")
+        MIGRATOR
             .run(&pool)
             .await
             .map_err(|e| fail(format!("migration failed: {e}")))?;

@@ -111,11 +111,7 @@ impl Metrics {
             registry: Registry::default(),
         };
         let r = &mut registry;
-        r.register(
-            "commits",
-            "Group commits written",
-            this.commits.clone(),
-        );
+        r.register("commits", "Group commits written", this.commits.clone());
         r.register(
             "committed_envelopes",
             "Envelopes in those commits",
@@ -272,8 +268,14 @@ mod tests {
             text.contains("tether_dispatches_total{outcome=\"rejected\",reason=\"invalid\"} 1"),
             "{text}"
         );
-        assert!(text.contains("tether_subscriptions{kind=\"chat\"} 2"), "{text}");
-        assert!(text.contains("tether_dispatch_to_commit_seconds_count 1"), "{text}");
+        assert!(
+            text.contains("tether_subscriptions{kind=\"chat\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tether_dispatch_to_commit_seconds_count 1"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

@@ -124,12 +124,7 @@ impl Connection {
         let routed_at = self.routing.route(channel);
         self.subscriptions.insert(
             channel.to_owned(),
-            Subscription::new(
-                channel,
-                snapshot.from_seq,
-                routed_at,
-                self.engine.metrics(),
-            ),
+            Subscription::new(channel, snapshot.from_seq, routed_at, self.engine.metrics()),
         );
         self.after_reply.push(channel.to_owned());
         Ok(

@@ -25,6 +25,9 @@ use tether_protocol::channel::Channel;
 use uuid::Uuid;
 
 use self::writer::Writer;
+
+/// The SQLite schema's migrations, embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 use super::plan;
 use super::{
     Appended, ArchivedTurn, Backend, HostRecord, NewEnvelope, Origin, OriginOutcome, Rejection,
@@ -74,7 +77,7 @@ impl SqliteStore {
             .connect_with(base.clone().create_if_missing(true))
             .await
             .map_err(|e| fail(e.to_string()))?;
-        sqlx::migrate!("../migrations/sqlite")
+        MIGRATOR
             .run(&migrator)
             .await
             .map_err(|e| fail(format!("migration failed: {e}")))?;
