@@ -6,6 +6,7 @@
 //! with a loud message, unless `TETHER_TEST_REQUIRE_POSTGRES=1` (set by CI),
 //! which turns the skip into a failure.
 
+pub mod ledger;
 pub mod seed;
 
 use std::net::SocketAddr;
@@ -66,6 +67,16 @@ impl TestDb {
             url: format!("sqlite:{}", path.display()),
             backend: Backend::Sqlite,
             _dir: Some(dir),
+            postgres: None,
+        }
+    }
+
+    /// A SQLite database in `dir` (which the caller keeps).
+    pub fn sqlite_in(dir: &std::path::Path) -> Self {
+        Self {
+            url: format!("sqlite:{}", dir.join("tether.db").display()),
+            backend: Backend::Sqlite,
+            _dir: None,
             postgres: None,
         }
     }

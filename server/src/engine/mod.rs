@@ -201,6 +201,16 @@ impl std::fmt::Debug for Ctx {
 pub(crate) const STORAGE_UNAVAILABLE: &str =
     "Storage unavailable: the action was not recorded; retry it.";
 
+/// The refusal for a dispatch whose commit failed, with the store's words
+/// (what an operator needs: "database or disk is full", "connection
+/// refused").
+pub(crate) fn storage_unavailable(cause: &commit::CommitError) -> String {
+    format!(
+        "Storage unavailable: the action was not recorded ({}); retry it.",
+        cause.0
+    )
+}
+
 /// Mailbox size of a session actor: a burst larger than this waits.
 const MAILBOX: usize = 1024;
 

@@ -108,9 +108,7 @@ impl Engine {
                 directed: None,
             }])
             .await
-            .map_err(|_| {
-                "Storage unavailable: the action was not recorded; retry it.".to_owned()
-            })?;
+            .map_err(|err| super::storage_unavailable(&err))?;
         match outcome.into_iter().next() {
             Some(CommitOutcome::Committed(published)) => {
                 root.state = trial;

@@ -592,7 +592,7 @@ impl SessionActor {
                         d.reply,
                         DispatchOutcome::Rejected(Refusal::new(
                             RefusalKind::Unavailable,
-                            super::STORAGE_UNAVAILABLE,
+                            super::storage_unavailable(&err),
                         )),
                     );
                 }

@@ -1,0 +1,191 @@
+//! Postgres stopped under load, and started again, with Tether left
+//! running: dispatches get a clear "storage unavailable" refusal, `/readyz`
+//! turns not-ready, nothing is broadcast that was not committed, and
+//! service resumes by itself when Postgres is back.
+//!
+//! This stops the machine's Postgres cluster, so it is its own test binary
+//! (cargo runs test binaries one after another) with a single test, and a
+//! guard starts the cluster again however the test ends.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tether_tests::ledger::{Attempt, Writer, audit, transcript, watch};
+use tether_tests::{Backend, ServerProcess, TestDb};
+
+/// The machine's Postgres cluster (`pg_ctlcluster VERSION main`), started
+/// again when dropped.
+struct Cluster {
+    version: String,
+}
+
+impl Cluster {
+    fn find() -> Option<Self> {
+        let version = std::fs::read_dir("/etc/postgresql")
+            .ok()?
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .max()?;
+        Some(Self { version })
+    }
+
+    fn ctl(&self, action: &str) -> bool {
+        let mut command = std::process::Command::new("pg_ctlcluster");
+        command.args(["--skip-systemctl-redirect", &self.version, "main", action]);
+        if action == "stop" {
+            command.args(["-m", "fast"]);
+        }
+        command.status().is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Whatever happened: the other tests need it.
+        if !self.ctl("start") {
+            // Already running is fine; anything else is loud.
+            let status = std::process::Command::new("pg_lsclusters").status();
+            eprintln!("restarting Postgres after the fault test: {status:?}");
+        }
+    }
+}
+
+async fn ready(base: &str) -> u16 {
+    match reqwest::get(format!("{base}/readyz")).await {
+        Ok(answer) => answer.status().as_u16(),
+        Err(_) => 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stopped_mid_load_refuses_clearly_and_service_resumes_by_itself() {
+    let Some(db) = TestDb::new(Backend::Postgres).await else {
+        return;
+    };
+    let Some(cluster) = Cluster::find() else {
+        assert!(
+            std::env::var_os("TETHER_TEST_REQUIRE_FAULTS").is_none(),
+            "no Postgres cluster to stop (pg_ctlcluster)"
+        );
+        eprintln!("skipped: no local Postgres cluster to stop");
+        return;
+    };
+    let mut server = ServerProcess::start(
+        &db,
+        &[
+            "--lease-ttl-ms",
+            "2000",
+            "--database-connect-timeout-secs",
+            "2",
+        ],
+    )
+    .await;
+    let base = server.base_url();
+    let created = reqwest::Client::new()
+        .post(format!("{base}/v1/sessions"))
+        .json(&json!({"id": "pg-down", "provider": "echo"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let seen = tokio::spawn(watch(
+        tether_tests::raw_at(&server.ws_url()).await,
+        "ahp-session:/pg-down",
+    ));
+    let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
+    let load = {
+        let base = base.clone();
+        tokio::spawn(async move {
+            let mut writer = Writer::new("pg-down", "pg-writer");
+            let mut first_refusal = None;
+            let mut refusals = Vec::new();
+            while !*stop.borrow_and_update() {
+                match writer.attempt(&base).await {
+                    Attempt::Refused(503, problem) => {
+                        first_refusal.get_or_insert_with(Instant::now);
+                        refusals.push(problem);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Attempt::Refused(status, problem) => {
+                        panic!("refused {status}: {problem}")
+                    }
+                    Attempt::Lost(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    Attempt::Acked(_) => {}
+                }
+            }
+            (writer, first_refusal, refusals)
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stopped = Instant::now();
+    assert!(cluster.ctl("stop"), "pg_ctlcluster stop");
+    // Not ready, within a few seconds.
+    let mut not_ready = None;
+    while stopped.elapsed() < Duration::from_secs(15) {
+        if ready(&base).await == 503 {
+            not_ready = Some(stopped.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let not_ready = not_ready.expect("/readyz turned 503 while Postgres was down");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(cluster.ctl("start"), "pg_ctlcluster start");
+    let started = Instant::now();
+    // Service resumes by itself: ready again, and dispatches acknowledged.
+    let mut recovered = None;
+    while started.elapsed() < Duration::from_secs(60) {
+        if ready(&base).await == 200 {
+            recovered = Some(started.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let recovered = recovered.expect("/readyz recovered without a restart");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop_tx.send(true).unwrap();
+    let (mut writer, first_refusal, refusals) = load.await.expect("the writer");
+    let before = writer.acked.len();
+    writer.settle(&base, Duration::from_secs(30)).await;
+    for _ in 0..20 {
+        writer.settle(&base, Duration::from_secs(10)).await;
+    }
+    assert!(writer.acked.len() > before, "dispatches acknowledged again");
+    assert!(
+        first_refusal.is_some(),
+        "a dispatch was refused while Postgres was down"
+    );
+    for problem in &refusals {
+        let detail = problem["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_lowercase();
+        assert!(
+            detail.contains("storage unavailable") || detail.contains("store could not be reached"),
+            "a clear refusal: {problem}"
+        );
+    }
+    let checked = audit(&base, std::slice::from_ref(&writer)).await;
+    let stored: Vec<u64> = transcript(&base, "pg-down")
+        .await
+        .iter()
+        .map(|(s, _)| *s)
+        .collect();
+    server.terminate().await;
+    let broadcast = seen.await.expect("the watcher");
+    for seq in &broadcast {
+        assert!(
+            stored.contains(seq),
+            "serverSeq {seq} broadcast, never committed"
+        );
+    }
+    assert!(broadcast.windows(2).all(|w| w[0] < w[1]), "in order, once");
+    eprintln!(
+        "postgres down: not ready {not_ready:?} after the stop; {} refusals (503); ready again \
+         {recovered:?} after the start; {checked} acknowledged actions all present; {} broadcast, \
+         all committed",
+        refusals.len(),
+        broadcast.len()
+    );
+    drop(cluster);
+}
