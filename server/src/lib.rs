@@ -118,13 +118,8 @@ pub async fn serve(
     let stopping = engine.clone();
     let app = http::router(state);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    // Small frames (acknowledgements, envelopes) go out at once instead of
-    // waiting for Nagle's algorithm to fill a segment.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
-        if let Err(err) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %err, "cannot set TCP_NODELAY");
-        }
-    });
+    // TCP_NODELAY, and deadlines for request heads and idle connections.
+    let listener = http::listener::Guarded::new(listener);
     // The order an operator can rely on: not ready (load balancers stop
     // sending), the drain delay, agents stopped and their sessions settled
     // while clients still watch, every socket closed with 1001, in-flight

@@ -8,6 +8,7 @@ pub mod contexts;
 pub mod error;
 pub mod extract;
 pub mod health;
+pub mod listener;
 pub mod metrics;
 pub mod sessions;
 
