@@ -63,7 +63,7 @@ impl Bystander {
                 let sent = Instant::now();
                 client
                     .dispatch(
-                        channel.clone().into(),
+                        channel.clone(),
                         action(json!({"type": "session/titleChanged", "title": format!("b{n}")})),
                     )
                     .await
