@@ -199,6 +199,19 @@ pub async fn audit(base: &str, writers: &[Writer]) -> usize {
     checked
 }
 
+/// Asserts that every serverSeq a subscriber received (`broadcast`) was
+/// committed (`stored`), in order and once.
+pub fn assert_broadcast_was_committed(broadcast: &[u64], stored: &[u64]) {
+    assert!(!broadcast.is_empty(), "something was broadcast");
+    for seq in broadcast {
+        assert!(
+            stored.contains(seq),
+            "serverSeq {seq} broadcast, never committed"
+        );
+    }
+    assert!(broadcast.windows(2).all(|w| w[0] < w[1]), "in order, once");
+}
+
 /// Subscribes `ws` to `channel` and returns the serverSeqs of the actions
 /// it received until the connection closed (however long that takes).
 pub async fn watch(mut ws: crate::RawWs, channel: &str) -> Vec<u64> {

@@ -654,6 +654,18 @@ pub async fn next_envelope(
     }
 }
 
+/// Creates session `id` with `provider` over REST, asserting 201.
+pub async fn create_session(base: &str, id: &str, provider: &str) {
+    let answer = reqwest::Client::new()
+        .post(format!("{base}/v1/sessions"))
+        .json(&serde_json::json!({"id": id, "provider": provider}))
+        .send()
+        .await
+        .expect("create a session");
+    let status = answer.status();
+    assert_eq!(status, 201, "{}", answer.text().await.unwrap_or_default());
+}
+
 /// The value of metric `name` in an OpenMetrics exposition, summed over
 /// its label sets (`name{a="b"} 3`); `None` when no series has that name.
 pub fn metric_value(exposition: &str, name: &str) -> Option<f64> {

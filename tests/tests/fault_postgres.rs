@@ -9,8 +9,9 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-use tether_tests::ledger::{Attempt, Writer, audit, transcript, watch};
+use tether_tests::ledger::{
+    Attempt, Writer, assert_broadcast_was_committed, audit, transcript, watch,
+};
 use tether_tests::{Backend, ServerProcess, TestDb};
 
 /// The machine's Postgres cluster (`pg_ctlcluster VERSION main`), started
@@ -81,13 +82,7 @@ async fn postgres_stopped_mid_load_refuses_clearly_and_service_resumes_by_itself
     )
     .await;
     let base = server.base_url();
-    let created = reqwest::Client::new()
-        .post(format!("{base}/v1/sessions"))
-        .json(&json!({"id": "pg-down", "provider": "echo"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(created.status(), 201);
+    tether_tests::create_session(&base, "pg-down", "echo").await;
     let seen = tokio::spawn(watch(
         tether_tests::raw_at(&server.ws_url()).await,
         "ahp-session:/pg-down",
@@ -173,13 +168,7 @@ async fn postgres_stopped_mid_load_refuses_clearly_and_service_resumes_by_itself
         .collect();
     server.terminate().await;
     let broadcast = seen.await.expect("the watcher");
-    for seq in &broadcast {
-        assert!(
-            stored.contains(seq),
-            "serverSeq {seq} broadcast, never committed"
-        );
-    }
-    assert!(broadcast.windows(2).all(|w| w[0] < w[1]), "in order, once");
+    assert_broadcast_was_committed(&broadcast, &stored);
     eprintln!(
         "postgres down: not ready {not_ready:?} after the stop; {} refusals (503); ready again \
          {recovered:?} after the start; {checked} acknowledged actions all present; {} broadcast, \

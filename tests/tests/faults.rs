@@ -8,24 +8,16 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tether_tests::ledger::{Attempt, Writer, audit, transcript, watch};
-use tether_tests::{ServerProcess, TestDb, backend_tests};
+use tether_tests::ledger::{
+    Attempt, Writer, assert_broadcast_was_committed, audit, transcript, watch,
+};
+use tether_tests::{ServerProcess, TestDb, backend_tests, create_session};
 
 backend_tests!(kill_9_under_durable_ingest_twenty_times_loses_nothing);
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
 const KILLS: usize = 20;
 const WRITERS: usize = 8;
-
-async fn create(base: &str, id: &str, provider: &str) {
-    let answer = reqwest::Client::new()
-        .post(format!("{base}/v1/sessions"))
-        .json(&json!({"id": id, "provider": provider}))
-        .send()
-        .await
-        .expect("create");
-    assert_eq!(answer.status(), 201, "{:?}", answer.text().await);
-}
 
 async fn start_hanging_turn(base: &str, session: &str, client_seq: u64) {
     let answer = reqwest::Client::new()
@@ -59,7 +51,7 @@ async fn kill_9_under_durable_ingest_twenty_times_loses_nothing(db: TestDb) {
     let mut writers = Vec::new();
     for n in 0..WRITERS {
         let session = format!("ingest-{n}");
-        create(&base, &session, "echo").await;
+        create_session(&base, &session, "echo").await;
         writers.push(Writer::new(&session, &format!("w{n}")).padded(64));
     }
     let mut lost_answers = 0;
@@ -67,7 +59,7 @@ async fn kill_9_under_durable_ingest_twenty_times_loses_nothing(db: TestDb) {
     for round in 0..KILLS {
         // An agent mid-turn when the process dies: the next start sweeps it.
         let turn = format!("turn-{round}");
-        create(&base, &turn, "fake").await;
+        create_session(&base, &turn, "fake").await;
         start_hanging_turn(&base, &turn, round as u64 + 1).await;
         // Durable ingest from every writer, until the kill.
         let load: Vec<_> = writers
@@ -177,7 +169,7 @@ async fn sqlite_on_a_full_disk_refuses_clearly_loses_nothing_and_recovers() {
     let db = TestDb::sqlite_in(disk.dir.path());
     let mut server = ServerProcess::start(&db, &[]).await;
     let base = server.base_url();
-    create(&base, "full", "echo").await;
+    create_session(&base, "full", "echo").await;
     // A subscriber that records everything broadcast.
     let watcher = tether_tests::raw_at(&server.ws_url()).await;
     let seen = tokio::spawn(watch(watcher, "ahp-session:/full"));
@@ -242,14 +234,7 @@ async fn sqlite_on_a_full_disk_refuses_clearly_loses_nothing_and_recovers() {
         .collect();
     server.terminate().await;
     let broadcast = seen.await.expect("watcher");
-    assert!(!broadcast.is_empty());
-    for seq in &broadcast {
-        assert!(
-            stored.contains(seq),
-            "serverSeq {seq} broadcast, never committed"
-        );
-    }
-    assert!(broadcast.windows(2).all(|w| w[0] < w[1]), "in order");
+    assert_broadcast_was_committed(&broadcast, &stored);
     eprintln!(
         "full disk: {} acknowledged before the refusal ({detail}); resumed {resumed:?} after \
          space was freed; {} envelopes broadcast, all committed",

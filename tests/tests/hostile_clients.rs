@@ -29,17 +29,6 @@ async fn server() -> (TestServer, TestDb) {
     (TestServer::start_with(db.open().await, config).await, db)
 }
 
-async fn create(base: &str, id: &str) {
-    let answer = reqwest::Client::new()
-        .post(format!("{base}/v1/sessions"))
-        .json(&json!({"id": id, "provider": "echo"}))
-        .send()
-        .await
-        .expect("create");
-    let status = answer.status();
-    assert_eq!(status, 201, "{}", answer.text().await.unwrap_or_default());
-}
-
 /// A well-behaved client: dispatches a title to its own session and
 /// waits to see it broadcast, until `stop`; returns each round trip.
 struct Bystander {
@@ -50,7 +39,7 @@ struct Bystander {
 impl Bystander {
     async fn start(server: &TestServer, name: &str) -> Self {
         let session = format!("bystander-{name}");
-        create(&server.base_url(), &session).await;
+        tether_tests::create_session(&server.base_url(), &session, "echo").await;
         let client = server.initialized(&format!("bystander-{name}")).await;
         let channel = format!("ahp-session:/{session}");
         let (_, mut stream) = client.subscribe(channel.clone()).await.expect("subscribe");
@@ -113,7 +102,7 @@ async fn initialized(server: &TestServer, client_id: &str) -> tether_tests::RawW
 async fn a_client_that_never_reads_is_closed_as_slow_and_others_are_served() {
     let (server, _db) = server().await;
     let base = server.base_url();
-    create(&base, "busy").await;
+    tether_tests::create_session(&base, "busy", "echo").await;
     let bystander = Bystander::start(&server, "never-reads").await;
     // Subscribes, then never reads again.
     let mut idle = initialized(&server, "never-reads").await;
@@ -184,7 +173,7 @@ async fn thousands_of_subscriptions_stop_at_the_limit_with_a_clear_error() {
     let (server, _db) = server().await;
     let base = server.base_url();
     for n in 0..150 {
-        create(&base, &format!("many-{n}")).await;
+        tether_tests::create_session(&base, &format!("many-{n}"), "echo").await;
     }
     let bystander = Bystander::start(&server, "subscriptions").await;
     let mut ws = initialized(&server, "greedy").await;
@@ -225,7 +214,7 @@ async fn thousands_of_subscriptions_stop_at_the_limit_with_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dispatch_flood_is_answered_in_order_without_starving_others() {
     let (server, _db) = server().await;
-    create(&server.base_url(), "flood").await;
+    tether_tests::create_session(&server.base_url(), "flood", "echo").await;
     let bystander = Bystander::start(&server, "flood").await;
     let ws = initialized(&server, "flooder").await;
     let (mut sink, mut stream) = ws.split();

@@ -30,20 +30,10 @@ fn series(text: &str, name: &str) -> f64 {
     metric_value(text, name).unwrap_or_else(|| panic!("{name} missing from {text}"))
 }
 
-async fn create(base: &str, id: &str) {
-    let answer = reqwest::Client::new()
-        .post(format!("{base}/v1/sessions"))
-        .json(&json!({"id": id, "provider": "echo"}))
-        .send()
-        .await
-        .expect("create");
-    assert_eq!(answer.status(), 201);
-}
-
 async fn metrics_count_dispatches_subscriptions_and_deliveries(db: TestDb) {
     let server = TestServer::start(&db).await;
     let base = server.base_url();
-    create(&base, "ops-metrics").await;
+    tether_tests::create_session(&base, "ops-metrics", "echo").await;
     let watcher = server.initialized("ops-watcher").await;
     let (_, mut stream) = watcher
         .subscribe("ahp-session:/ops-metrics".into())
@@ -230,7 +220,7 @@ async fn sigterm_turns_not_ready_refuses_new_sockets_and_closes_open_ones(db: Te
         &["--drain-delay-ms", "1500", "--shutdown-grace-secs", "5"],
     )
     .await;
-    create(&server.base_url(), "ops-drain").await;
+    tether_tests::create_session(&server.base_url(), "ops-drain", "echo").await;
     let mut ws = raw_at(&server.ws_url()).await;
     raw_send(
         &mut ws,
