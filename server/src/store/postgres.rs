@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
+use tether_protocol::channel::Channel;
 use uuid::Uuid;
 
 use super::plan;
@@ -488,15 +489,32 @@ impl Store for PostgresStore {
         after: u64,
         limit: u32,
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
+        // A session's rows are on its channel and its chats' (the log has
+        // no session index: see migration 0006): one ordered range of
+        // log_channel per channel, merged by seq. Bitmap scans are off for
+        // the reason `read_after` gives.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET LOCAL enable_bitmapscan = off")
+            .execute(&mut *tx)
+            .await?;
         let found: Vec<rows::Envelope> = sqlx::query_as(
-            "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
-             FROM log WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+            "SELECT l.seq, l.channel, l.session_id, l.action, l.client_id, l.client_seq, \
+                    l.origin_scope, l.at_ms \
+             FROM (SELECT $1::text AS channel \
+                   UNION SELECT chat FROM chats WHERE session_id = $2) AS c \
+             CROSS JOIN LATERAL (SELECT * FROM log \
+                                 WHERE log.channel = c.channel AND log.seq > $3 \
+                                   AND log.session_id = $2 \
+                                 ORDER BY log.seq LIMIT $4) AS l \
+             ORDER BY l.seq LIMIT $4",
         )
+        .bind(Channel::session_uri(session_id))
         .bind(session_id)
         .bind(seq_to_db(after))
         .bind(clamp_limit(limit))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *tx)
         .await?;
+        tx.commit().await?;
         found.into_iter().map(TryInto::try_into).collect()
     }
 
