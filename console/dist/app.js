@@ -39,6 +39,8 @@ function roleOf(token) {
 class Console {
     token = sessionStorage.getItem(TOKEN_KEY);
     connection = null;
+    /** The forms' listeners are added once, however often `start` runs. */
+    formsBound = false;
     current = null;
     turns = new Map();
     rows = 0;
@@ -48,7 +50,10 @@ class Console {
     viewTimer;
     renderQueued = false;
     async start() {
-        this.bindForms();
+        if (!this.formsBound) {
+            this.formsBound = true;
+            this.bindForms();
+        }
         if (!(await this.checkToken()))
             return;
         this.connect();
@@ -88,12 +93,24 @@ class Console {
     connect() {
         const scheme = location.protocol === "https:" ? "wss:" : "ws:";
         this.connection?.stop();
+        // A replaced connection may still report its close: only the current
+        // one speaks to the page.
+        const current = () => this.connection === connection;
         const connection = new AhpConnection(`${scheme}//${location.host}/ahp`, this.token, {
-            state: (state) => this.showState(state),
-            envelope: (envelope) => this.onEnvelope(envelope),
-            snapshots: (snapshots, reason) => this.onSnapshots(snapshots, reason),
+            state: (state) => {
+                if (current())
+                    this.showState(state);
+            },
+            envelope: (envelope) => {
+                if (current())
+                    this.onEnvelope(envelope);
+            },
+            snapshots: (snapshots, reason) => {
+                if (current())
+                    this.onSnapshots(snapshots, reason);
+            },
             notification: (method) => {
-                if (method.startsWith("root/"))
+                if (current() && method.startsWith("root/"))
                     this.scheduleList();
             },
         });

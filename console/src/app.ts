@@ -84,6 +84,8 @@ function roleOf(token: string | null): string {
 class Console {
   private token = sessionStorage.getItem(TOKEN_KEY);
   private connection: AhpConnection | null = null;
+  /** The forms' listeners are added once, however often `start` runs. */
+  private formsBound = false;
   private current: SessionView | null = null;
   private turns = new Map<string, TurnView>();
   private rows = 0;
@@ -94,7 +96,10 @@ class Console {
   private renderQueued = false;
 
   async start(): Promise<void> {
-    this.bindForms();
+    if (!this.formsBound) {
+      this.formsBound = true;
+      this.bindForms();
+    }
     if (!(await this.checkToken())) return;
     this.connect();
     await Promise.all([this.loadAgents(), this.loadSessions()]);
@@ -134,12 +139,21 @@ class Console {
   private connect(): void {
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
     this.connection?.stop();
-    const connection = new AhpConnection(`${scheme}//${location.host}/ahp`, this.token, {
-      state: (state) => this.showState(state),
-      envelope: (envelope) => this.onEnvelope(envelope),
-      snapshots: (snapshots, reason) => this.onSnapshots(snapshots, reason),
+    // A replaced connection may still report its close: only the current
+    // one speaks to the page.
+    const current = () => this.connection === connection;
+    const connection: AhpConnection = new AhpConnection(`${scheme}//${location.host}/ahp`, this.token, {
+      state: (state) => {
+        if (current()) this.showState(state);
+      },
+      envelope: (envelope) => {
+        if (current()) this.onEnvelope(envelope);
+      },
+      snapshots: (snapshots, reason) => {
+        if (current()) this.onSnapshots(snapshots, reason);
+      },
       notification: (method) => {
-        if (method.startsWith("root/")) this.scheduleList();
+        if (current() && method.startsWith("root/")) this.scheduleList();
       },
     });
     this.connection = connection;
