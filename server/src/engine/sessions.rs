@@ -55,22 +55,7 @@ impl Engine {
                 "Agent {provider} works in a single directory; give at most one working directory."
             )));
         }
-        let timeout = self.ctx.config.effect_timeout;
-        match tokio::time::timeout(timeout, self.ctx.effects.check_directories(&directories)).await
-        {
-            Ok(Ok(())) => {}
-            Ok(Err(crate::effects::EffectError::Refused(reason))) => {
-                return Err(EngineError::InvalidParams(reason));
-            }
-            Ok(Err(crate::effects::EffectError::Unavailable(reason))) => {
-                return Err(EngineError::Unavailable(reason));
-            }
-            Err(_) => {
-                return Err(EngineError::Unavailable(
-                    "The side-effect backend did not answer in time; try again later.".into(),
-                ));
-            }
-        }
+        self.check_directories(&directories).await?;
         let created = SessionCreated {
             project: request.project,
             provider,
@@ -147,23 +132,9 @@ impl Engine {
             ));
         }
         self.session_view(principal, id).await?;
-        let timeout = self.ctx.config.effect_timeout;
         let mut added = additional.clone();
         added.retain(|d| d != &cwd);
-        match tokio::time::timeout(timeout, self.ctx.effects.check_directories(&added)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(crate::effects::EffectError::Refused(reason))) => {
-                return Err(EngineError::InvalidParams(reason));
-            }
-            Ok(Err(crate::effects::EffectError::Unavailable(reason))) => {
-                return Err(EngineError::Unavailable(reason));
-            }
-            Err(_) => {
-                return Err(EngineError::Unavailable(
-                    "The side-effect backend did not answer in time; try again later.".into(),
-                ));
-            }
-        }
+        self.check_directories(&added).await?;
         self.ask(id, |reply| Command::Resume {
             cwd,
             additional,
@@ -215,6 +186,24 @@ impl Engine {
             );
         }
         Ok(swept)
+    }
+
+    /// Asks the side-effect backend whether `directories` may be used,
+    /// bounded by the effect timeout: 422 for a refusal, 503 otherwise.
+    async fn check_directories(&self, directories: &[String]) -> Result<(), EngineError> {
+        let timeout = self.ctx.config.effect_timeout;
+        match tokio::time::timeout(timeout, self.ctx.effects.check_directories(directories)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(crate::effects::EffectError::Refused(reason))) => {
+                Err(EngineError::InvalidParams(reason))
+            }
+            Ok(Err(crate::effects::EffectError::Unavailable(reason))) => {
+                Err(EngineError::Unavailable(reason))
+            }
+            Err(_) => Err(EngineError::Unavailable(
+                "The side-effect backend did not answer in time; try again later.".into(),
+            )),
+        }
     }
 
     /// At shutdown: every session actor in memory stops its agent, fails

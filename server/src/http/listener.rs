@@ -91,6 +91,15 @@ impl Deadlined {
         }
     }
 
+    /// Before a write: a `101` response makes the connection a WebSocket,
+    /// and any write moves the idle deadline.
+    fn writing(&mut self, bytes: &[u8]) {
+        if self.phase != Phase::Upgraded && bytes.starts_with(b"HTTP/1.1 101") {
+            self.phase = Phase::Upgraded;
+        }
+        self.touched();
+    }
+
     /// Follows the first request head through `bytes`.
     fn scan(&mut self, bytes: &[u8]) {
         let Phase::Head { mut matched } = self.phase else {
@@ -154,10 +163,7 @@ impl AsyncWrite for Deadlined {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if self.phase != Phase::Upgraded && buf.starts_with(b"HTTP/1.1 101") {
-            self.phase = Phase::Upgraded;
-        }
-        self.touched();
+        self.writing(buf);
         Pin::new(&mut self.tcp).poll_write(cx, buf)
     }
 
@@ -166,15 +172,9 @@ impl AsyncWrite for Deadlined {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if self.phase != Phase::Upgraded
-            && bufs
-                .iter()
-                .find(|b| !b.is_empty())
-                .is_some_and(|b| b.starts_with(b"HTTP/1.1 101"))
-        {
-            self.phase = Phase::Upgraded;
+        if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
+            self.writing(first);
         }
-        self.touched();
         Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
     }
 

@@ -71,7 +71,8 @@ pub struct Metrics {
     /// Envelopes other hosts committed that this host has not yet
     /// published (read at scrape; 0 with one host).
     pub tail_lag: Gauge,
-    /// 1 while the host is ready (store and writer healthy, not draining).
+    /// 1 while the host is not draining and group commits are not failing
+    /// (set at scrape; `/readyz` also pings the store).
     pub ready: Gauge,
 }
 
@@ -218,7 +219,7 @@ impl Metrics {
         );
         r.register(
             "ready",
-            "1 while the host is ready: store and writer healthy, not shutting down",
+            "1 while the host is not shutting down and group commits are not failing",
             this.ready.clone(),
         );
         Self { registry, ..this }
