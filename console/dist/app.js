@@ -39,8 +39,6 @@ function roleOf(token) {
 class Console {
     token = sessionStorage.getItem(TOKEN_KEY);
     connection = null;
-    /** The forms' listeners are added once, however often `start` runs. */
-    formsBound = false;
     current = null;
     turns = new Map();
     rows = 0;
@@ -49,11 +47,11 @@ class Console {
     listTimer;
     viewTimer;
     renderQueued = false;
+    /** The forms' listeners are added once, however often `start` runs. */
+    constructor() {
+        this.bindForms();
+    }
     async start() {
-        if (!this.formsBound) {
-            this.formsBound = true;
-            this.bindForms();
-        }
         if (!(await this.checkToken()))
             return;
         this.connect();

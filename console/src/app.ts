@@ -84,8 +84,6 @@ function roleOf(token: string | null): string {
 class Console {
   private token = sessionStorage.getItem(TOKEN_KEY);
   private connection: AhpConnection | null = null;
-  /** The forms' listeners are added once, however often `start` runs. */
-  private formsBound = false;
   private current: SessionView | null = null;
   private turns = new Map<string, TurnView>();
   private rows = 0;
@@ -95,11 +93,12 @@ class Console {
   private viewTimer: number | undefined;
   private renderQueued = false;
 
+  /** The forms' listeners are added once, however often `start` runs. */
+  constructor() {
+    this.bindForms();
+  }
+
   async start(): Promise<void> {
-    if (!this.formsBound) {
-      this.formsBound = true;
-      this.bindForms();
-    }
     if (!(await this.checkToken())) return;
     this.connect();
     await Promise.all([this.loadAgents(), this.loadSessions()]);

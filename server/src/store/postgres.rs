@@ -121,6 +121,20 @@ impl PostgresStore {
         )
     }
 
+    /// A transaction for reading channels' ranges of `log_channel` in seq
+    /// order, with bitmap scans off. With `channel = ANY(...) ORDER BY seq`,
+    /// or with statistics not yet gathered on a freshly filled log,
+    /// Postgres picks a bitmap scan that reads every row of a channel above
+    /// `after` and sorts them, on every page: a long catch-up became
+    /// quadratic.
+    async fn begin_channel_read(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET LOCAL enable_bitmapscan = off")
+            .execute(&mut *tx)
+            .await?;
+        Ok(tx)
+    }
+
     /// Writes a snapshot and prunes all but the newest few, inside `tx`.
     async fn write_snapshot_in(
         tx: &mut Transaction<'static, Postgres>,
@@ -452,16 +466,8 @@ impl Store for PostgresStore {
                 .await?
             }
             Some(channels) => {
-                // One ordered scan of `log_channel` per channel, merged. With
-                // `channel = ANY($2) ... ORDER BY seq`, or with statistics
-                // not yet gathered on a freshly filled log, Postgres picks a
-                // bitmap scan that reads every row of the channel above
-                // `after` and sorts them, on every page: a long catch-up
-                // became quadratic. Bitmap scans are off for this read.
-                let mut tx = self.pool.begin().await?;
-                sqlx::query("SET LOCAL enable_bitmapscan = off")
-                    .execute(&mut *tx)
-                    .await?;
+                // One ordered scan of `log_channel` per channel, merged.
+                let mut tx = self.begin_channel_read().await?;
                 let found = sqlx::query_as(
                     "SELECT l.seq, l.channel, l.session_id, l.action, l.client_id, l.client_seq, \
                             l.origin_scope, l.at_ms \
@@ -491,12 +497,8 @@ impl Store for PostgresStore {
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
         // A session's rows are on its channel and its chats' (the log has
         // no session index: see migration 0006): one ordered range of
-        // log_channel per channel, merged by seq. Bitmap scans are off for
-        // the reason `read_after` gives.
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SET LOCAL enable_bitmapscan = off")
-            .execute(&mut *tx)
-            .await?;
+        // log_channel per channel, merged by seq.
+        let mut tx = self.begin_channel_read().await?;
         let found: Vec<rows::Envelope> = sqlx::query_as(
             "SELECT l.seq, l.channel, l.session_id, l.action, l.client_id, l.client_seq, \
                     l.origin_scope, l.at_ms \
