@@ -172,6 +172,19 @@ pub struct ServeArgs {
     #[arg(long, env = "TETHER_INSECURE_ALLOW_REMOTE", default_value_t = false)]
     pub insecure_allow_remote: bool,
 
+    /// Web origins besides the server's own that may call it from a
+    /// browser (comma-separated `scheme://host[:port]`): a separately
+    /// hosted console. They get CORS; any other page's WebSocket or
+    /// request is refused (403).
+    #[arg(long, env = "TETHER_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+
+    /// Host names served besides IP addresses and `localhost` when
+    /// authentication is off (comma-separated); a request naming another
+    /// host gets 421 (it may be a page that rebound its DNS name here).
+    #[arg(long, env = "TETHER_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+
     /// The secret HS256 tokens are signed with (at least 32 bytes); setting
     /// it turns authentication on. Prefer --auth-secret-file.
     #[arg(long, env = "TETHER_AUTH_SECRET", hide_env_values = true)]
@@ -388,6 +401,8 @@ impl fmt::Debug for ServeArgs {
             .field("effects", &self.effects)
             .field("webhook_url", &self.webhook_url.as_deref().map(redact_url))
             .field("allowed_roots", &self.allowed_roots)
+            .field("allowed_origins", &self.allowed_origins)
+            .field("allowed_hosts", &self.allowed_hosts)
             .field("agents", &self.agents.len())
             .finish_non_exhaustive()
     }
@@ -411,6 +426,9 @@ pub enum ConfigError {
     /// The auth secret cannot be used.
     #[error("{0}")]
     AuthSecret(String),
+    /// An allowed origin or host that is not one.
+    #[error(transparent)]
+    Browsers(#[from] crate::http::guard::PolicyError),
 }
 
 /// The side-effect backend a server runs.
@@ -449,6 +467,8 @@ pub struct ServeConfig {
     pub effects: EffectsConfig,
     /// Authentication (off by default) and per-principal limits.
     pub auth: crate::auth::credentials::Auth,
+    /// Which web origins and host names browsers may reach the server by.
+    pub browsers: crate::http::guard::BrowserPolicy,
 }
 
 impl Default for ServeConfig {
@@ -464,6 +484,7 @@ impl Default for ServeConfig {
                 allowed_roots: Vec::new(),
             },
             auth: crate::auth::credentials::Auth::default(),
+            browsers: crate::http::guard::BrowserPolicy::default(),
         }
     }
 }
@@ -529,6 +550,10 @@ impl ServeArgs {
             agents: self.agent_specs()?,
             effects,
             auth: self.auth()?,
+            browsers: crate::http::guard::BrowserPolicy::new(
+                &self.allowed_origins,
+                &self.allowed_hosts,
+            )?,
         })
     }
 

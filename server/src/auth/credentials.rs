@@ -9,15 +9,11 @@
 
 use std::sync::Arc;
 
-use axum::extract::{FromRef, FromRequestParts};
-use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 
-use super::Principal;
 use super::limits::PrincipalLimits;
 use super::token::Authenticator;
-use crate::AppState;
-use crate::http::error::ApiError;
+use super::{AuthError, Principal};
 
 /// The subprotocols `/ahp` selects, so a browser that offers
 /// `bearer.<token>` has a real one to get back.
@@ -84,7 +80,7 @@ impl Auth {
         &self,
         token: Option<&str>,
         via: &'static str,
-    ) -> Result<Principal, ApiError> {
+    ) -> Result<Principal, AuthError> {
         let Some(tokens) = &self.tokens else {
             let principal = Principal::loopback_admin();
             tracing::Span::current().record("sub", principal.sub.as_str());
@@ -103,12 +99,12 @@ impl Auth {
         };
         self.failures.get_or_create(&[("reason", refused)]).inc();
         tracing::info!(reason = refused, via, "authentication failed");
-        Err(unauthorized())
+        Err(AuthError::Unauthorized)
     }
 
     /// Checks a `/metrics` caller: anyone with authentication off, else the
     /// metrics token or an admin's token.
-    pub fn authorize_metrics(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+    pub fn authorize_metrics(&self, headers: &HeaderMap) -> Result<(), AuthError> {
         if !self.enabled() {
             return Ok(());
         }
@@ -122,22 +118,11 @@ impl Auth {
         if principal.is_admin() {
             Ok(())
         } else {
-            Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                "/metrics needs an admin token or the metrics token.",
+            Err(AuthError::Forbidden(
+                "/metrics needs an admin token or the metrics token.".to_owned(),
             ))
         }
     }
-}
-
-/// The 401 every refused token gets.
-fn unauthorized() -> ApiError {
-    ApiError::new(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        "A valid bearer token is required.",
-    )
 }
 
 /// The token of an `Authorization: Bearer` header.
@@ -178,21 +163,6 @@ pub fn ws_token<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> Option<&'
 /// tells nothing of how much of a guess was right.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0_u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// REST handlers take the caller as an extractor: the loopback admin with
-/// authentication off, the token's principal with it on (else 401).
-impl<S> FromRequestParts<S> for Principal
-where
-    AppState: FromRef<S>,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let state = AppState::from_ref(state);
-        state.auth.authenticate(bearer(&parts.headers), "rest")
-    }
 }
 
 #[cfg(test)]

@@ -23,6 +23,19 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+/// Why a caller was refused. The HTTP surface answers it as a problem
+/// document (401 with `WWW-Authenticate`, or 403); the refusal never says
+/// more than that a valid token is required.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// No token, or one that is not valid (401).
+    #[error("A valid bearer token is required.")]
+    Unauthorized,
+    /// A valid token whose role may not do this (403).
+    #[error("{0}")]
+    Forbidden(String),
+}
+
 /// A principal's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -80,6 +80,17 @@ impl From<crate::engine::EngineError> for ApiError {
     }
 }
 
+impl From<crate::auth::AuthError> for ApiError {
+    fn from(err: crate::auth::AuthError) -> Self {
+        use crate::auth::AuthError as E;
+        let detail = err.to_string();
+        match err {
+            E::Unauthorized => Self::new(StatusCode::UNAUTHORIZED, "unauthorized", detail),
+            E::Forbidden(_) => Self::new(StatusCode::FORBIDDEN, "forbidden", detail),
+        }
+    }
+}
+
 impl From<tether_protocol::NameError> for ApiError {
     fn from(err: tether_protocol::NameError) -> Self {
         Self::new(

@@ -7,6 +7,7 @@ pub mod console;
 pub mod contexts;
 pub mod error;
 pub mod extract;
+pub mod guard;
 pub mod health;
 pub mod listener;
 pub mod metrics;
@@ -175,8 +176,14 @@ pub fn router(state: AppState) -> Router {
     static SPEC: OnceLock<Arc<str>> = OnceLock::new();
     let spec = SPEC.get_or_init(|| openapi_json().into()).clone();
     let max_body = state.config.max_body_bytes;
+    let browsers = state
+        .config
+        .browsers
+        .clone()
+        .checking_hosts(!state.auth.enabled());
+    let cors = guard::cors(&browsers);
     let (routes, _) = documented().split_for_parts();
-    routes
+    let app = routes
         .route(
             "/openapi.json",
             get(move || {
@@ -190,6 +197,15 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .with_state(state)
         .layer(RequestBodyLimitLayer::new(max_body))
+        // Before any handler: a foreign page's request goes no further.
+        .layer(axum::middleware::from_fn_with_state(browsers, guard::guard));
+    // Outside the guard, so an allowed origin's preflight is answered and
+    // its refusals carry CORS headers it can read.
+    let app = match cors {
+        Some(cors) => app.layer(cors),
+        None => app,
+    };
+    app
         // Outside the body limit, so its 413 is reached too.
         .layer(axum::middleware::map_response(
             problem_for_bare_client_errors,

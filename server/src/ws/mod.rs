@@ -118,7 +118,7 @@ async fn upgrade(
         .authenticate(credentials::ws_token(&headers, query.as_deref()), "ws")
     {
         Ok(principal) => principal,
-        Err(err) => return err.into_response(),
+        Err(err) => return ApiError::from(err).into_response(),
     };
     let slot = match state.auth.limits.connect(&principal.sub) {
         Ok(slot) => slot,
