@@ -68,6 +68,22 @@ impl Channel {
         format!("{CHAT_PREFIX}{id}")
     }
 
+    /// What a session's default chat id adds to the session id.
+    pub const DEFAULT_CHAT_SUFFIX: &str = ".main";
+
+    /// The URI of a session's default chat: `ahp-chat:/<session>.main`.
+    /// Names of this form belong to the session they name: no chat may be
+    /// created under one (see [`Channel::is_default_chat_id`]), so nobody
+    /// can take a session's default chat before the session exists.
+    pub fn default_chat_uri(session: &str) -> String {
+        Self::chat_uri(&format!("{session}{}", Self::DEFAULT_CHAT_SUFFIX))
+    }
+
+    /// Whether a chat id has the reserved form of a default chat.
+    pub fn is_default_chat_id(chat: &str) -> bool {
+        chat.ends_with(Self::DEFAULT_CHAT_SUFFIX)
+    }
+
     /// The channel's URI.
     pub fn uri(&self) -> String {
         match self {
@@ -106,5 +122,8 @@ mod tests {
             Err(ChannelError::BadId { .. })
         ));
         assert_eq!(Channel::parse("ahp-chat:/x").unwrap().uri(), "ahp-chat:/x");
+        assert_eq!(Channel::default_chat_uri("s.1"), "ahp-chat:/s.1.main");
+        assert!(Channel::is_default_chat_id("other.main"));
+        assert!(!Channel::is_default_chat_id("side-1"));
     }
 }

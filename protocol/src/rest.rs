@@ -28,9 +28,6 @@ pub struct AgentEntry {
     pub description: String,
     /// `builtin` or `acp`.
     pub kind: String,
-    /// An ACP agent's command line (environment values hidden).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub command: Option<String>,
     /// What an ACP agent reported at `initialize` (`loadSession`, `resume`,
     /// `additionalDirectories`, `promptCapabilities`); absent when it did
     /// not answer at start-up.

@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::agents::AgentSpec;
+use crate::agents::sandbox::{ConfinementMode, SandboxConfig};
 use crate::engine::EngineConfig;
 use crate::store::{StoreOptions, redact_url};
 use crate::ws::WsLimits;
@@ -287,6 +288,24 @@ pub struct ServeArgs {
     )]
     pub agents: Vec<String>,
 
+    /// An agents file (TOML): agents with their commands, environment,
+    /// env files and the paths their confinement lets them reach (see the
+    /// README's Agents). Its agents join those of --agent.
+    #[arg(long, env = "TETHER_AGENTS_FILE")]
+    pub agents_file: Option<PathBuf>,
+
+    /// Whether agent processes are confined with Landlock: `auto` (where
+    /// the kernel offers it; a warning elsewhere), `require` (agents do not
+    /// start without it) or `off` (an explicit, logged choice).
+    #[arg(long, env = "TETHER_AGENT_CONFINEMENT", value_enum, default_value_t = ConfinementMode::Auto)]
+    pub agent_confinement: ConfinementMode,
+
+    /// Where each session's agent gets its scratch directory (its HOME and
+    /// TMPDIR). Default: a folder per database under the system's
+    /// temporary directory.
+    #[arg(long, env = "TETHER_AGENT_SCRATCH_DIR")]
+    pub agent_scratch_dir: Option<PathBuf>,
+
     /// Most ACP agent processes running at once; a turn beyond it fails
     /// with a clear error.
     #[arg(long, env = "TETHER_MAX_AGENTS", default_value_t = 16)]
@@ -404,6 +423,8 @@ impl fmt::Debug for ServeArgs {
             .field("allowed_origins", &self.allowed_origins)
             .field("allowed_hosts", &self.allowed_hosts)
             .field("agents", &self.agents.len())
+            .field("agents_file", &self.agents_file)
+            .field("agent_confinement", &self.agent_confinement)
             .finish_non_exhaustive()
     }
 }
@@ -434,11 +455,8 @@ pub enum ConfigError {
 /// The side-effect backend a server runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EffectsConfig {
-    /// `local`, restricted to these roots (empty: anywhere).
-    Local {
-        /// Allowed roots.
-        allowed_roots: Vec<PathBuf>,
-    },
+    /// `local`: directories must exist here.
+    Local,
     /// `webhook` at this URL.
     Webhook {
         /// Where proposed actions are POSTed.
@@ -469,6 +487,8 @@ pub struct ServeConfig {
     pub auth: crate::auth::credentials::Auth,
     /// Which web origins and host names browsers may reach the server by.
     pub browsers: crate::http::guard::BrowserPolicy,
+    /// How agent processes are started.
+    pub sandbox: SandboxConfig,
 }
 
 impl Default for ServeConfig {
@@ -480,11 +500,10 @@ impl Default for ServeConfig {
             engine: EngineConfig::default(),
             ws: WsLimits::default(),
             agents: Vec::new(),
-            effects: EffectsConfig::Local {
-                allowed_roots: Vec::new(),
-            },
+            effects: EffectsConfig::Local,
             auth: crate::auth::credentials::Auth::default(),
             browsers: crate::http::guard::BrowserPolicy::default(),
+            sandbox: SandboxConfig::default(),
         }
     }
 }
@@ -504,10 +523,10 @@ impl ServeArgs {
 
     /// The running server's settings.
     pub fn serve_config(&self) -> Result<ServeConfig, ConfigError> {
+        let agents = self.agent_specs()?;
+        let protected = self.protected_files(&agents);
         let effects = match self.effects {
-            EffectsKind::Local => EffectsConfig::Local {
-                allowed_roots: self.allowed_roots.clone(),
-            },
+            EffectsKind::Local => EffectsConfig::Local,
             EffectsKind::Webhook => EffectsConfig::Webhook {
                 url: self
                     .webhook_url
@@ -529,6 +548,7 @@ impl ServeArgs {
                 max_agents: self.max_agents.max(1),
                 client_tool_timeout: Duration::from_secs(self.client_tool_timeout_secs.max(1)),
                 client_grace: Duration::from_millis(self.client_grace_ms),
+                roots: crate::effects::Roots::new(&self.allowed_roots),
                 agent_idle: Duration::from_secs(self.agent_idle_secs.max(1)),
                 acp: crate::agents::acp::AcpLimits {
                     init_timeout: Duration::from_millis(self.agent_init_timeout_ms.max(100)),
@@ -547,7 +567,12 @@ impl ServeArgs {
                 max_replay: self.max_replay,
                 max_replay_bytes: self.max_replay_bytes,
             },
-            agents: self.agent_specs()?,
+            agents,
+            sandbox: SandboxConfig {
+                mode: self.agent_confinement,
+                scratch_root: self.agent_scratch_dir.clone(),
+                protected,
+            },
             effects,
             auth: self.auth()?,
             browsers: crate::http::guard::BrowserPolicy::new(
@@ -557,11 +582,45 @@ impl ServeArgs {
         })
     }
 
-    /// The configured ACP agents (not yet asked what they can do).
+    /// Files no agent process may reach: the database's, the secret and
+    /// key files, the agents file and every agent's env files.
+    pub fn protected_files(&self, agents: &[AgentSpec]) -> Vec<PathBuf> {
+        let mut files = crate::store::data_files(&self.database.database_url);
+        files.extend(self.auth_secret_file.iter().cloned());
+        files.extend(self.auth_jwks_file.iter().cloned());
+        files.extend(self.agents_file.iter().cloned());
+        for agent in agents.iter().filter_map(AgentSpec::acp_command) {
+            files.extend(agent.env_files.iter().cloned());
+        }
+        files
+            .into_iter()
+            .map(|f| std::path::absolute(&f).unwrap_or(f))
+            .collect()
+    }
+
+    /// The configured ACP agents (not yet asked what they can do): those
+    /// of --agent, then those of the agents file.
     pub fn agent_specs(&self) -> Result<Vec<AgentSpec>, ConfigError> {
         let mut specs: Vec<AgentSpec> = Vec::new();
+        let mut commands = Vec::new();
         for entry in self.agents.iter().filter(|e| !e.trim().is_empty()) {
-            let command = crate::agents::AgentCommand::parse(entry).map_err(ConfigError::Agent)?;
+            commands.push(crate::agents::AgentCommand::parse(entry).map_err(ConfigError::Agent)?);
+        }
+        if let Some(file) = &self.agents_file {
+            commands.extend(
+                crate::agents::AgentCommand::load_file(file).map_err(ConfigError::Agent)?,
+            );
+        }
+        for command in commands {
+            for env_file in &command.env_files {
+                std::fs::metadata(env_file).map_err(|e| {
+                    ConfigError::Agent(format!(
+                        "agent {}: cannot read its env file {}: {e}",
+                        command.name,
+                        env_file.display()
+                    ))
+                })?;
+            }
             if specs.iter().any(|s| s.provider == command.name) {
                 return Err(ConfigError::Agent(format!(
                     "agent {} is configured twice",

@@ -64,16 +64,21 @@ pub struct AppState {
 
 impl AppState {
     /// Builds the state for a server on `store`: starts the engine.
-    pub async fn new(store: Arc<dyn Store>, config: ServeConfig) -> Result<Self, StoreError> {
+    pub async fn new(store: Arc<dyn Store>, mut config: ServeConfig) -> Result<Self, StoreError> {
+        let epoch = store.host().await?.epoch.to_string();
+        config.engine.sandbox = config.sandbox.sandbox(&epoch);
+        config.engine.sandbox.log_start();
         let effects: Arc<dyn Effects> = match &config.effects {
-            EffectsConfig::Local { allowed_roots } => Arc::new(LocalEffects::new(allowed_roots)),
+            EffectsConfig::Local => Arc::new(LocalEffects),
             EffectsConfig::Webhook { url } => Arc::new(
                 WebhookEffects::new(url, config.engine.effect_timeout)
                     .map_err(StoreError::Corrupt)?,
             ),
             EffectsConfig::Agent => Arc::new(AgentEffects),
         };
-        let agents = agents::acp::probe_all(&config.agents, &config.engine.acp).await;
+        let agents =
+            agents::acp::probe_all(&config.agents, &config.engine.acp, &config.engine.sandbox)
+                .await;
         let metrics = Arc::new(engine::Metrics::new(config.auth.failures().clone()));
         let engine = Engine::start(
             store.clone(),

@@ -68,6 +68,14 @@ async fn run_serve(args: ServeArgs) -> ExitCode {
     if let Err(err) = args.check_bind() {
         return fail(err.to_string());
     }
+    // Not dumpable: this process's memory and environment (/proc/<pid>/
+    // environ, mem) are closed to other processes of the same user, such
+    // as an agent running unconfined, and it cannot be traced by them.
+    if let Err(err) =
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+    {
+        tracing::warn!(error = %err, "cannot make the server process non-dumpable");
+    }
     let open_files = tether_server::doctor::raise_open_file_limit();
     // The configuration (the auth secret among it) is checked before the
     // store is opened: a weak secret is refused at once.

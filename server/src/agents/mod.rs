@@ -5,6 +5,7 @@
 
 pub mod acp;
 pub mod config;
+pub mod sandbox;
 
 use serde_json::{Value, json};
 
@@ -75,10 +76,12 @@ impl AgentSpec {
     /// A configured ACP agent, before it has been asked what it can do:
     /// one working directory, no loading.
     pub fn acp(command: AgentCommand) -> Self {
+        // Neither its command line nor its environment is shown: they are
+        // the operator's (and may hold keys).
         Self {
             provider: command.name.clone(),
-            display_name: command.name.clone(),
-            description: format!("ACP agent: {}", command.display()),
+            display_name: command.title.clone().unwrap_or_else(|| command.name.clone()),
+            description: "ACP agent".to_owned(),
             workdirs: WorkdirCapability::default(),
             load_session: false,
             answers_turns: true,
@@ -95,12 +98,8 @@ impl AgentSpec {
                 primary_replacement: false,
             };
             self.load_session = capabilities.load_session || capabilities.resume;
-            self.description = format!(
-                "ACP agent: {} ({})",
-                command.display(),
-                capabilities.summary()
-            );
-            if let Some(title) = &capabilities.title {
+            self.description = format!("ACP agent ({})", capabilities.summary());
+            if let (None, Some(title)) = (&command.title, &capabilities.title) {
                 self.display_name = title.clone();
             }
             self.kind = AgentKind::Acp(command.clone(), Some(capabilities));

@@ -226,18 +226,23 @@ impl Cluster {
     }
 
     /// Lets the session's lease go at once (its actor stopped), keeping this
-    /// host as the last holder so a late write of ours is still fenced.
-    pub async fn release(&self, session: &str) {
+    /// host as the last holder so a late write of ours is still fenced;
+    /// with `forget` (a disposed session) the row goes: the actor has
+    /// stopped, so no write of this host is in flight for it.
+    pub async fn release(&self, session: &str, forget: bool) {
         if let Ok(mut held) = self.held.lock() {
             held.remove(session);
         }
-        let released = sqlx::query(
-            "UPDATE leases SET expires_at = '-infinity' WHERE session_id = $1 AND holder = $2",
-        )
-        .bind(session)
-        .bind(&self.host)
-        .execute(&self.pool)
-        .await;
+        let statement = if forget {
+            "DELETE FROM leases WHERE session_id = $1 AND holder = $2"
+        } else {
+            "UPDATE leases SET expires_at = '-infinity' WHERE session_id = $1 AND holder = $2"
+        };
+        let released = sqlx::query(statement)
+            .bind(session)
+            .bind(&self.host)
+            .execute(&self.pool)
+            .await;
         if let Err(err) = released {
             tracing::warn!(session, error = %err, "lease not released; it expires by itself");
         }

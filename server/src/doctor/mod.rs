@@ -4,14 +4,17 @@
 //!
 //! Checked: the configuration as a whole, the auth secret's strength, the
 //! bind address, the store (reachable, migrations, free disk), the allowed
-//! roots, every configured ACP agent (it starts and answers `initialize`),
-//! the clock, and the open-file limit.
+//! roots, agent confinement (Landlock here, and whether any agent could
+//! reach Tether's data or secret files), every configured ACP agent (it
+//! starts, confined, and answers `initialize`), the clock, and the
+//! open-file limit.
 
 mod store;
 
 use std::fmt;
 use std::process::ExitCode;
 
+use crate::agents::sandbox::Sandbox;
 use crate::config::{EffectsConfig, ServeArgs, ServeConfig};
 
 /// How a check came out.
@@ -133,7 +136,9 @@ pub async fn diagnose(args: &ServeArgs) -> Report {
     store::check(&args.database, &mut report).await;
     if let Some(config) = &config {
         check_roots(config, &mut report);
-        check_agents(config, &mut report).await;
+        let sandbox = config.sandbox.sandbox("doctor");
+        check_confinement(config, &sandbox, &mut report);
+        check_agents(config, &sandbox, &mut report).await;
         check_open_files(config, &mut report);
     }
     check_clock(&mut report);
@@ -142,7 +147,7 @@ pub async fn diagnose(args: &ServeArgs) -> Report {
 
 fn effects_name(effects: &EffectsConfig) -> &'static str {
     match effects {
-        EffectsConfig::Local { .. } => "local",
+        EffectsConfig::Local => "local",
         EffectsConfig::Webhook { .. } => "webhook",
         EffectsConfig::Agent => "agent",
     }
@@ -228,18 +233,16 @@ fn check_bind(args: &ServeArgs, report: &mut Report) {
 }
 
 fn check_roots(config: &ServeConfig, report: &mut Report) {
-    let EffectsConfig::Local { allowed_roots } = &config.effects else {
-        return;
-    };
-    if allowed_roots.is_empty() {
+    let roots = config.engine.roots.list();
+    if roots.is_empty() {
         report.warn(
             "allowed roots",
-            "none set: sessions may use any directory this user can read (--allowed-root \
+            "none set: sessions may use any directory this user can read (--allowed-roots \
              restricts them)",
         );
         return;
     }
-    for root in allowed_roots {
+    for root in roots {
         match std::fs::read_dir(root) {
             Ok(_) => report.ok(
                 "allowed root",
@@ -253,11 +256,76 @@ fn check_roots(config: &ServeConfig, report: &mut Report) {
     }
 }
 
-async fn check_agents(config: &ServeConfig, report: &mut Report) {
+/// Whether agent processes would be confined, and whether what each agent
+/// may always reach (system directories, its program, its configured
+/// paths) keeps clear of Tether's data and secret files.
+fn check_confinement(config: &ServeConfig, sandbox: &Sandbox, report: &mut Report) {
+    use crate::agents::sandbox::ConfinementMode;
+    let support = sandbox.support();
+    match (sandbox.mode(), support.enforced()) {
+        (ConfinementMode::Off, _) => report.warn(
+            "confinement",
+            "off (--agent-confinement off): agent processes can read and write whatever this \
+             user can, Tether's database and secret files included",
+        ),
+        (ConfinementMode::Require, false) => report.fail(
+            "confinement",
+            format!(
+                "required but not available: {}; ACP agents will not start",
+                support.describe()
+            ),
+        ),
+        (_, false) => report.warn(
+            "confinement",
+            format!(
+                "not available: {}; agent processes would run unconfined",
+                support.describe()
+            ),
+        ),
+        (_, true) => report.ok(
+            "confinement",
+            format!("agent processes are confined: {}", support.describe()),
+        ),
+    }
+    for spec in &config.agents {
+        let Some(command) = spec.acp_command() else {
+            continue;
+        };
+        let grants = sandbox.static_grants(command);
+        let exposed: Vec<String> = sandbox
+            .protected()
+            .iter()
+            .filter_map(|file| {
+                let grant = grants.iter().find(|g| file.starts_with(g))?;
+                Some(format!("{} (inside {})", file.display(), grant.display()))
+            })
+            .collect();
+        if exposed.is_empty() {
+            report.ok(
+                "agent reach",
+                format!(
+                    "{}: none of Tether's data or secret files is within its reach",
+                    spec.provider
+                ),
+            );
+        } else {
+            report.fail(
+                "agent reach",
+                format!(
+                    "{} could reach {}; it will not start until they are moved",
+                    spec.provider,
+                    exposed.join(", ")
+                ),
+            );
+        }
+    }
+}
+
+async fn check_agents(config: &ServeConfig, sandbox: &Sandbox, report: &mut Report) {
     let asks = config.agents.iter().filter_map(|spec| {
         let command = spec.acp_command()?;
         Some(async move {
-            let answer = crate::agents::acp::probe(command, &config.engine.acp).await;
+            let answer = crate::agents::acp::probe(command, &config.engine.acp, sandbox).await;
             (spec.provider.clone(), command.display(), answer)
         })
     });

@@ -5,13 +5,15 @@
 //! Side effects must be idempotent: a retried dispatch (same origin) may run
 //! its side effect again before the store recognises the retry.
 
-use std::path::PathBuf;
+mod roots;
+
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use tether_protocol::actions::action_type;
-use tether_protocol::workdir::file_uri_path;
+
+pub use roots::Roots;
 
 /// What a side effect is asked to apply.
 #[derive(Debug)]
@@ -79,58 +81,16 @@ pub fn added_directories(action: &Value) -> Vec<&str> {
         .collect()
 }
 
-/// `local`: a working directory must exist on this host, be a directory, and
-/// lie inside the allowed roots after symlinks are resolved.
-#[derive(Debug, Clone)]
-pub struct LocalEffects {
-    /// Canonical allowed roots; empty means no restriction.
-    allowed_roots: Vec<PathBuf>,
-}
+/// `local`: a working directory must exist on this host and be a
+/// directory (after symlinks are resolved). The allowed roots are checked
+/// by the engine for every backend ([`Roots`]).
+#[derive(Debug, Clone, Default)]
+pub struct LocalEffects;
 
 impl LocalEffects {
-    /// A backend restricted to `allowed_roots` (resolved now; a root that
-    /// does not exist is kept as given and matches nothing real).
-    pub fn new(allowed_roots: &[PathBuf]) -> Self {
-        let allowed_roots = allowed_roots
-            .iter()
-            .map(|root| std::fs::canonicalize(root).unwrap_or_else(|_| root.clone()))
-            .collect();
-        Self { allowed_roots }
-    }
-
     async fn check(&self, uri: &str) -> Result<(), String> {
-        let path = file_uri_path(uri).map_err(|e| e.to_string())?;
-        let resolved = tokio::fs::canonicalize(&path)
-            .await
-            .map_err(|_| format!("Working directory {path} does not exist on this host."))?;
-        let metadata = tokio::fs::metadata(&resolved)
-            .await
-            .map_err(|e| format!("Working directory {path} cannot be read: {e}."))?;
-        if !metadata.is_dir() {
-            return Err(format!("Working directory {path} is not a directory."));
-        }
-        if !self.allowed_roots.is_empty()
-            && !self
-                .allowed_roots
-                .iter()
-                .any(|root| resolved.starts_with(root))
-        {
-            return Err(format!(
-                "Working directory {path} is outside the allowed roots ({}); ask the operator to \
-                 add it to TETHER_ALLOWED_ROOTS.",
-                display_roots(&self.allowed_roots)
-            ));
-        }
-        Ok(())
+        Roots::default().check_uri(uri).await.map(|_| ())
     }
-}
-
-fn display_roots(roots: &[PathBuf]) -> String {
-    roots
-        .iter()
-        .map(|r| r.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 #[async_trait]

@@ -120,3 +120,78 @@ pub enum Command {
         reply: oneshot::Sender<Result<Option<SessionView>, EngineError>>,
     },
 }
+
+impl Command {
+    /// Whether this command may bring a session into being (the only one
+    /// that may start an actor for an id the store does not know).
+    pub(super) fn creates(&self) -> bool {
+        matches!(self, Command::Create { .. })
+    }
+
+    /// Answers the command with `err` without running it.
+    pub(super) fn fail(self, err: EngineError) {
+        match self {
+            Command::Dispatch(d) => {
+                if let Some(reply) = d.reply {
+                    let refusal = Refusal::new(super::RefusalKind::Unavailable, err.to_string());
+                    let _ = reply.send(DispatchOutcome::Rejected(refusal));
+                }
+            }
+            Command::Create { reply, .. } | Command::Dispose { reply } => {
+                let _ = reply.send(Err(err));
+            }
+            Command::Resume { reply, .. } => {
+                let _ = reply.send(Err(err));
+            }
+            Command::Snapshot { reply, .. } => {
+                let _ = reply.send(Err(err));
+            }
+            Command::View { reply } => {
+                let _ = reply.send(Err(err));
+            }
+            Command::CreateChat { reply, .. } => {
+                let _ = reply.send(Err(err));
+            }
+            Command::Sweep { reply } => {
+                let _ = reply.send(Err(err));
+            }
+            Command::FetchTurns { reply, .. } => {
+                let _ = reply.send(Err(err));
+            }
+            Command::ClientGone { .. } => {}
+            Command::Shutdown { reply } => {
+                let _ = reply.send(());
+            }
+            Command::CallTool { reply, .. } => {
+                let _ = reply.send(Err(err.to_string()));
+            }
+        }
+    }
+
+    /// Answers the command as a session that does not exist would: no
+    /// actor is started and nothing is written for an unknown id.
+    pub(super) fn answer_missing(self, id: &str) {
+        let missing = || EngineError::NotFound(format!("Session {id} does not exist."));
+        match self {
+            Command::View { reply } => {
+                let _ = reply.send(Ok(None));
+            }
+            Command::Snapshot { reply, .. } => {
+                let _ = reply.send(Ok(None));
+            }
+            Command::Sweep { reply } => {
+                let _ = reply.send(Ok(false));
+            }
+            Command::Dispatch(d) => {
+                if let Some(reply) = d.reply {
+                    let refusal = Refusal::new(
+                        super::RefusalKind::NotFound,
+                        format!("Channel {} does not exist.", d.channel),
+                    );
+                    let _ = reply.send(DispatchOutcome::Rejected(refusal));
+                }
+            }
+            other => other.fail(missing()),
+        }
+    }
+}

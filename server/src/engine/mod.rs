@@ -81,6 +81,12 @@ pub struct EngineConfig {
     /// How long a client that disconnected stays among a session's active
     /// clients (its tools kept) before it is removed.
     pub client_grace: Duration,
+    /// Where working directories may be, whatever the side-effect backend
+    /// (empty: anywhere).
+    pub roots: crate::effects::Roots,
+    /// How agent processes are started: environment, directory,
+    /// confinement.
+    pub sandbox: crate::agents::sandbox::Sandbox,
 }
 
 impl Default for EngineConfig {
@@ -98,6 +104,8 @@ impl Default for EngineConfig {
             acp: crate::agents::acp::AcpLimits::default(),
             client_tool_timeout: Duration::from_secs(60),
             client_grace: Duration::from_secs(30),
+            roots: crate::effects::Roots::default(),
+            sandbox: crate::agents::sandbox::Sandbox::default(),
         }
     }
 }
@@ -436,8 +444,39 @@ impl Engine {
         }
     }
 
-    /// Sends a command to a session's actor, starting it if needed.
+    /// Whether a session exists: its actor is in memory, or the store has
+    /// it. Only then may a command start an actor (and, with several
+    /// hosts, take a lease): a lookup of an id nobody created leaves no
+    /// trace.
+    async fn exists(&self, id: &str) -> Result<bool, EngineError> {
+        let running = self
+            .ctx
+            .actors
+            .lock()
+            .map(|actors| actors.contains_key(id))
+            .unwrap_or(false);
+        if running {
+            return Ok(true);
+        }
+        self.ctx
+            .store
+            .session(id)
+            .await
+            .map(|row| row.is_some())
+            .map_err(|e| EngineError::Unavailable(e.to_string()))
+    }
+
+    /// Sends a command to a session's actor, starting it if needed; a
+    /// command for a session that does not exist is answered as such
+    /// (only `Create` starts an actor for an unknown id).
     async fn send(&self, id: &str, mut command: Command) {
+        if !command.creates() {
+            match self.exists(id).await {
+                Ok(true) => {}
+                Ok(false) => return command.answer_missing(id),
+                Err(err) => return command.fail(err),
+            }
+        }
         for _ in 0..3 {
             let Some(sender) = self.ctx.mailbox(id) else {
                 return;

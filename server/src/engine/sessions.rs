@@ -55,14 +55,34 @@ impl Engine {
                 "Agent {provider} works in a single directory; give at most one working directory."
             )));
         }
+        let roots = &self.ctx.config.roots;
+        if directories.is_empty() && !roots.is_empty() {
+            // Its agent would run outside the roots (in a scratch
+            // directory of its own): this host keeps sessions inside them.
+            return Err(EngineError::InvalidParams(format!(
+                "This host keeps sessions inside its allowed roots ({}); give the session a \
+                 working directory there.",
+                roots.display()
+            )));
+        }
         self.check_directories(&directories).await?;
+        let default_chat = Channel::default_chat_uri(&request.id);
+        // Its default chat is its own from the start: no chat takes that
+        // name before the session (see `create_chat`), and a chat a store
+        // from before that rule holds under it is never adopted.
+        if self.chat_session(&default_chat).await?.is_some() {
+            return Err(EngineError::AlreadyExists(format!(
+                "Session {} cannot be created: its default chat {default_chat} is already taken.",
+                request.id
+            )));
+        }
         let created = SessionCreated {
             project: request.project,
             provider,
             title: request.title.unwrap_or_default(),
             working_directories: directories,
             active_client: request.active_client,
-            default_chat: Channel::chat_uri(&format!("{}.main", request.id)),
+            default_chat,
             created_at: rfc3339(now_ms()),
         };
         let id = request.id;
@@ -98,20 +118,29 @@ impl Engine {
                 "Viewers cannot create chats.".into(),
             ));
         }
-        match Channel::parse(chat) {
-            Ok(Channel::Chat(_)) => {}
+        let id = match Channel::parse(chat) {
+            Ok(Channel::Chat(id)) => id,
             _ => {
                 return Err(EngineError::InvalidParams(format!(
                     "Chat URI {chat:?} is not of the form ahp-chat:/<id>."
                 )));
             }
+        };
+        // The session first: whether a chat exists is told only to a caller
+        // who may see the session it would join.
+        self.session_view(principal, session).await?;
+        if Channel::is_default_chat_id(&id) {
+            return Err(EngineError::InvalidParams(format!(
+                "Chat {chat} has a name reserved for sessions' default chats (ids ending in \
+                 {:?}); choose another, for example ahp-chat:/<uuid>.",
+                Channel::DEFAULT_CHAT_SUFFIX
+            )));
         }
         if self.chat_session(chat).await?.is_some() {
             return Err(EngineError::AlreadyExists(format!(
                 "Chat {chat} already exists."
             )));
         }
-        self.session_view(principal, session).await?;
         let chat = chat.to_owned();
         self.ask(session, |reply| Command::CreateChat { chat, reply })
             .await
@@ -191,6 +220,16 @@ impl Engine {
     /// Asks the side-effect backend whether `directories` may be used,
     /// bounded by the effect timeout: 422 for a refusal, 503 otherwise.
     async fn check_directories(&self, directories: &[String]) -> Result<(), EngineError> {
+        let roots = &self.ctx.config.roots;
+        if !roots.is_empty() {
+            // Every backend keeps to the roots.
+            for directory in directories {
+                roots
+                    .check_uri(directory)
+                    .await
+                    .map_err(EngineError::InvalidParams)?;
+            }
+        }
         let timeout = self.ctx.config.effect_timeout;
         match tokio::time::timeout(timeout, self.ctx.effects.check_directories(directories)).await {
             Ok(Ok(())) => Ok(()),

@@ -137,6 +137,16 @@ pub(super) async fn check_dispatch(
             return Err(format!("Action {kind} does not apply to {}.", d.channel).into());
         }
     };
+    if d.origin.is_some() && !ctx.config.roots.is_empty() {
+        // The roots hold whatever backend applies the change.
+        for directory in crate::effects::added_directories(&d.action) {
+            ctx.config
+                .roots
+                .check_uri(directory)
+                .await
+                .map_err(|reason| Refusal::new(RefusalKind::Invalid, reason))?;
+        }
+    }
     let through_agent = ctx.effects.delegates_to_agent()
         && agent.is_some_and(|a| a.acp_command().is_some())
         && tether_protocol::actions::is_session_workdir_action(&kind);

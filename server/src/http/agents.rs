@@ -31,20 +31,20 @@ pub async fn list_agents(State(state): State<AppState>, _caller: Principal) -> J
         .list()
         .iter()
         .map(|spec| {
-            let (kind, command, capabilities) = match &spec.kind {
-                AgentKind::Builtin => ("builtin", None, None),
-                AgentKind::Acp(command, capabilities) => (
-                    "acp",
-                    Some(command.display()),
-                    capabilities.as_ref().map(|c| c.to_json()),
-                ),
+            // Names, titles and capabilities only: never the command line,
+            // its arguments or its environment (the operator's, and often
+            // keys).
+            let (kind, capabilities) = match &spec.kind {
+                AgentKind::Builtin => ("builtin", None),
+                AgentKind::Acp(_, capabilities) => {
+                    ("acp", capabilities.as_ref().map(|c| c.to_json()))
+                }
             };
             AgentEntry {
                 provider: spec.provider.clone(),
                 display_name: spec.display_name.clone(),
                 description: spec.description.clone(),
                 kind: kind.to_owned(),
-                command,
                 capabilities,
             }
         })

@@ -277,7 +277,11 @@ mod tests {
         ] {
             assert!(p.host_allowed(host), "{host}");
         }
-        for host in ["evil.example", "evil.example:7878", "localhost.evil.example"] {
+        for host in [
+            "evil.example",
+            "evil.example:7878",
+            "localhost.evil.example",
+        ] {
             assert!(!p.host_allowed(host), "{host}");
         }
         assert!(policy(&[], &[], false).host_allowed("evil.example"));

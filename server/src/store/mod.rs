@@ -507,18 +507,69 @@ pub(crate) fn parse_url(url: &str) -> Result<Target, StoreError> {
     Ok(Target::Sqlite(path.to_owned()))
 }
 
-/// The URL with any password replaced by `***`, for logs and errors.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let Some((userinfo, host)) = rest.split_once('@') else {
-        return url.to_owned();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_owned(),
+/// The files a SQLite database URL keeps its data in (the database, its
+/// WAL, shared memory and lock files); none for Postgres. No agent may
+/// reach them.
+pub fn data_files(url: &str) -> Vec<std::path::PathBuf> {
+    match parse_url(url) {
+        Ok(Target::Sqlite(path)) => {
+            let path = std::path::PathBuf::from(path);
+            let path = std::path::absolute(&path).unwrap_or(path);
+            let mut files = vec![path.clone()];
+            for suffix in ["-wal", "-shm", "-lock"] {
+                let mut name = path.clone().into_os_string();
+                name.push(suffix);
+                files.push(name.into());
+            }
+            files
+        }
+        _ => Vec::new(),
     }
+}
+
+/// Query parameters of a database URL whose values are credentials
+/// (libpq's `password` and `sslpassword`, and the forms other drivers use).
+const SECRET_PARAMS: [&str; 6] = [
+    "password",
+    "sslpassword",
+    "pass",
+    "passwd",
+    "secret",
+    "token",
+];
+
+/// The URL with every credential replaced by `***`, for logs and errors:
+/// the password of its user info (`user:password@`) and the values of
+/// credential query parameters (`?password=`, `&sslpassword=`, …).
+pub fn redact_url(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let mut out = match base.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+                None => base.to_owned(),
+            },
+            None => base.to_owned(),
+        },
+        None => base.to_owned(),
+    };
+    if let Some(query) = query {
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _)) if SECRET_PARAMS.contains(&key.to_ascii_lowercase().as_str()) => {
+                    format!("{key}=***")
+                }
+                _ => pair.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs.join("&"));
+    }
+    out
 }
 
 /// Milliseconds since the Unix epoch, now.
@@ -574,5 +625,21 @@ mod tests {
         );
         assert_eq!(redact_url("postgres://me@db/t"), "postgres://me@db/t");
         assert_eq!(redact_url("./tether.db"), "./tether.db");
+        // Every credential form libpq takes, and a password holding '@'.
+        for (url, kept) in [
+            (
+                "postgres://db/t?user=me&password=hunter2&sslmode=require",
+                "postgres://db/t?user=me&password=***&sslmode=require",
+            ),
+            (
+                "postgresql://me@db/t?sslpassword=hunter2",
+                "postgresql://me@db/t?sslpassword=***",
+            ),
+            ("postgres://me:hun@ter2@db/t", "postgres://me:***@db/t"),
+            ("postgres://db/t?PASSWORD=hunter2", "postgres://db/t?PASSWORD=***"),
+        ] {
+            assert_eq!(redact_url(url), kept);
+            assert!(!redact_url(url).contains("hunter2"));
+        }
     }
 }

@@ -3,7 +3,6 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use agent_client_protocol::schema::ProtocolVersion;
@@ -28,6 +27,7 @@ use super::{
     ToAgent,
 };
 use crate::agents::AgentCommand;
+use crate::agents::sandbox::{Launch, Sandbox};
 use crate::store::now_ms;
 
 /// Events buffered between the agent and the actor: beyond this the agent's
@@ -44,8 +44,9 @@ pub fn spawn(
     command: &AgentCommand,
     open: OpenRequest,
     limits: AcpLimits,
+    sandbox: &Sandbox,
 ) -> Result<AgentProcess, String> {
-    let mut child = start(command, Some(&open.cwd))?;
+    let (mut child, cwd) = start(command, &open.session_id, &open.dirs, sandbox)?;
     let group = child.id();
     let (events_tx, events) = mpsc::channel(EVENTS);
     let (commands_tx, commands) = mpsc::unbounded_channel();
@@ -61,7 +62,7 @@ pub fn spawn(
             limits: limits.clone(),
             verdict: verdict.clone(),
         };
-        let result = bridge.run(&mut child, open, commands, stopped).await;
+        let result = bridge.run(&mut child, open, cwd, commands, stopped).await;
         let reason = match (verdict.lock().ok().and_then(|v| v.clone()), result) {
             (Some(reason), _) => Some(reason),
             (None, Err(err)) => Some(err),
@@ -90,8 +91,13 @@ pub fn spawn(
 
 /// Asks a configured agent what it can do: starts it, sends `initialize`,
 /// stops it.
-pub async fn probe(command: &AgentCommand, limits: &AcpLimits) -> Result<AcpCapabilities, String> {
-    let mut child = start(command, None)?;
+pub async fn probe(
+    command: &AgentCommand,
+    limits: &AcpLimits,
+    sandbox: &Sandbox,
+) -> Result<AcpCapabilities, String> {
+    let scratch = format!("probe-{}", command.name);
+    let (mut child, _) = start(command, &scratch, &[], sandbox)?;
     let pid = child.id();
     let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
     let (Some(stdin), Some(stdout)) = (stdin, stdout) else {
@@ -120,32 +126,25 @@ pub async fn probe(command: &AgentCommand, limits: &AcpLimits) -> Result<AcpCapa
     }
 }
 
-fn start(command: &AgentCommand, cwd: Option<&PathBuf>) -> Result<Child, String> {
-    let mut process = tokio::process::Command::new(&command.program);
-    process
-        .args(&command.args)
-        .envs(command.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        // Its own process group, so stopping it stops what it started
-        // (`npx` runs the agent as a grandchild).
-        .process_group(0);
-    if let Some(cwd) = cwd.filter(|dir| dir.is_dir()) {
-        process.current_dir(cwd);
-    }
-    let mut child = process.spawn().map_err(|e| {
-        format!(
-            "cannot start agent {} ({}): {e}",
-            command.name,
-            command.display()
-        )
+/// Starts the agent's process through the sandbox (environment, directory,
+/// confinement) and copies its stderr to the log; the process and the
+/// directory it runs in.
+fn start(
+    command: &AgentCommand,
+    scratch: &str,
+    dirs: &[PathBuf],
+    sandbox: &Sandbox,
+) -> Result<(Child, PathBuf), String> {
+    let started = sandbox.launch(&Launch {
+        command,
+        scratch,
+        dirs,
     })?;
+    let mut child = started.child;
     if let Some(stderr) = child.stderr.take() {
         tokio::spawn(copy_stderr(command.name.clone(), stderr));
     }
-    Ok(child)
+    Ok((child, started.cwd))
 }
 
 async fn copy_stderr(name: String, stderr: ChildStderr) {
@@ -280,6 +279,7 @@ impl Bridge {
         self,
         child: &mut Child,
         open: OpenRequest,
+        cwd: PathBuf,
         mut commands: mpsc::UnboundedReceiver<ToAgent>,
         mut stopped: oneshot::Receiver<()>,
     ) -> Result<Stop, String> {
@@ -390,7 +390,7 @@ impl Bridge {
                 agent_client_protocol::on_receive_request!(),
             )
             .connect_with(transport, async move |cx: ConnectionTo<Agent>| {
-                let session = match self.open(&cx, open).await {
+                let session = match self.open(&cx, open, cwd).await {
                     Ok(session) => session,
                     Err(reason) => return Err(fail(&self.verdict, reason)),
                 };
@@ -456,12 +456,17 @@ impl Bridge {
 
     /// `initialize`, then `session/new`, `session/resume` or `session/load`;
     /// the agent's session id.
-    async fn open(&self, cx: &ConnectionTo<Agent>, open: OpenRequest) -> Result<String, String> {
+    async fn open(
+        &self,
+        cx: &ConnectionTo<Agent>,
+        open: OpenRequest,
+        cwd: PathBuf,
+    ) -> Result<String, String> {
         let timeout = self.limits.init_timeout;
         let response = initialize(cx, timeout).await?;
         let caps = capabilities_of(&response);
         let additional = if caps.additional_directories {
-            open.additional.clone()
+            open.dirs.iter().skip(1).cloned().collect()
         } else {
             Vec::new()
         };
@@ -482,7 +487,7 @@ impl Bridge {
         };
         let (session, resumed) = match &open.mode {
             OpenMode::New => {
-                let request = NewSessionRequest::new(open.cwd.clone())
+                let request = NewSessionRequest::new(cwd.clone())
                     .additional_directories(additional)
                     .mcp_servers(mcp_servers);
                 let response = tokio::time::timeout(timeout, cx.send_request(request).block_task())
@@ -492,7 +497,7 @@ impl Bridge {
                 (response.session_id.to_string(), false)
             }
             OpenMode::Reopen(id) if caps.resume => {
-                let request = ResumeSessionRequest::new(id.clone(), open.cwd.clone())
+                let request = ResumeSessionRequest::new(id.clone(), cwd.clone())
                     .additional_directories(additional)
                     .mcp_servers(mcp_servers);
                 tokio::time::timeout(timeout, cx.send_request(request).block_task())
@@ -507,7 +512,7 @@ impl Bridge {
                 if let Ok(mut m) = self.map.lock() {
                     m.replaying = true;
                 }
-                let request = LoadSessionRequest::new(id.clone(), open.cwd.clone())
+                let request = LoadSessionRequest::new(id.clone(), cwd.clone())
                     .additional_directories(additional)
                     .mcp_servers(mcp_servers);
                 let answer =

@@ -28,6 +28,8 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use bridge::{probe, spawn};
 
+use crate::agents::sandbox::Sandbox;
+
 /// Asks every configured ACP agent what it can do (concurrently, each
 /// bounded by the init timeout). One that does not answer is still offered,
 /// with no optional capabilities, and the reason is logged: its sessions'
@@ -35,12 +37,13 @@ pub use bridge::{probe, spawn};
 pub async fn probe_all(
     specs: &[crate::agents::AgentSpec],
     limits: &AcpLimits,
+    sandbox: &Sandbox,
 ) -> Vec<crate::agents::AgentSpec> {
     let asks = specs.iter().map(|spec| async move {
         let Some(command) = spec.acp_command() else {
             return spec.clone();
         };
-        match probe(command, limits).await {
+        match probe(command, limits, sandbox).await {
             Ok(capabilities) => {
                 tracing::info!(agent = %spec.provider, capabilities = %capabilities.summary(), "ACP agent answered initialize");
                 spec.clone().with_capabilities(capabilities)
@@ -152,10 +155,12 @@ pub enum OpenMode {
 pub struct OpenRequest {
     /// The Tether session's channel URI (commands and titles go there).
     pub session_uri: String,
-    /// The primary working directory.
-    pub cwd: PathBuf,
-    /// The other working directories (sent only when the agent supports them).
-    pub additional: Vec<PathBuf>,
+    /// The session's id (names the agent's scratch directory).
+    pub session_id: String,
+    /// The working directories, resolved and checked against the allowed
+    /// roots, primary first; empty: the agent runs in its scratch
+    /// directory. The others are sent only when the agent supports them.
+    pub dirs: Vec<PathBuf>,
     /// New or reopened.
     pub mode: OpenMode,
     /// The session's MCP endpoint `(url, bearer token)`, passed in

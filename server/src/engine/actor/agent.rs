@@ -30,6 +30,13 @@ pub(super) struct Running {
     /// The turn it is answering: `(chat, turnId)` (its MCP tool calls
     /// belong there).
     pub(super) turn: Option<(String, String)>,
+    /// The working directories it was started on (resolved): a confined
+    /// process can reach these and no others.
+    dirs: Vec<PathBuf>,
+    /// The session's directories changed beyond `dirs` while it ran: a
+    /// confined process cannot be given more, so it is started again
+    /// (reopening its session) before its next turn.
+    stale: bool,
 }
 
 #[derive(Debug)]
@@ -78,12 +85,15 @@ impl SessionActor {
             .working_directories
             .as_deref()
             .unwrap_or_default();
+        // The directories as they are now, resolved and held to the roots
+        // again: a symlink changed since they were accepted does not lead
+        // the agent (or its confinement) elsewhere.
         let dirs: Vec<PathBuf> = dirs
             .unwrap_or(current)
             .iter()
-            .filter_map(|uri| file_uri_path(uri).ok().map(PathBuf::from))
-            .collect();
-        let cwd = dirs.first().cloned().unwrap_or_else(|| PathBuf::from("/"));
+            .map(|uri| self.ctx.config.roots.resolve_uri(uri))
+            .collect::<Result<_, _>>()
+            .map_err(|reason| reason.trim_end_matches('.').to_owned())?;
         let mode = match &model.projection.acp_session_ref {
             Some(reference) if reopen && model.projection.load_session => {
                 OpenMode::Reopen(reference.clone())
@@ -98,12 +108,17 @@ impl SessionActor {
             .map(|e| (e.url, e.token));
         let open = OpenRequest {
             session_uri: self.uri.clone(),
-            cwd,
-            additional: dirs.into_iter().skip(1).collect(),
+            session_id: self.id.clone(),
+            dirs: dirs.clone(),
             mode,
             mcp,
         };
-        let process = acp::spawn(command, open, self.ctx.config.acp.clone())?;
+        let process = acp::spawn(
+            command,
+            open,
+            self.ctx.config.acp.clone(),
+            &self.ctx.config.sandbox,
+        )?;
         tracing::info!(session = %self.id, agent = %spec.provider, "agent process started");
         self.running = Some(Running {
             process,
@@ -112,8 +127,40 @@ impl SessionActor {
             last_active: tokio::time::Instant::now(),
             busy: false,
             turn: None,
+            dirs,
+            stale: false,
         });
         Ok(())
+    }
+
+    /// After a committed working-directory change: a confined agent process
+    /// that cannot reach the session's new directories is marked to be
+    /// started again before its next turn (Landlock never widens a running
+    /// process's reach).
+    pub(super) fn note_directories(&mut self, kind: &str) {
+        if !tether_protocol::actions::is_session_workdir_action(kind)
+            || !self.ctx.config.sandbox.confines()
+        {
+            return;
+        }
+        let (Some(running), Some(model)) = (&mut self.running, &self.model) else {
+            return;
+        };
+        let covered = model
+            .session
+            .working_directories
+            .iter()
+            .flatten()
+            .all(|uri| {
+                self.ctx
+                    .config
+                    .roots
+                    .resolve_uri(uri)
+                    .is_ok_and(|dir| running.dirs.iter().any(|d| dir.starts_with(d)))
+            });
+        if !covered {
+            running.stale = true;
+        }
     }
 
     /// Hands an accepted turn to the ACP agent, starting it first.
@@ -126,6 +173,11 @@ impl SessionActor {
             .pointer("/message/text")
             .and_then(Value::as_str)
             .unwrap_or_default();
+        if self.running.as_ref().is_some_and(|r| r.stale && !r.busy) {
+            tracing::info!(session = %self.id, agent = %spec.provider,
+                "starting the agent again: its confinement does not reach the session's new directories");
+            self.running = None;
+        }
         if self.running.is_none()
             && let Err(reason) = self.start_agent(spec, true, None)
         {

@@ -104,10 +104,10 @@ impl SessionActor {
             // Answer what is queued so nobody waits for a dead actor.
             mailbox.close();
             if let Some(command) = first {
-                actor.fail(command, EngineError::Unavailable(err.clone()));
+                command.fail(EngineError::Unavailable(err.clone()));
             }
             while let Some(command) = mailbox.recv().await {
-                actor.fail(command, EngineError::Unavailable(err.clone()));
+                command.fail(EngineError::Unavailable(err.clone()));
             }
             actor.release().await;
             return;
@@ -221,10 +221,20 @@ impl SessionActor {
         actor.release().await;
     }
 
-    /// Lets the lease go (several hosts): the actor has stopped.
+    /// Lets the lease go (several hosts): the actor has stopped. A session
+    /// that was disposed (settled closed or ended) loses its lease row
+    /// altogether, so rows do not pile up for sessions nobody writes; a
+    /// later writer detects another host's writes by the log (see
+    /// `still_writer`), not by the row.
     async fn release(&self) {
         if let Some(cluster) = &self.ctx.cluster {
-            cluster.release(&self.id).await;
+            let disposed = self.model.as_ref().is_some_and(|m| {
+                m.projection
+                    .settled
+                    .as_ref()
+                    .is_some_and(|s| s.cause.as_deref() == Some("disposed"))
+            });
+            cluster.release(&self.id, disposed).await;
         }
     }
 
@@ -255,7 +265,26 @@ impl SessionActor {
             return true;
         }
         match cluster.acquire(&self.id).await {
-            Ok(crate::cluster::Lease::Mine { from: None }) => true,
+            Ok(crate::cluster::Lease::Mine { from: None }) => {
+                // The lease was this host's when it was last looked at, or
+                // nobody's: a released lease row may have been removed
+                // since (see `release`), so another host may have written
+                // in between without a trace in the lease. The log tells:
+                // anything above this actor's state is another writer's,
+                // and the actor steps down to reload it.
+                let after = self.model.as_ref().map_or(0, |m| m.last_seq);
+                match self.ctx.store.transcript(&self.id, after, 1).await {
+                    Ok(newer) if newer.is_empty() => true,
+                    Ok(_) => {
+                        self.stepped_down = true;
+                        false
+                    }
+                    Err(err) => {
+                        tracing::warn!(session = %self.id, error = %err, "cannot check the session's log");
+                        false
+                    }
+                }
+            }
             Ok(_) => {
                 self.stepped_down = true;
                 false
@@ -271,45 +300,6 @@ impl SessionActor {
     fn announce(&mut self, now: bool) {
         if let Some(model) = &self.model {
             self.announcer.announce(&self.ctx.hub, model, now);
-        }
-    }
-
-    fn fail(&self, command: Command, err: EngineError) {
-        match command {
-            Command::Dispatch(d) => {
-                if let Some(reply) = d.reply {
-                    let refusal = Refusal::new(RefusalKind::Unavailable, err.to_string());
-                    let _ = reply.send(DispatchOutcome::Rejected(refusal));
-                }
-            }
-            Command::Create { reply, .. } | Command::Dispose { reply } => {
-                let _ = reply.send(Err(err));
-            }
-            Command::Snapshot { reply, .. } => {
-                let _ = reply.send(Err(err));
-            }
-            Command::View { reply } => {
-                let _ = reply.send(Err(err));
-            }
-            Command::CreateChat { reply, .. } => {
-                let _ = reply.send(Err(err));
-            }
-            Command::Resume { reply, .. } => {
-                let _ = reply.send(Err(err));
-            }
-            Command::Sweep { reply } => {
-                let _ = reply.send(Err(err));
-            }
-            Command::FetchTurns { reply, .. } => {
-                let _ = reply.send(Err(err));
-            }
-            Command::ClientGone { .. } => {}
-            Command::Shutdown { reply } => {
-                let _ = reply.send(());
-            }
-            Command::CallTool { reply, .. } => {
-                let _ = reply.send(Err(err.to_string()));
-            }
         }
     }
 
@@ -607,6 +597,7 @@ impl SessionActor {
                             }
                             self.since_snapshot += 1;
                             self.follow_clients(&kind, &d.action);
+                            self.note_directories(&kind);
                             if kind == "session/activeClientSet"
                                 && let (Some(origin), Some(principal)) = (&d.origin, &d.principal)
                             {
