@@ -113,6 +113,7 @@ pub async fn seed(url: &str, sessions: usize, envelopes: u64) -> Seeded {
                 chats: Vec::new(),
                 turns,
                 directed: None,
+                owner: None,
             });
             last_of[i] = Some(batch.len() - 1);
             since_snapshot[i] += 1;

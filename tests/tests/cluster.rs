@@ -550,6 +550,7 @@ async fn an_append_for_a_session_another_host_holds_writes_nothing() {
         chats: Vec::new(),
         turns: Vec::new(),
         directed: None,
+        owner: None,
     };
     let outcomes = store
         .append(vec![

@@ -569,6 +569,7 @@ async fn seed_turns(db: &TestDb, session: &str, chat: &str, count: usize) {
                 chats: Vec::new(),
                 turns: Vec::new(),
                 directed: None,
+                owner: None,
             };
             [
                 at(

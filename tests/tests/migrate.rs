@@ -692,6 +692,7 @@ async fn an_interrupted_migration_resumes_and_completes() {
             chats: Vec::new(),
             turns: Vec::new(),
             directed: None,
+            owner: None,
         }])
         .await
         .unwrap();

@@ -645,6 +645,7 @@ async fn ten_thousand_sessions_page_exactly_once(db: TestDb) {
                     chats: Vec::new(),
                     turns: Vec::new(),
                     directed: None,
+                    owner: None,
                 }
             })
             .collect();

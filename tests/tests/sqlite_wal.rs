@@ -41,6 +41,7 @@ async fn the_wal_stays_bounded_under_sustained_appends() {
                     chats: Vec::new(),
                     turns: Vec::new(),
                     directed: None,
+                    owner: None,
                 }
             })
             .collect();

@@ -37,6 +37,7 @@ fn envelope(channel: &str, n: u64) -> NewEnvelope {
         chats: Vec::new(),
         turns: Vec::new(),
         directed: None,
+        owner: None,
     }
 }
 

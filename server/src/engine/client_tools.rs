@@ -1,9 +1,37 @@
 //! Tether's rules for client-contributed tools, on top of the reducers: a
 //! client registers tools, leaves, and completes a client tool call only in
 //! its own name; tool lists are bounded and well formed.
+//!
+//! A client is its `clientId` *and* the principal that registered it (its
+//! owner, recorded with the registration): while it is active, no other
+//! principal may register under its `clientId` or answer its calls.
+
+use std::collections::HashMap;
 
 use serde_json::Value;
 use tether_protocol::model::SessionModel;
+
+/// Who dispatches: the origin's client and the caller's token `sub`
+/// (`None` for the host).
+#[derive(Debug, Clone, Copy)]
+pub struct Caller<'a> {
+    /// The origin's `clientId`.
+    pub client_id: &'a str,
+    /// The principal's `sub`.
+    pub sub: Option<&'a str>,
+}
+
+impl Caller<'_> {
+    /// Whether this caller is `client_id`'s owner (or the client has none
+    /// recorded: a registration from before owners were kept).
+    fn owns(&self, owners: &HashMap<String, String>, client_id: &str) -> bool {
+        match (owners.get(client_id), self.sub) {
+            (Some(owner), Some(sub)) => owner == sub,
+            (Some(_), None) => false,
+            (None, _) => true,
+        }
+    }
+}
 
 /// Most tools one client may contribute to a session.
 pub const MAX_TOOLS: usize = 64;
@@ -14,11 +42,13 @@ pub const MAX_TOOLS_BYTES: usize = 64 * 1024;
 /// or `chat/toolCallComplete` dispatched as `client_id`.
 pub fn check(
     model: &SessionModel,
+    owners: &HashMap<String, String>,
     channel: &str,
-    client_id: &str,
+    caller: Caller<'_>,
     kind: &str,
     action: &Value,
 ) -> Result<(), String> {
+    let client_id = caller.client_id;
     match kind {
         "session/activeClientSet" => {
             let named = action
@@ -29,6 +59,17 @@ pub fn check(
                     "A client registers tools only under its own clientId ({client_id:?}); this \
                      one names {:?}.",
                     named.unwrap_or_default()
+                ));
+            }
+            let active = model
+                .session
+                .active_clients
+                .iter()
+                .any(|c| c.client_id == client_id);
+            if active && !caller.owns(owners, client_id) {
+                return Err(format!(
+                    "Client {client_id:?} is active in this session under another principal; \
+                     choose another clientId."
                 ));
             }
             check_tools(
@@ -46,6 +87,12 @@ pub fn check(
                     named.unwrap_or_default()
                 ));
             }
+            if !caller.owns(owners, client_id) {
+                return Err(format!(
+                    "Client {client_id:?} was registered by another principal; only it removes \
+                     the client."
+                ));
+            }
             Ok(())
         }
         "chat/toolCallComplete" => {
@@ -54,9 +101,12 @@ pub fn check(
                 .and_then(Value::as_str)
                 .unwrap_or_default();
             match client_contributor(model, channel, tool_call) {
-                Some(owner) if owner != client_id => Err(format!(
-                    "Tool call {tool_call} runs on client {owner:?}; only that client completes it."
-                )),
+                Some(runner) if runner != client_id || !caller.owns(owners, &runner) => {
+                    Err(format!(
+                        "Tool call {tool_call} runs on client {runner:?}; only that client (under \
+                         the principal that registered it) completes it."
+                    ))
+                }
                 _ => Ok(()),
             }
         }

@@ -106,6 +106,7 @@ impl Engine {
                 chats: Vec::new(),
                 turns: Vec::new(),
                 directed: None,
+                owner: None,
             }])
             .await
             .map_err(|err| super::storage_unavailable(&err))?;

@@ -70,6 +70,7 @@ pub(super) async fn check_dispatch(
     model: &mut SessionModel,
     agent: Option<&crate::agents::AgentSpec>,
     process: Option<&crate::agents::acp::AgentProcess>,
+    owners: &std::collections::HashMap<String, String>,
     d: &mut Dispatch,
 ) -> Result<(), Refusal> {
     if let Some(principal) = &d.principal
@@ -107,7 +108,11 @@ pub(super) async fn check_dispatch(
         let caps = agent.map(|a| a.workdirs).unwrap_or_default();
         check_workdirs(model, caps, &kind, &mut d.action)?;
         if let Some(origin) = &d.origin {
-            super::client_tools::check(model, &d.channel, &origin.client_id, &kind, &d.action)?;
+            let caller = super::client_tools::Caller {
+                client_id: &origin.client_id,
+                sub: d.principal.as_ref().map(|p| p.sub.as_str()),
+            };
+            super::client_tools::check(model, owners, &d.channel, caller, &kind, &d.action)?;
         }
         if kind == "chat/turnStarted" {
             check_new_turn_id(ctx, model, &d.channel, &d.action).await?;

@@ -1,8 +1,10 @@
 //! The listening socket, with the deadlines hyper's server (as axum runs
-//! it) has none of: a client must send a whole request head within
-//! [`HEAD_TIMEOUT`] of connecting, and an HTTP connection that does
-//! nothing for [`IDLE_TIMEOUT`] is closed. Without them a client that sends
-//! half a request head and stops holds a socket and a task forever.
+//! it) has none of: a client must send each whole request head within
+//! [`HEAD_TIMEOUT`] of starting it (the first one from connecting, every
+//! later one on a kept-alive connection from its first byte), and an HTTP
+//! connection that does nothing for [`IDLE_TIMEOUT`] is closed. Without
+//! them a client that sends half a request head and then a byte now and
+//! then holds a socket and a task forever.
 //!
 //! Once a response upgrades the connection (`101 Switching Protocols`),
 //! it is a WebSocket and its own ping deadline governs it (`ws`).
@@ -58,11 +60,13 @@ impl axum::serve::Listener for Guarded {
 /// Where a connection is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// Waiting for the end of the first request head; `matched` bytes of
+    /// Waiting for the end of a request head; `matched` bytes of
     /// `\r\n\r\n` seen so far.
     Head { matched: u8 },
-    /// Serving HTTP requests.
+    /// Serving a request (its body, its handler).
     Http,
+    /// A response was written: the next byte read starts a request head.
+    Idle,
     /// Upgraded: no deadline here.
     Upgraded,
 }
@@ -84,23 +88,39 @@ impl Deadlined {
         }
     }
 
-    /// Activity in the HTTP phase moves the idle deadline.
+    /// Activity while serving or idle moves the idle deadline; a request
+    /// head keeps its own.
     fn touched(&mut self) {
-        if self.phase == Phase::Http {
+        if matches!(self.phase, Phase::Http | Phase::Idle) {
             self.deadline.as_mut().reset(Instant::now() + IDLE_TIMEOUT);
         }
     }
 
-    /// Before a write: a `101` response makes the connection a WebSocket,
-    /// and any write moves the idle deadline.
+    /// Before a write: a `101` response makes the connection a WebSocket;
+    /// another final response ends the request, so the next bytes read
+    /// start a new head; any write moves the idle deadline.
     fn writing(&mut self, bytes: &[u8]) {
         if self.phase != Phase::Upgraded && bytes.starts_with(b"HTTP/1.1 101") {
             self.phase = Phase::Upgraded;
+        } else if self.phase == Phase::Http
+            && bytes.starts_with(b"HTTP/1.")
+            && bytes.get(9) != Some(&b'1')
+        {
+            self.phase = Phase::Idle;
         }
         self.touched();
     }
 
-    /// Follows the first request head through `bytes`.
+    /// Bytes arrived on an idle connection: a new request head starts, with
+    /// its own deadline.
+    fn head_starts(&mut self) {
+        if self.phase == Phase::Idle {
+            self.phase = Phase::Head { matched: 0 };
+            self.deadline.as_mut().reset(Instant::now() + HEAD_TIMEOUT);
+        }
+    }
+
+    /// Follows a request head through `bytes`.
     fn scan(&mut self, bytes: &[u8]) {
         let Phase::Head { mut matched } = self.phase else {
             return;
@@ -136,6 +156,7 @@ impl AsyncRead for Deadlined {
                 let this = &mut *self;
                 let read = &buf.filled()[before..];
                 if !read.is_empty() {
+                    this.head_starts();
                     this.scan(read);
                     this.touched();
                 }
@@ -208,5 +229,17 @@ mod tests {
         assert!(matches!(io.phase, Phase::Head { matched: 3 }));
         io.scan(b"\n");
         assert_eq!(io.phase, Phase::Http);
+        // A final response ends the request; an interim one does not.
+        io.writing(b"HTTP/1.1 100 Continue\r\n\r\n");
+        assert_eq!(io.phase, Phase::Http);
+        io.writing(b"HTTP/1.1 200 OK\r\n");
+        assert_eq!(io.phase, Phase::Idle);
+        // The next request's head has a deadline of its own again.
+        io.head_starts();
+        assert_eq!(io.phase, Phase::Head { matched: 0 });
+        io.scan(b"GET / HTTP/1.1\r\n\r\n");
+        assert_eq!(io.phase, Phase::Http);
+        io.writing(b"HTTP/1.1 101 Switching Protocols\r\n");
+        assert_eq!(io.phase, Phase::Upgraded);
     }
 }

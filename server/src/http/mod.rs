@@ -64,13 +64,30 @@ fn documented() -> OpenApiRouter<AppState> {
         .merge(contexts::router())
 }
 
-/// The OpenAPI document the server serves at `/openapi.json`.
+/// The OpenAPI document of a server with authentication on (the one
+/// committed in `openapi/openapi.json`).
 pub fn openapi() -> OpenApiDoc {
+    openapi_for(true)
+}
+
+/// The OpenAPI document of a server with authentication on or off: it
+/// states the security the server enforces, so a server without
+/// authentication does not claim that its operations need a token.
+pub fn openapi_for(authenticated: bool) -> OpenApiDoc {
     let (_, mut doc) = documented().split_for_parts();
     // The version follows the crate so the committed file changes with releases.
     doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
     require_non_empty_working_context(&mut doc);
-    document_authentication(&mut doc);
+    if authenticated {
+        document_authentication(&mut doc);
+    } else {
+        doc.info.description = doc.info.description.map(|d| {
+            format!(
+                "{d} This server runs without authentication: it serves loopback callers, \
+                 and no operation needs a token."
+            )
+        });
+    }
     doc
 }
 
@@ -164,7 +181,12 @@ fn require_non_empty_working_context(doc: &mut OpenApiDoc) {
 
 /// The OpenAPI document as the pretty JSON committed in `openapi/openapi.json`.
 pub fn openapi_json() -> String {
-    let mut json = openapi()
+    openapi_json_for(true)
+}
+
+/// [`openapi_for`] as pretty JSON.
+pub fn openapi_json_for(authenticated: bool) -> String {
+    let mut json = openapi_for(authenticated)
         .to_pretty_json()
         .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     json.push('\n');
@@ -173,8 +195,12 @@ pub fn openapi_json() -> String {
 
 /// Builds the whole application router.
 pub fn router(state: AppState) -> Router {
-    static SPEC: OnceLock<Arc<str>> = OnceLock::new();
-    let spec = SPEC.get_or_init(|| openapi_json().into()).clone();
+    // Built once per form: with and without authentication.
+    static SPECS: [OnceLock<Arc<str>>; 2] = [OnceLock::new(), OnceLock::new()];
+    let authenticated = state.auth.enabled();
+    let spec = SPECS[usize::from(authenticated)]
+        .get_or_init(|| openapi_json_for(authenticated).into())
+        .clone();
     let max_body = state.config.max_body_bytes;
     let browsers = state
         .config

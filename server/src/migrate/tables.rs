@@ -119,6 +119,15 @@ pub(super) const TABLES: &[Table] = &[
         key: &[0],
     },
     Table {
+        name: "client_owners",
+        columns: &[
+            col("session_id", Text),
+            col("client_id", Text),
+            col("sub", Text),
+        ],
+        key: &[0, 1],
+    },
+    Table {
         name: "chat_turns",
         columns: &[
             col("chat", Text),

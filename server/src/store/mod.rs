@@ -162,6 +162,11 @@ pub struct NewEnvelope {
     /// Another copy of the action for one client's connections only (a
     /// client tool's arguments with the host's context). Never stored.
     pub directed: Option<Directed>,
+    /// The principal (token `sub`) that registers the tools of the
+    /// origin's client with this envelope (`session/activeClientSet`):
+    /// recorded as that client's owner in the session, in the same
+    /// transaction, so the ownership outlives the actor and the host.
+    pub owner: Option<String>,
 }
 
 /// A copy of an envelope's action that only one client receives: the
@@ -388,6 +393,10 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// The session that owns a chat URI.
     async fn chat_session(&self, chat: &str) -> Result<Option<String>, StoreError>;
+
+    /// Who owns each client of a session that registered tools:
+    /// `(clientId, sub)` (see [`NewEnvelope::owner`]).
+    async fn client_owners(&self, session: &str) -> Result<Vec<(String, String)>, StoreError>;
 
     /// Archives (upserts) turns moved out of their chat's window outside an
     /// append: what a reload re-derived and the archive may lack.

@@ -46,6 +46,8 @@ pub struct Plan<'a> {
     pub sessions: Vec<(&'a SessionRecord, i64)>,
     /// Chats to record: (chat URI, owning session).
     pub chats: Vec<(&'a str, &'a str)>,
+    /// Client owners to record: (session, clientId, sub).
+    pub owners: Vec<(&'a str, &'a str, &'a str)>,
     /// Turns to archive, from the fresh envelopes.
     pub turns: Vec<&'a ArchivedTurn>,
     /// One per envelope.
@@ -77,6 +79,7 @@ pub fn plan<'a>(
     let mut rows = Vec::with_capacity(batch.len());
     let mut slots = Vec::with_capacity(batch.len());
     let mut chats = Vec::new();
+    let mut owners = Vec::new();
     let mut turns = Vec::new();
     let mut taken: HashSet<&Origin> = HashSet::new();
     // Session id → its latest fresh seq in this batch, and its latest record.
@@ -116,6 +119,9 @@ pub fn plan<'a>(
                     .iter()
                     .map(|c| (c.as_str(), session_id.as_str())),
             );
+            if let (Some(sub), Some(origin)) = (&envelope.owner, &envelope.origin) {
+                owners.push((session_id.as_str(), origin.client_id.as_str(), sub.as_str()));
+            }
         }
     }
     let turns = latest_turns(turns.into_iter());
@@ -128,6 +134,7 @@ pub fn plan<'a>(
         rows,
         sessions,
         chats,
+        owners,
         turns,
         slots,
         last_seq: next,
@@ -212,6 +219,7 @@ mod tests {
             chats: Vec::new(),
             turns: Vec::new(),
             directed: None,
+            owner: None,
         }
     }
 

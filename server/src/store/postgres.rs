@@ -391,6 +391,17 @@ impl Store for PostgresStore {
             .execute(&mut *tx)
             .await?;
         }
+        for (session_id, client_id, sub) in &plan.owners {
+            sqlx::query(
+                "INSERT INTO client_owners (session_id, client_id, sub) VALUES ($1, $2, $3) \
+                 ON CONFLICT (session_id, client_id) DO UPDATE SET sub = excluded.sub",
+            )
+            .bind(session_id)
+            .bind(client_id)
+            .bind(sub)
+            .execute(&mut *tx)
+            .await?;
+        }
         Self::archive_in(&mut tx, &plan.turns).await?;
         if plan.last_seq != last {
             sqlx::query("UPDATE host SET last_seq = $1 WHERE id = 1")
@@ -525,6 +536,15 @@ impl Store for PostgresStore {
             sqlx::query_scalar("SELECT session_id FROM chats WHERE chat = $1")
                 .bind(chat)
                 .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    async fn client_owners(&self, session: &str) -> Result<Vec<(String, String)>, StoreError> {
+        Ok(
+            sqlx::query_as("SELECT client_id, sub FROM client_owners WHERE session_id = $1")
+                .bind(session)
+                .fetch_all(&self.pool)
                 .await?,
         )
     }

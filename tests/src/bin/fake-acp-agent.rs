@@ -10,7 +10,9 @@
 //!   `permission`, `crash`, `hang`, `garbage`, `title T`, `commands`,
 //!   `plan`, `flood N`, `refuse`, `dirs`, `mcp-list`, `mcp NAME {json}` (the
 //!   MCP servers it was given: list their tools, or call one and say the
-//!   result); anything else is echoed back.
+//!   result), `env` (its environment), `cwd`, `read PATH`, `write PATH`,
+//!   `child-read PATH` (`cat` in a child process; each says `ok` or the
+//!   error); anything else is echoed back.
 //!
 //! `session/load` replays one old exchange (which a host must not record
 //! again); `session/resume` refuses a directory whose path contains
@@ -424,6 +426,47 @@ async fn run(
                 .cloned()
                 .unwrap_or_default();
             say(&format!("dirs: {}", dirs.join(",")))?;
+        }
+        "env" => {
+            let mut vars: Vec<String> = std::env::vars().map(|(k, v)| format!("{k}={v}")).collect();
+            vars.sort();
+            say(&vars.join("\n"))?;
+        }
+        "cwd" => {
+            let cwd = std::env::current_dir().map(|d| d.display().to_string());
+            say(&format!("cwd: {}", cwd.unwrap_or_else(|e| e.to_string())))?;
+        }
+        "read" => {
+            let path = rest.first().copied().unwrap_or_default();
+            let answer = match std::fs::metadata(path) {
+                Ok(meta) if meta.is_dir() => std::fs::read_dir(path).map(|d| d.count()),
+                _ => std::fs::read(path).map(|b| b.len()),
+            };
+            say(&match answer {
+                Ok(n) => format!("read {path}: ok {n}"),
+                Err(e) => format!("read {path}: error {:?} {e}", e.kind()),
+            })?;
+        }
+        "write" => {
+            let path = rest.first().copied().unwrap_or_default();
+            say(&match std::fs::write(path, b"written by the agent") {
+                Ok(()) => format!("write {path}: ok"),
+                Err(e) => format!("write {path}: error {:?} {e}", e.kind()),
+            })?;
+        }
+        "child-read" => {
+            // A process the agent starts, reading a file: it inherits the
+            // agent's confinement.
+            let path = rest.first().copied().unwrap_or_default();
+            let out = std::process::Command::new("cat").arg(path).output();
+            say(&match out {
+                Ok(out) if out.status.success() => format!("child-read {path}: ok"),
+                Ok(out) => format!(
+                    "child-read {path}: error {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+                Err(e) => format!("child-read {path}: error {e}"),
+            })?;
         }
         _ => say(text)?,
     }

@@ -86,6 +86,7 @@ impl SessionActor {
             chats: model.chats.keys().cloned().collect(),
             turns: Vec::new(),
             directed: None,
+            owner: None,
         };
         let outcome = self
             .ctx

@@ -54,7 +54,7 @@ pub(super) struct SessionActor {
     /// `follow_ups` (taken with them).
     directed: std::collections::HashMap<usize, crate::store::Directed>,
     /// Who registered each active client's tools: `clientId` → token `sub`
-    /// (known from the `activeClientSet` this host committed).
+    /// (recorded with each `activeClientSet`, loaded with the session).
     tool_owners: std::collections::HashMap<String, String>,
 }
 
@@ -398,6 +398,17 @@ impl SessionActor {
             for client in &m.session.active_clients {
                 self.ctx.client_active(&client.client_id, &self.id);
             }
+            // Who registered each client's tools, as recorded with the
+            // registration: the host context and the answers stay theirs
+            // across evictions, restarts and hosts.
+            self.tool_owners = self
+                .ctx
+                .store
+                .client_owners(&self.id)
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .collect();
         }
         self.model = model;
         Ok(())
@@ -503,6 +514,7 @@ impl SessionActor {
                             chats: Vec::new(),
                             turns: model.take_trimmed(),
                             directed: None,
+                            owner: None,
                         });
                         let loaded = Dispatch {
                             origin: None,
@@ -526,7 +538,9 @@ impl SessionActor {
                 }
             }
             let process = self.running.as_ref().map(|r| &r.process);
-            let checked = check_dispatch(&self.ctx, model, agent.as_ref(), process, &mut d).await;
+            let owners = &self.tool_owners;
+            let checked =
+                check_dispatch(&self.ctx, model, agent.as_ref(), process, owners, &mut d).await;
             match checked {
                 Ok(()) => {
                     let kind = action_type(&d.action).unwrap_or_default().to_owned();
@@ -543,6 +557,9 @@ impl SessionActor {
                         self.ctx.remember_chat(chat, &self.id);
                         chats.push(chat.to_owned());
                     }
+                    let owner = (kind == "session/activeClientSet" && d.origin.is_some())
+                        .then(|| d.principal.as_ref().map(|p| p.sub.clone()))
+                        .flatten();
                     records.push(NewEnvelope {
                         channel: d.channel.clone(),
                         session_id: Some(self.id.clone()),
@@ -552,6 +569,7 @@ impl SessionActor {
                         chats,
                         turns: model.take_trimmed(),
                         directed: d.directed.take(),
+                        owner,
                     });
                     pending.push((d, kind));
                 }

@@ -81,6 +81,15 @@ pub(super) fn append(
             chat.execute(params![uri, session_id])?;
         }
     }
+    if !plan.owners.is_empty() {
+        let mut owner = tx.prepare_cached(
+            "INSERT INTO client_owners (session_id, client_id, sub) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (session_id, client_id) DO UPDATE SET sub = excluded.sub",
+        )?;
+        for (session_id, client_id, sub) in &plan.owners {
+            owner.execute(params![session_id, client_id, sub])?;
+        }
+    }
     archive(tx, &plan.turns)?;
     if plan.last_seq != last {
         tx.prepare_cached("UPDATE host SET last_seq = ?1 WHERE id = 1")?

@@ -255,6 +255,15 @@ impl Store for SqliteStore {
         )
     }
 
+    async fn client_owners(&self, session: &str) -> Result<Vec<(String, String)>, StoreError> {
+        Ok(
+            sqlx::query_as("SELECT client_id, sub FROM client_owners WHERE session_id = ?")
+                .bind(session)
+                .fetch_all(&self.readers)
+                .await?,
+        )
+    }
+
     async fn archive_turns(&self, turns: &[ArchivedTurn]) -> Result<(), StoreError> {
         let turns = turns.to_vec();
         self.writer
