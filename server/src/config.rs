@@ -607,9 +607,8 @@ impl ServeArgs {
             commands.push(crate::agents::AgentCommand::parse(entry).map_err(ConfigError::Agent)?);
         }
         if let Some(file) = &self.agents_file {
-            commands.extend(
-                crate::agents::AgentCommand::load_file(file).map_err(ConfigError::Agent)?,
-            );
+            commands
+                .extend(crate::agents::AgentCommand::load_file(file).map_err(ConfigError::Agent)?);
         }
         for command in commands {
             for env_file in &command.env_files {

@@ -292,6 +292,9 @@ pub struct ServerProcess {
     port: u16,
     database_url: String,
     args: Vec<String>,
+    /// Environment variables it is started with (besides the test's own,
+    /// minus every `TETHER_*`).
+    env: Vec<(String, String)>,
     child: Option<tokio::process::Child>,
     /// Its stderr, kept across restarts (unless TETHER_TEST_SERVER_LOGS
     /// shows it instead).
@@ -302,6 +305,12 @@ impl ServerProcess {
     /// Starts `tether serve` on a free port for `db`, with extra `args`, and
     /// waits until it is ready.
     pub async fn start(db: &TestDb, args: &[&str]) -> Self {
+        Self::start_with_env(db, args, &[]).await
+    }
+
+    /// Starts `tether serve` as [`ServerProcess::start`] does, with extra
+    /// environment variables.
+    pub async fn start_with_env(db: &TestDb, args: &[&str], env: &[(&str, &str)]) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
@@ -310,6 +319,10 @@ impl ServerProcess {
             port,
             database_url: db.url().to_owned(),
             args: args.iter().map(|a| (*a).to_owned()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
             child: None,
             log: tempfile::NamedTempFile::new().expect("a log file"),
         };
@@ -407,6 +420,7 @@ impl ServerProcess {
             }
         }
         let child = command
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .args(["serve", "--bind", &format!("127.0.0.1:{}", self.port)])
             .args(["--database-url", &self.database_url])
             .args(&self.args)

@@ -80,7 +80,10 @@ impl AgentSpec {
         // the operator's (and may hold keys).
         Self {
             provider: command.name.clone(),
-            display_name: command.title.clone().unwrap_or_else(|| command.name.clone()),
+            display_name: command
+                .title
+                .clone()
+                .unwrap_or_else(|| command.name.clone()),
             description: "ACP agent".to_owned(),
             workdirs: WorkdirCapability::default(),
             load_session: false,

@@ -166,11 +166,10 @@ pub struct SandboxConfig {
 impl SandboxConfig {
     /// The sandbox of a host whose database has `epoch`.
     pub fn sandbox(&self, epoch: &str) -> Sandbox {
-        let root = self.scratch_root.clone().unwrap_or_else(|| {
-            std::env::temp_dir()
-                .join("tether-agents")
-                .join(epoch)
-        });
+        let root = self
+            .scratch_root
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("tether-agents").join(epoch));
         Sandbox::new(self.mode, root, self.protected.clone())
     }
 }
@@ -297,7 +296,11 @@ impl Sandbox {
             ));
         }
         let scratch = self.scratch_dir(launch.scratch)?;
-        let cwd = launch.dirs.first().cloned().unwrap_or_else(|| scratch.clone());
+        let cwd = launch
+            .dirs
+            .first()
+            .cloned()
+            .unwrap_or_else(|| scratch.clone());
         let env = environment(command, &scratch)?;
         let policy = Policy::of(command, &env, launch.dirs, &scratch);
         self.check_protected(&policy)?;
@@ -336,7 +339,9 @@ impl Sandbox {
                 .recursive(true)
                 .mode(0o700)
                 .create(path)
-                .map_err(|e| format!("cannot make the scratch directory {}: {e}", path.display()))?;
+                .map_err(|e| {
+                    format!("cannot make the scratch directory {}: {e}", path.display())
+                })?;
         }
         std::fs::canonicalize(&dir).map_err(|e| format!("scratch directory {}: {e}", dir.display()))
     }
@@ -545,7 +550,11 @@ mod tests {
     fn the_environment_is_the_allow_list_the_scratch_and_the_agents_own() {
         let agent = AgentCommand::parse("a=KEY=v PATH=/only prog").unwrap();
         let env = environment(&agent, Path::new("/scratch")).unwrap();
-        let get = |k: &str| env.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+        let get = |k: &str| {
+            env.iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+        };
         assert_eq!(get("KEY"), Some("v"));
         assert_eq!(get("PATH"), Some("/only"));
         assert_eq!(get("HOME"), Some("/scratch"));
@@ -553,7 +562,8 @@ mod tests {
         assert_eq!(env.iter().filter(|(k, _)| k == "PATH").count(), 1);
         for (key, _) in &env {
             assert!(
-                PASSED_ENV.contains(&key.as_str()) || ["HOME", "TMPDIR", "KEY"].contains(&key.as_str()),
+                PASSED_ENV.contains(&key.as_str())
+                    || ["HOME", "TMPDIR", "KEY"].contains(&key.as_str()),
                 "{key} leaked into the agent's environment"
             );
         }
@@ -562,7 +572,9 @@ mod tests {
     #[test]
     fn a_program_in_node_modules_may_read_its_package_folder() {
         let dir = tempfile::tempdir().unwrap();
-        let bin = dir.path().join("pkg/node_modules/tool/node_modules/dep/bin.js");
+        let bin = dir
+            .path()
+            .join("pkg/node_modules/tool/node_modules/dep/bin.js");
         std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
         std::fs::write(&bin, "").unwrap();
         let root = std::fs::canonicalize(dir.path().join("pkg")).unwrap();

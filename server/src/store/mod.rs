@@ -645,7 +645,10 @@ mod tests {
                 "postgresql://me@db/t?sslpassword=***",
             ),
             ("postgres://me:hun@ter2@db/t", "postgres://me:***@db/t"),
-            ("postgres://db/t?PASSWORD=hunter2", "postgres://db/t?PASSWORD=***"),
+            (
+                "postgres://db/t?PASSWORD=hunter2",
+                "postgres://db/t?PASSWORD=***",
+            ),
         ] {
             assert_eq!(redact_url(url), kept);
             assert!(!redact_url(url).contains("hunter2"));
