@@ -745,12 +745,8 @@ async fn the_local_side_effect_refuses_missing_directories(db: TestDb) {
     let inside = allowed.path().join("project");
     std::fs::create_dir(&inside).unwrap();
     std::os::unix::fs::symlink(outside.path(), allowed.path().join("sneaky")).unwrap();
-    let config = ServeConfig {
-        effects: EffectsConfig::Local {
-            allowed_roots: vec![allowed.path().to_owned()],
-        },
-        ..ServeConfig::default()
-    };
+    let mut config = ServeConfig::default();
+    config.engine.roots = tether_server::effects::Roots::new(&[allowed.path().to_owned()]);
     let server = TestServer::start_with(db.open().await, config).await;
     let client = server.initialized("local").await;
     create_session(&client, "l1", "echo", &[&file_uri(&inside)])

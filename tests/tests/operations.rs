@@ -358,6 +358,14 @@ async fn doctor_passes_a_sound_setup_and_names_each_fault(db: TestDb) {
     line(&report, "ok", "bind address");
     line(&report, "ok", "allowed root");
     line(&report, "ok", "open files");
+    assert!(
+        line(&report, "ok", "confinement").contains("Landlock"),
+        "{report}"
+    );
+    assert!(
+        line(&report, "ok", "reach").contains("none of Tether's"),
+        "{report}"
+    );
     assert!(!report.contains("FAIL"), "{report}");
 
     // Each fault, in plain words, and a failing exit.
@@ -366,6 +374,8 @@ async fn doctor_passes_a_sound_setup_and_names_each_fault(db: TestDb) {
     let weak = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(weak.path(), "a".repeat(40)).unwrap();
     let broken = format!("broken=FAKE_ACP_MODE=never-init {fake}");
+    // An agent told of the folder holding the secret file could read it.
+    let exposed = format!("exposed={fake} {}", weak.path().parent().unwrap().display());
     let unreachable = match db.backend() {
         tether_tests::Backend::Postgres => "postgres://postgres@127.0.0.1:1/none".to_owned(),
         tether_tests::Backend::Sqlite => "sqlite:/nonexistent-dir/x/tether.db".to_owned(),
@@ -381,6 +391,8 @@ async fn doctor_passes_a_sound_setup_and_names_each_fault(db: TestDb) {
         weak.path().to_str().unwrap(),
         "--agent",
         &broken,
+        "--agent",
+        &exposed,
         "--agent-init-timeout-ms",
         "500",
         "--allowed-roots",
@@ -406,6 +418,10 @@ async fn doctor_passes_a_sound_setup_and_names_each_fault(db: TestDb) {
     );
     assert!(
         line(&report, "FAIL", "agent").contains("broken"),
+        "{report}"
+    );
+    assert!(
+        line(&report, "FAIL", "reach").contains("exposed could reach"),
         "{report}"
     );
     assert!(report.contains("check(s) failed"), "{report}");

@@ -19,7 +19,7 @@ pub enum AgentKind {
     Builtin,
     /// An ACP agent process, with what it reported at `initialize`
     /// (`None` until it has been asked, or when it did not answer).
-    Acp(AgentCommand, Option<AcpCapabilities>),
+    Acp(Box<AgentCommand>, Option<AcpCapabilities>),
 }
 
 /// How an agent treats working directories (AHP `multipleWorkingDirectories`).
@@ -88,7 +88,7 @@ impl AgentSpec {
             workdirs: WorkdirCapability::default(),
             load_session: false,
             answers_turns: true,
-            kind: AgentKind::Acp(command, None),
+            kind: AgentKind::Acp(Box::new(command), None),
         }
     }
 

@@ -302,7 +302,7 @@ fn check_confinement(config: &ServeConfig, sandbox: &Sandbox, report: &mut Repor
             .collect();
         if exposed.is_empty() {
             report.ok(
-                "agent reach",
+                "reach",
                 format!(
                     "{}: none of Tether's data or secret files is within its reach",
                     spec.provider
@@ -310,7 +310,7 @@ fn check_confinement(config: &ServeConfig, sandbox: &Sandbox, report: &mut Repor
             );
         } else {
             report.fail(
-                "agent reach",
+                "reach",
                 format!(
                     "{} could reach {}; it will not start until they are moved",
                     spec.provider,

@@ -186,6 +186,25 @@ impl From<PathRejection> for ApiError {
     }
 }
 
+/// REST handlers take the caller as an extractor: the loopback admin with
+/// authentication off, the token's principal with it on (else 401).
+impl<S> FromRequestParts<S> for crate::auth::Principal
+where
+    crate::AppState: axum::extract::FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let state = <crate::AppState as axum::extract::FromRef<S>>::from_ref(state);
+        let token = crate::auth::credentials::bearer(&parts.headers);
+        Ok(state.auth.authenticate(token, "rest")?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,24 +266,5 @@ mod tests {
                 "{err}"
             );
         }
-    }
-}
-
-/// REST handlers take the caller as an extractor: the loopback admin with
-/// authentication off, the token's principal with it on (else 401).
-impl<S> FromRequestParts<S> for crate::auth::Principal
-where
-    crate::AppState: axum::extract::FromRef<S>,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        state: &S,
-    ) -> Result<Self, Self::Rejection> {
-        let state = <crate::AppState as axum::extract::FromRef<S>>::from_ref(state);
-        let token = crate::auth::credentials::bearer(&parts.headers);
-        Ok(state.auth.authenticate(token, "rest")?)
     }
 }

@@ -101,7 +101,7 @@ impl BrowserPolicy {
                 .or_else(|| origin.strip_prefix("https://"))
                 .is_some_and(|authority| same_authority(authority, &host))
         });
-        own || self.allowed_origins.iter().any(|a| *a == origin)
+        own || self.allowed_origins.contains(&origin)
     }
 
     /// Whether a request naming `host` is served.
