@@ -653,6 +653,41 @@ pub fn action(value: serde_json::Value) -> ahp_types::actions::StateAction {
     serde_json::from_value(value).expect("a StateAction")
 }
 
+/// An upstream AHP client on the WebSocket at `url` with `token` in the
+/// upgrade's `Authorization` header, initialized as `client_id` with
+/// `subscriptions`.
+pub async fn ahp_with_token(
+    url: &str,
+    token: &str,
+    client_id: &str,
+    subscriptions: Vec<String>,
+) -> ahp::Client {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = url.into_client_request().expect("a WebSocket URL");
+    request.headers_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("a header value"),
+    );
+    let (stream, _) = tokio_tungstenite::connect_async(request)
+        .await
+        .expect("the upgrade is accepted");
+    let client = ahp::Client::connect(
+        ahp_ws::WebSocketTransport::from_stream(stream),
+        ahp::ClientConfig::default(),
+    )
+    .await
+    .expect("start the AHP client");
+    client
+        .initialize(
+            client_id.into(),
+            vec![ahp_types::PROTOCOL_VERSION.into()],
+            subscriptions,
+        )
+        .await
+        .expect("initialize");
+    client
+}
+
 /// The next action envelope on a subscription (other events skipped).
 pub async fn next_envelope(
     subscription: &mut ahp::SessionSubscription,

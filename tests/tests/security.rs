@@ -132,27 +132,11 @@ fn authorized(
     request
 }
 
-/// An upstream AHP client on `/ahp` with `token` in the upgrade's header.
+/// An upstream AHP client on `/ahp` with `token` in the upgrade's header,
+/// subscribed to the root.
 async fn ahp_with(server: &TestServer, token: &str, client_id: &str) -> ahp::Client {
-    let request = authorized(&server.ws_url(), token);
-    let (stream, _) = tokio_tungstenite::connect_async(request)
-        .await
-        .expect("the upgrade is accepted");
-    let client = ahp::Client::connect(
-        ahp_ws::WebSocketTransport::from_stream(stream),
-        ahp::ClientConfig::default(),
-    )
-    .await
-    .unwrap();
-    client
-        .initialize(
-            client_id.into(),
-            vec![ahp_types::PROTOCOL_VERSION.into()],
-            vec![ahp_types::ROOT_RESOURCE_URI.into()],
-        )
-        .await
-        .expect("initialize");
-    client
+    let root = vec![ahp_types::ROOT_RESOURCE_URI.into()];
+    tether_tests::ahp_with_token(&server.ws_url(), token, client_id, root).await
 }
 
 /// What a cell expects.

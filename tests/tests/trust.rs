@@ -175,28 +175,7 @@ impl Rest {
 /// An upstream AHP client on `url` with `token` in the upgrade's header,
 /// initialized as `client_id`.
 async fn ahp_as(url: &str, token: &str, client_id: &str) -> ahp::Client {
-    let mut request = url.into_client_request().unwrap();
-    request
-        .headers_mut()
-        .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    let (stream, _) = tokio_tungstenite::connect_async(request)
-        .await
-        .expect("the upgrade is accepted");
-    let client = ahp::Client::connect(
-        ahp_ws::WebSocketTransport::from_stream(stream),
-        ahp::ClientConfig::default(),
-    )
-    .await
-    .unwrap();
-    client
-        .initialize(
-            client_id.into(),
-            vec![ahp_types::PROTOCOL_VERSION.into()],
-            Vec::new(),
-        )
-        .await
-        .expect("initialize");
-    client
+    tether_tests::ahp_with_token(url, token, client_id, Vec::new()).await
 }
 
 fn port_of(base: &str) -> u16 {
