@@ -25,6 +25,8 @@ fn created(dirs: &[&str]) -> SessionModel {
             active_client: None,
             default_chat: CHAT.into(),
             created_at: "2026-01-01T00:00:00.000Z".into(),
+            config: None,
+            meta: None,
         },
         1,
     )

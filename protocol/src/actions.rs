@@ -15,8 +15,28 @@ pub const SESSION_SETTLED: &str = "x-tether/sessionSettled";
 pub const CONTEXT_SHARED: &str = "x-tether/contextShared";
 /// `x-tether/documentEdited {edits[], revision}`.
 pub const DOCUMENT_EDITED: &str = "x-tether/documentEdited";
-/// `x-tether/commandsAdvertised {commands[]}`.
+/// `x-tether/commandsAdvertised {commands[]}`: how commands were recorded
+/// before they moved to the session's `_meta` (see [`COMMANDS_META`]); still
+/// folded when an old transcript is read, never written.
 pub const COMMANDS_ADVERTISED: &str = "x-tether/commandsAdvertised";
+/// `x-tether/configSchemaChanged {config: {schema, values}}`: the agent's
+/// configuration changed shape (options appeared, went, or offer other
+/// choices). AHP 1.0 has no action that changes a session config's schema,
+/// so Tether's fold replaces `SessionState.config` whole; the values are
+/// also sent as a standard `session/configChanged`.
+pub const CONFIG_SCHEMA_CHANGED: &str = "x-tether/configSchemaChanged";
+
+/// The key of the session state's `_meta` holding the agent's slash
+/// commands `[{name, description, inputHint?}]` (AHP `completions`
+/// answers from it), written with the standard `session/metaChanged`.
+pub const COMMANDS_META: &str = "tether/commands";
+/// The key of the session state's `_meta` holding each configuration
+/// property's ACP category (`mode`, `model`, `thought_level`, ...), which a
+/// config property schema has no field for.
+pub const CONFIG_CATEGORIES_META: &str = "tether/configCategories";
+/// The key of the session state's `_meta` holding the latest usage the
+/// agent reported: `{used, size, cost?: {amount, currency}}`.
+pub const USAGE_META: &str = "tether/usage";
 
 /// The prefix AHP reserves for extensions.
 pub const EXTENSION_PREFIX: &str = "x-";

@@ -5,6 +5,7 @@
 
 pub mod actions;
 pub mod channel;
+pub mod config;
 pub mod context;
 pub mod ids;
 pub mod model;

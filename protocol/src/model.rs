@@ -13,7 +13,7 @@ use ahp_types::state::{ChatState, SessionState};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::actions::{EXTENSION_PREFIX, SESSION_CREATED, action_type};
+use crate::actions::{CONFIG_SCHEMA_CHANGED, EXTENSION_PREFIX, SESSION_CREATED, action_type};
 use crate::channel::Channel;
 use crate::projection::Projection;
 use crate::window::{ArchivedTurn, TurnWindow};
@@ -39,6 +39,14 @@ pub struct SessionCreated {
     pub default_chat: String,
     /// Creation time, RFC 3339.
     pub created_at: String,
+    /// The session's initial AHP configuration `{schema, values}` (the
+    /// agent's modes and options), when its agent has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<Value>,
+    /// The session state's initial `_meta` (the agent's commands and its
+    /// options' categories).
+    #[serde(default, rename = "_meta", skip_serializing_if = "Option::is_none")]
+    pub meta: Option<Value>,
 }
 
 impl SessionCreated {
@@ -106,7 +114,7 @@ impl SessionModel {
             "status": 1,
             "modifiedAt": created.created_at,
         });
-        let session: SessionState = serde_json::from_value(json!({
+        let mut session = json!({
             "provider": created.provider,
             "title": created.title,
             "status": 1,
@@ -119,8 +127,15 @@ impl SessionModel {
             "activeClients": created.active_client.iter().collect::<Vec<_>>(),
             "chats": [chat],
             "defaultChat": created.default_chat,
-        }))
-        .map_err(|e| ModelError::Malformed(e.to_string()))?;
+        });
+        if let Some(config) = &created.config {
+            session["config"] = config.clone();
+        }
+        if let Some(meta) = &created.meta {
+            session["_meta"] = meta.clone();
+        }
+        let session: SessionState =
+            serde_json::from_value(session).map_err(|e| ModelError::Malformed(e.to_string()))?;
         let mut chats = BTreeMap::new();
         chats.insert(
             created.default_chat.clone(),
@@ -240,7 +255,16 @@ impl SessionModel {
                 }
                 self.chats.insert(uri, *chat);
             }
-            Target::Extension => {}
+            Target::Extension => {
+                if action_type(action) == Some(CONFIG_SCHEMA_CHANGED) {
+                    // AHP has no action for a config's shape; this is
+                    // Tether's fold of its own record.
+                    self.session.config = action
+                        .get("config")
+                        .cloned()
+                        .and_then(|c| serde_json::from_value(c).ok());
+                }
+            }
         }
         self.projection.observe(action);
     }
@@ -367,6 +391,8 @@ mod tests {
                 active_client: None,
                 default_chat: "ahp-chat:/s.main".into(),
                 created_at: "2026-01-01T00:00:00.000Z".into(),
+                config: None,
+                meta: None,
             },
             1,
         )

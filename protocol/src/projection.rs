@@ -10,8 +10,8 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use crate::actions::{
-    AGENT_OPENED, COMMANDS_ADVERTISED, CONTEXT_SHARED, DOCUMENT_EDITED, SESSION_SETTLED,
-    action_type,
+    AGENT_OPENED, COMMANDS_ADVERTISED, COMMANDS_META, CONTEXT_SHARED, DOCUMENT_EDITED,
+    SESSION_SETTLED, USAGE_META, action_type,
 };
 
 /// How many characters of the first turn's text make a derived title.
@@ -94,6 +94,84 @@ pub struct Projection {
     /// The explicit AHP title, when one was set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub explicit_title: Option<String>,
+    /// What the agent reported it used: tokens summed over turns, its
+    /// latest context figures and its cost.
+    #[serde(default)]
+    pub usage: UsageTotals,
+}
+
+/// Usage the agent reported over a session.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageTotals {
+    /// Input tokens, summed over turns (each turn's latest report).
+    #[serde(default)]
+    pub input_tokens: u64,
+    /// Output tokens, summed over turns (each turn's latest report).
+    #[serde(default)]
+    pub output_tokens: u64,
+    /// Tokens in the agent's context at its latest report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_used: Option<u64>,
+    /// The agent's context window at its latest report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_size: Option<u64>,
+    /// The session's cost so far, as the agent last reported it (ACP's
+    /// cost is cumulative).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
+    /// The turn of the latest token report and its figures, so a turn's
+    /// later report replaces its earlier one in the sums.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(ignore)]
+    pub last_turn: Option<(String, u64, u64)>,
+}
+
+/// An amount of money (or credits).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Cost {
+    /// How much.
+    pub amount: f64,
+    /// ISO 4217 currency code, or a unit such as `credits`.
+    pub currency: String,
+}
+
+impl UsageTotals {
+    /// Folds one `chat/usage` (AHP `UsageInfo`, with Tether's `_meta`).
+    fn turn_usage(&mut self, turn: &str, usage: &Value) {
+        let count = |key: &str| usage.get(key).and_then(Value::as_u64);
+        let (input, output) = (count("inputTokens"), count("outputTokens"));
+        if input.is_some() || output.is_some() {
+            let (input, output) = (input.unwrap_or(0), output.unwrap_or(0));
+            let (before_in, before_out) = match &self.last_turn {
+                Some((last, i, o)) if last == turn => (*i, *o),
+                _ => (0, 0),
+            };
+            self.input_tokens = (self.input_tokens + input).saturating_sub(before_in);
+            self.output_tokens = (self.output_tokens + output).saturating_sub(before_out);
+            self.last_turn = Some((turn.to_owned(), input, output));
+        }
+        if let Some(meta) = usage.get("_meta") {
+            self.reported(meta);
+        }
+    }
+
+    /// Folds the context and cost figures of a report (the `_meta` of a
+    /// `chat/usage`, or the session's [`USAGE_META`]).
+    fn reported(&mut self, meta: &Value) {
+        let count = |key: &str| meta.get(key).and_then(Value::as_u64);
+        if let Some(used) = count("tether/contextUsed").or_else(|| count("used")) {
+            self.context_used = Some(used);
+        }
+        if let Some(size) = count("tether/contextWindow").or_else(|| count("size")) {
+            self.context_size = Some(size);
+        }
+        let cost = meta.get("tether/cost").or_else(|| meta.get("cost"));
+        if let Some(cost) = cost.cloned().and_then(|c| serde_json::from_value(c).ok()) {
+            self.cost = Some(cost);
+        }
+    }
 }
 
 /// A settling record.
@@ -172,6 +250,20 @@ impl Projection {
                     .and_then(|c| serde_json::from_value(c).ok())
                     .unwrap_or_default();
             }
+            "session/metaChanged" => {
+                let meta = action.get("_meta");
+                if let Some(commands) = meta.and_then(|m| m.get(COMMANDS_META)) {
+                    self.commands = serde_json::from_value(commands.clone()).unwrap_or_default();
+                }
+                if let Some(usage) = meta.and_then(|m| m.get(USAGE_META)) {
+                    self.usage.reported(usage);
+                }
+            }
+            "chat/usage" => {
+                if let (Some(turn), Some(usage)) = (text("turnId"), action.get("usage")) {
+                    self.usage.turn_usage(&turn, usage);
+                }
+            }
             _ => {}
         }
     }
@@ -223,6 +315,29 @@ mod tests {
             p.observe(a);
         }
         p
+    }
+
+    #[test]
+    fn usage_sums_each_turns_latest_report_and_keeps_the_latest_cost() {
+        let usage = |turn: &str, input: u64, output: u64, cost: f64| {
+            json!({"type": "chat/usage", "turnId": turn, "usage": {
+                "inputTokens": input, "outputTokens": output,
+                "_meta": {"tether/contextUsed": input + output, "tether/contextWindow": 1000,
+                          "tether/cost": {"amount": cost, "currency": "USD"}}}})
+        };
+        let p = fold(&[
+            usage("t1", 10, 5, 0.01),
+            usage("t1", 30, 9, 0.02),
+            usage("t2", 7, 1, 0.03),
+            json!({"type": "session/metaChanged", "_meta": {
+                "tether/commands": [{"name": "plan", "description": "Plan first"}],
+                "tether/usage": {"used": 500, "size": 2000, "cost": {"amount": 0.5, "currency": "USD"}}}}),
+        ]);
+        assert_eq!((p.usage.input_tokens, p.usage.output_tokens), (37, 10));
+        assert_eq!(p.usage.context_used, Some(500));
+        assert_eq!(p.usage.context_size, Some(2000));
+        assert_eq!(p.usage.cost.as_ref().map(|c| c.amount), Some(0.5));
+        assert_eq!(p.commands[0].name, "plan");
     }
 
     #[test]

@@ -130,6 +130,12 @@ pub struct CreateSessionRequest {
     /// A title.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
+    /// Values of the agent's configuration to start with (its mode, its
+    /// model, ...), as `resolveSessionConfig` and `GET /v1/agents` show
+    /// them; a key or value the agent does not offer is a 422.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub config: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// `POST /v1/sessions/{id}/actions`.

@@ -61,6 +61,7 @@ pub async fn seed(url: &str, sessions: usize, envelopes: u64) -> Seeded {
                     provider: None,
                     working_directories: Vec::new(),
                     title: Some(format!("seeded session {id}")),
+                    config: None,
                 };
                 client
                     .create_session(&request)

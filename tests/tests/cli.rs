@@ -79,6 +79,7 @@ async fn create(client: &Client, id: &str, project: &str, dirs: &[&std::path::Pa
             provider: None,
             working_directories: dirs.iter().map(|d| d.display().to_string()).collect(),
             title: None,
+            config: None,
         })
         .await
         .expect("create");

@@ -19,6 +19,7 @@ async fn the_client_drives_every_rest_endpoint(db: TestDb) {
             provider: None,
             working_directories: vec![dir.path().display().to_string()],
             title: None,
+            config: None,
         })
         .await
         .unwrap();

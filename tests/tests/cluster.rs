@@ -37,6 +37,7 @@ async fn create(server: &ServerProcess, id: &str, dirs: &[String]) {
             provider: None,
             working_directories: dirs.to_vec(),
             title: None,
+            config: None,
         })
         .await
         .expect("create the session");

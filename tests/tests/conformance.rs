@@ -44,6 +44,7 @@ async fn create(client: &Client, id: &str, directories: Vec<String>) {
             provider: None,
             working_directories: directories,
             title: None,
+            config: None,
         })
         .await
         .expect("create the session");

@@ -34,6 +34,7 @@ async fn create(client: &Client, id: &str) {
             provider: None,
             working_directories: Vec::new(),
             title: None,
+            config: None,
         })
         .await
         .expect("create the session");

@@ -148,6 +148,17 @@ impl AgentSpec {
         }
     }
 
+    /// The agent's configuration `{schema, values}` as last learned (an ACP
+    /// agent's probe session), for new sessions and `resolveSessionConfig`.
+    pub fn config_template(&self) -> Option<Value> {
+        self.acp_capabilities().and_then(|c| c.config.clone())
+    }
+
+    /// Each configuration property's ACP category.
+    pub fn config_categories(&self) -> Option<Value> {
+        self.acp_capabilities().and_then(|c| c.categories.clone())
+    }
+
     /// The AHP `AgentInfo` advertised in the root state.
     pub fn agent_info(&self) -> Value {
         let mut capabilities = json!({});
@@ -165,17 +176,21 @@ impl AgentSpec {
             "provider": self.provider,
             "displayName": self.display_name,
             "description": self.description,
-            "models": [],
+            "models": self.acp_capabilities().map(|c| c.models.clone()).unwrap_or_default(),
             "capabilities": capabilities,
         })
     }
 
-    /// The `x-tether/commandsAdvertised` an agent records when it opens a
-    /// session (the list replaces any earlier one whole).
+    /// The `session/metaChanged` with which the built-in agent advertises
+    /// its commands when it opens a session (merged into the session's
+    /// `_meta` by the host; AHP `completions` answers from it).
     pub fn commands_advertisement(&self) -> Value {
         json!({
-            "type": tether_protocol::actions::COMMANDS_ADVERTISED,
-            "commands": [{"name": "echo", "description": "Repeat the message back.", "inputHint": "text to repeat"}],
+            "type": "session/metaChanged",
+            "_meta": {tether_protocol::actions::COMMANDS_META: [
+                {"name": "echo", "description": "Repeat the message back.", "inputHint": "text to repeat"},
+                {"name": "tool", "description": "Call a client's tool.", "inputHint": "NAME {json arguments}"},
+            ]},
         })
     }
 

@@ -172,6 +172,8 @@ pub struct CreateSession {
     pub working_directories: Vec<String>,
     /// Initial title.
     pub title: Option<String>,
+    /// Initial values of the agent's configuration.
+    pub config: Option<serde_json::Map<String, Value>>,
     /// AHP `SessionActiveClient`.
     pub active_client: Option<Value>,
 }

@@ -76,6 +76,7 @@ impl Engine {
                 request.id
             )));
         }
+        let (config, meta) = initial_config(agent, request.config.as_ref())?;
         let created = SessionCreated {
             project: request.project,
             provider,
@@ -84,6 +85,8 @@ impl Engine {
             active_client: request.active_client,
             default_chat,
             created_at: rfc3339(now_ms()),
+            config,
+            meta,
         };
         let id = request.id;
         self.ask(&id, |reply| Command::Create { created, reply })
@@ -292,6 +295,59 @@ impl Engine {
         })
         .await
     }
+}
+
+impl Engine {
+    /// What a session of `provider` would be configured with given
+    /// `values` (AHP `resolveSessionConfig`): the agent's options with
+    /// those values, checked; an empty schema for an agent with none.
+    pub fn resolve_config(
+        &self,
+        provider: Option<&str>,
+        values: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<serde_json::Value, EngineError> {
+        let provider = provider.unwrap_or("echo");
+        let agent = self.ctx.agents.get(provider).ok_or_else(|| {
+            EngineError::ProviderNotFound(format!(
+                "No agent serves provider {provider:?}; available: {}.",
+                self.ctx.agents.providers().join(", ")
+            ))
+        })?;
+        let (config, _) = initial_config(agent, values)?;
+        Ok(config.unwrap_or_else(
+            || serde_json::json!({"schema": {"type": "object", "properties": {}}, "values": {}}),
+        ))
+    }
+}
+
+/// A new session's configuration and `_meta`: the agent's configuration as
+/// it was last learned (its probe), with the caller's values, checked
+/// against what the agent offers.
+fn initial_config(
+    agent: &crate::agents::AgentSpec,
+    values: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<(Option<serde_json::Value>, Option<serde_json::Value>), EngineError> {
+    let values = values.filter(|v| !v.is_empty());
+    let Some(mut config) = agent.config_template() else {
+        return match values {
+            None => Ok((None, None)),
+            Some(_) => Err(EngineError::InvalidParams(format!(
+                "Agent {} offers no configuration to choose at creation.",
+                agent.provider
+            ))),
+        };
+    };
+    if let Some(values) = values {
+        tether_protocol::config::check_values(&config, values, true)
+            .map_err(EngineError::InvalidParams)?;
+        for (key, value) in values {
+            config["values"][key] = value.clone();
+        }
+    }
+    let meta = agent.config_categories().map(|categories| {
+        serde_json::json!({ tether_protocol::actions::CONFIG_CATEGORIES_META: categories })
+    });
+    Ok((Some(config), meta))
 }
 
 fn capitalise_first(text: &str) -> String {

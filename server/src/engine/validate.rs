@@ -72,6 +72,7 @@ pub(super) async fn check_dispatch(
     process: Option<&crate::agents::acp::AgentProcess>,
     owners: &std::collections::HashMap<String, String>,
     d: &mut Dispatch,
+    follow: &mut Vec<(String, Value)>,
 ) -> Result<(), Refusal> {
     if let Some(principal) = &d.principal
         && !principal.can_see(&model.created.project)
@@ -116,10 +117,18 @@ pub(super) async fn check_dispatch(
         }
         if kind == "chat/turnStarted" {
             check_new_turn_id(ctx, model, &d.channel, &d.action).await?;
+            check_turn_model(model, &d.action)?;
+        }
+        if kind == "session/configChanged" {
+            check_config_change(model, &d.action)?;
         }
         kind
     } else {
-        action_type(&d.action).unwrap_or_default().to_owned()
+        let kind = action_type(&d.action).unwrap_or_default().to_owned();
+        if kind == "session/metaChanged" {
+            merge_meta(model, &mut d.action);
+        }
+        kind
     };
     let typed = typed_action(&d.action);
     if matches!(typed, ahp_types::actions::StateAction::Unknown(_)) && !kind.starts_with("x-") {
@@ -176,6 +185,22 @@ pub(super) async fn check_dispatch(
                 )
             })?;
         }
+    } else if d.origin.is_some() && kind == "session/configChanged" && process.is_some() {
+        // The agent's settings: a running ACP agent is moved to the values
+        // before they are recorded (its refusal refuses the change); one
+        // not running gets them when it next opens the session.
+        if let (Some(process), Some(values)) = (
+            process,
+            d.action.get("config").and_then(Value::as_object).cloned(),
+        ) {
+            let moved = process.configure(values).await.map_err(|reason| {
+                Refusal::new(
+                    RefusalKind::Invalid,
+                    format!("The agent did not accept the configuration: {reason}."),
+                )
+            })?;
+            follow.extend(moved);
+        }
     } else if let Some(origin) = &d.origin {
         let request = EffectRequest {
             channel: &d.channel,
@@ -210,6 +235,103 @@ pub(super) async fn check_dispatch(
     }
     model.accept(trial, &d.action, &typed);
     Ok(())
+}
+
+/// A client's `session/configChanged` must name properties the session's
+/// configuration has, that may change during a session, with values of
+/// their type and among their choices; `replace` must name all of them
+/// (an agent's option cannot be left without a value).
+fn check_config_change(model: &SessionModel, action: &Value) -> Result<(), Refusal> {
+    let invalid = |reason: String| Refusal::new(RefusalKind::Invalid, reason);
+    let Some(config) = model
+        .session
+        .config
+        .as_ref()
+        .and_then(|c| serde_json::to_value(c).ok())
+    else {
+        return Err(invalid(
+            "This session's agent offers no configuration (yet: an ACP agent's appears when it \
+             opens the session)."
+                .to_owned(),
+        ));
+    };
+    let change = action
+        .get("config")
+        .and_then(Value::as_object)
+        .ok_or_else(|| invalid("session/configChanged needs a \"config\" object.".to_owned()))?;
+    tether_protocol::config::check_values(&config, change, false).map_err(invalid)?;
+    if action.get("replace") == Some(&Value::Bool(true))
+        && let Some(properties) = config
+            .pointer("/schema/properties")
+            .and_then(Value::as_object)
+        && let Some(missing) = properties.keys().find(|k| !change.contains_key(*k))
+    {
+        return Err(invalid(format!(
+            "A replacing session/configChanged must give every option; it lacks {missing:?}."
+        )));
+    }
+    Ok(())
+}
+
+/// A turn's `message.model` must be one the session's agent offers.
+fn check_turn_model(model: &SessionModel, action: &Value) -> Result<(), Refusal> {
+    let Some(wanted) = action.pointer("/message/model/id").and_then(Value::as_str) else {
+        return Ok(());
+    };
+    let categories = model
+        .session
+        .meta
+        .as_ref()
+        .and_then(|m| m.get(tether_protocol::actions::CONFIG_CATEGORIES_META));
+    let option = categories.and_then(Value::as_object).and_then(|c| {
+        c.iter()
+            .find(|(_, v)| *v == "model")
+            .map(|(k, _)| k.clone())
+    });
+    let config = model
+        .session
+        .config
+        .as_ref()
+        .and_then(|c| serde_json::to_value(c).ok());
+    let choices = option
+        .as_ref()
+        .zip(config.as_ref())
+        .and_then(|(o, c)| c.pointer(&format!("/schema/properties/{o}/enum")).cloned());
+    match choices.as_ref().and_then(Value::as_array) {
+        Some(choices) if choices.iter().any(|c| c == wanted) => Ok(()),
+        Some(choices) => Err(Refusal::new(
+            RefusalKind::Invalid,
+            format!(
+                "The agent offers no model {wanted:?}; it offers: {}.",
+                choices
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+        None => Err(Refusal::new(
+            RefusalKind::Invalid,
+            format!("This session's agent offers no choice of model; {wanted:?} cannot be used."),
+        )),
+    }
+}
+
+/// A host-originated `session/metaChanged` names only the keys it changes
+/// (a key with `null` is removed): it becomes the full `_meta` AHP's
+/// action carries, the keys it does not name kept as they are.
+fn merge_meta(model: &SessionModel, action: &mut Value) {
+    let mut meta = model.session.meta.clone().unwrap_or_default();
+    if let Some(given) = action.get("_meta").and_then(Value::as_object) {
+        for (key, value) in given {
+            if value.is_null() {
+                meta.remove(key);
+            } else {
+                meta.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    action["_meta"] = Value::Object(meta);
 }
 
 impl Ctx {

@@ -207,6 +207,7 @@ pub async fn create_session(
         provider: request.provider.clone(),
         working_directories: directories,
         title: request.title.clone(),
+        config: request.config.clone(),
         active_client: None,
     };
     validate_name("session id", &create.id)?;

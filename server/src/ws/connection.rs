@@ -34,11 +34,8 @@ use crate::store::Origin;
 /// The optional AHP 1.0 commands Tether does not offer. Each is gated by a
 /// capability Tether does not advertise, and the specification answers a
 /// command outside every advertised capability with JSON-RPC -32601.
-pub(super) const NOT_OFFERED: [&str; 22] = [
-    "completions",
+pub(super) const NOT_OFFERED: [&str; 19] = [
     "authenticate",
-    "resolveSessionConfig",
-    "sessionConfigCompletions",
     "createTerminal",
     "disposeTerminal",
     "disposeChat",
@@ -578,6 +575,9 @@ impl Connection {
             "listSessions" => self.list_sessions(params).await,
             "createChat" => self.create_chat(params).await,
             "fetchTurns" => self.fetch_turns(params).await,
+            "resolveSessionConfig" => self.resolve_session_config(params).await,
+            "sessionConfigCompletions" => self.session_config_completions(params).await,
+            "completions" => self.completions(params).await,
             "ping" => Ok(Value::Null),
             other if NOT_OFFERED.contains(&other) => Err(RpcError::new(
                 json_rpc_error_codes::METHOD_NOT_FOUND,

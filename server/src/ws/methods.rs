@@ -98,6 +98,7 @@ impl Connection {
             "protocolVersion": version,
             "serverSeq": server_seq,
             "serverInfo": {"name": "tether", "version": env!("CARGO_PKG_VERSION")},
+            "completionTriggerCharacters": [super::completions::COMMAND_TRIGGER],
             "snapshots": snapshots,
             "_meta": {"tether/hostEpoch": host.epoch.to_string()},
         }))
@@ -378,6 +379,15 @@ impl Connection {
                 .map(str::to_owned),
             working_directories: text_list("workingDirectories")?,
             title: None,
+            config: match params.get("config") {
+                None | Some(Value::Null) => None,
+                Some(Value::Object(config)) => Some(config.clone()),
+                Some(_) => {
+                    return Err(RpcError::invalid(
+                        "params.config must be an object of configuration values.",
+                    ));
+                }
+            },
             active_client: params.get("activeClient").cloned().filter(|v| !v.is_null()),
         };
         self.engine

@@ -12,6 +12,8 @@
 //! `queue` holds the outbound queue and its writer, `connection` the read
 //! loop and delivery, `methods` the AHP methods, `rpc` errors and params.
 
+mod completions;
+mod config;
 mod connection;
 mod methods;
 mod queue;

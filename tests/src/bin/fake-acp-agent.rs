@@ -1,8 +1,14 @@
 //! A scripted ACP agent for Tether's tests, built on the ACP SDK's agent
 //! side. What it does is chosen per test:
 //!
-//! * `FAKE_ACP_CAPS` (comma-separated): `load`, `resume`, `dirs`, `mcp` —
-//!   the capabilities it reports at `initialize` (`mcp`: MCP over HTTP).
+//! * `FAKE_ACP_CAPS` (comma-separated): `load`, `resume`, `dirs`, `mcp`,
+//!   `close` — the capabilities it reports at `initialize` (`mcp`: MCP
+//!   over HTTP); `config`: its sessions offer modes (`ask`, `code`) and
+//!   options `model` (`fast`, `smart`) and `thought` (`low`, `high`, and
+//!   `deep` while the model is `smart`), changed with `session/set_mode` /
+//!   `session/set_config_option` (a value `broken` is refused).
+//! * `FAKE_ACP_LOG`: a file it appends each `session/set_*` and
+//!   `session/close` it receives to, one line each.
 //! * `FAKE_ACP_MODE`: `never-init` (reads, never answers), `garbage` (writes
 //!   a line that is not JSON-RPC before anything else), `stubborn` (ignores
 //!   SIGTERM and stays after stdin closes); default: normal.
@@ -11,6 +17,8 @@
 //!   `plan`, `flood N`, `refuse`, `dirs`, `mcp-list`, `mcp NAME {json}` (the
 //!   MCP servers it was given: list their tools, or call one and say the
 //!   result), `env` (its environment), `cwd`, `read PATH`, `write PATH`,
+//!   `settings` (its mode and options now), `switch MODE` (it changes its
+//!   own mode), `usage` (a usage update with a cost),
 //!   `child-read PATH` (`cat` in a child process; each says `ok` or the
 //!   error); anything else is echoed back.
 //!
@@ -25,18 +33,84 @@ use std::time::Duration;
 
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, InitializeRequest, InitializeResponse, LoadSessionRequest,
-    LoadSessionResponse, NewSessionRequest, NewSessionResponse, PromptRequest, PromptResponse,
-    RequestPermissionOutcome, RequestPermissionRequest, ResumeSessionRequest,
-    ResumeSessionResponse, SessionNotification, SessionUpdate, StopReason,
+    CancelNotification, CloseSessionRequest, CloseSessionResponse, InitializeRequest,
+    InitializeResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest,
+    NewSessionResponse, PromptRequest, PromptResponse, RequestPermissionOutcome,
+    RequestPermissionRequest, ResumeSessionRequest, ResumeSessionResponse, SessionNotification,
+    SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse,
+    SetSessionModeRequest, SetSessionModeResponse, StopReason,
 };
 use agent_client_protocol::{Agent, ByteStreams, Client, Error};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
+/// A session's settings (with `FAKE_ACP_CAPS=config`).
+#[derive(Clone)]
+struct Settings {
+    mode: String,
+    model: String,
+    thought: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            mode: "ask".into(),
+            model: "fast".into(),
+            thought: "low".into(),
+        }
+    }
+}
+
+impl Settings {
+    fn modes(&self) -> Value {
+        json!({"currentModeId": self.mode, "availableModes": [
+            {"id": "ask", "name": "Ask", "description": "Answers questions"},
+            {"id": "code", "name": "Code", "description": "Writes code"}]})
+    }
+
+    fn options(&self) -> Value {
+        let mut thoughts = vec![
+            json!({"value": "low", "name": "Low"}),
+            json!({"value": "high", "name": "High"}),
+        ];
+        if self.model == "smart" {
+            thoughts.push(json!({"value": "deep", "name": "Deep"}));
+        }
+        json!([
+            {"id": "model", "name": "Model", "category": "model", "type": "select",
+             "currentValue": self.model, "options": [
+                 {"value": "fast", "name": "Fast"}, {"value": "smart", "name": "Smart"}]},
+            {"id": "thought", "name": "Thinking", "category": "thought_level", "type": "select",
+             "currentValue": self.thought, "options": thoughts},
+        ])
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "mode={} model={} thought={}",
+            self.mode, self.model, self.thought
+        )
+    }
+}
+
+/// Appends a line to `FAKE_ACP_LOG`, if set.
+fn log_line(line: &str) {
+    if let Ok(path) = std::env::var("FAKE_ACP_LOG")
+        && let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    {
+        let _ = writeln!(file, "{line}");
+    }
+}
+
 #[derive(Default)]
 struct State {
+    /// Settings per session.
+    settings: HashMap<String, Settings>,
     /// Additional directories per session, as last opened or resumed.
     dirs: HashMap<String, Vec<String>>,
     cancels: HashMap<String, Arc<Notify>>,
@@ -165,6 +239,10 @@ async fn main() -> Result<(), Error> {
         None
     };
     let state: Shared = Shared::default();
+    let configurable = std::env::var("FAKE_ACP_CAPS")
+        .unwrap_or_default()
+        .split(',')
+        .any(|c| c == "config");
     let transport = ByteStreams::new(
         tokio::io::stdout().compat_write(),
         tokio::io::stdin().compat(),
@@ -176,6 +254,7 @@ async fn main() -> Result<(), Error> {
         state.clone(),
         state.clone(),
     );
+    let (s6, s7) = (state.clone(), state.clone());
     Agent
         .v1()
         .name("fake-acp-agent")
@@ -187,6 +266,9 @@ async fn main() -> Result<(), Error> {
                 }
                 if caps.iter().any(|c| c == "dirs") {
                     session["additionalDirectories"] = json!({});
+                }
+                if caps.iter().any(|c| c == "close") {
+                    session["close"] = json!({});
                 }
                 let mcp_http = caps.iter().any(|c| c == "mcp");
                 let mut response: InitializeResponse = serde_json::from_value(json!({
@@ -213,9 +295,16 @@ async fn main() -> Result<(), Error> {
                     let id = format!("fake-{}-{}", std::process::id(), state.next);
                     state.dirs.insert(id.clone(), dirs_of(&request.additional_directories));
                     state.mcp.insert(id.clone(), http_servers(&request.mcp_servers));
+                    state.settings.insert(id.clone(), Settings::default());
                     id
                 };
-                responder.respond(NewSessionResponse::new(id))
+                let mut response = json!({"sessionId": id});
+                if configurable {
+                    let settings = Settings::default();
+                    response["modes"] = settings.modes();
+                    response["configOptions"] = settings.options();
+                }
+                responder.respond(serde_json::from_value::<NewSessionResponse>(response).expect("a response"))
             },
             agent_client_protocol::on_receive_request!(),
         )
@@ -245,6 +334,72 @@ async fn main() -> Result<(), Error> {
                     .dirs
                     .insert(request.session_id.to_string(), dirs);
                 responder.respond(ResumeSessionResponse::new())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: SetSessionModeRequest, responder, _cx| {
+                let mode = request.mode_id.to_string();
+                log_line(&format!("set_mode {mode}"));
+                if mode == "broken" || !["ask", "code"].contains(&mode.as_str()) {
+                    return responder.respond_with_error(
+                        Error::invalid_params().data(json!(format!("no mode {mode}"))),
+                    );
+                }
+                s6.lock()
+                    .expect("state")
+                    .settings
+                    .entry(request.session_id.to_string())
+                    .or_default()
+                    .mode = mode;
+                responder.respond(SetSessionModeResponse::new())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: SetSessionConfigOptionRequest, responder, _cx| {
+                let id = request.config_id.to_string();
+                let value = serde_json::to_value(&request.value).expect("a value");
+                let value = value["value"].as_str().unwrap_or_default().to_owned();
+                log_line(&format!("set_config_option {id} {value}"));
+                let mut state = s7.lock().expect("state");
+                let settings = state
+                    .settings
+                    .entry(request.session_id.to_string())
+                    .or_default();
+                match (id.as_str(), value.as_str()) {
+                    (_, "broken") => {
+                        return responder.respond_with_error(
+                            Error::invalid_params().data(json!("that value is broken")),
+                        );
+                    }
+                    ("model", "fast" | "smart") => {
+                        settings.model = value.clone();
+                        // A model without deep thinking cannot keep it.
+                        if value == "fast" && settings.thought == "deep" {
+                            settings.thought = "high".into();
+                        }
+                    }
+                    ("thought", "low" | "high") => settings.thought = value,
+                    ("thought", "deep") if settings.model == "smart" => settings.thought = value,
+                    _ => {
+                        return responder.respond_with_error(
+                            Error::invalid_params().data(json!(format!("no {id} {value}"))),
+                        );
+                    }
+                }
+                let response = json!({"configOptions": settings.options()});
+                responder.respond(
+                    serde_json::from_value::<SetSessionConfigOptionResponse>(response)
+                        .expect("a response"),
+                )
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: CloseSessionRequest, responder, _cx| {
+                log_line(&format!("close {}", request.session_id));
+                responder.respond(CloseSessionResponse::new())
             },
             agent_client_protocol::on_receive_request!(),
         )
@@ -426,6 +581,39 @@ async fn run(
                 .cloned()
                 .unwrap_or_default();
             say(&format!("dirs: {}", dirs.join(",")))?;
+        }
+        "settings" => {
+            let settings = state
+                .lock()
+                .expect("state")
+                .settings
+                .get(session)
+                .cloned()
+                .unwrap_or_default();
+            say(&settings.describe())?;
+        }
+        "switch" => {
+            let mode = rest.first().copied().unwrap_or("code").to_owned();
+            state
+                .lock()
+                .expect("state")
+                .settings
+                .entry(session.to_owned())
+                .or_default()
+                .mode = mode.clone();
+            cx.send_notification(update(
+                session,
+                json!({"sessionUpdate": "current_mode_update", "currentModeId": mode}),
+            ))?;
+            say(&format!("switched to {mode}"))?;
+        }
+        "usage" => {
+            cx.send_notification(update(
+                session,
+                json!({"sessionUpdate": "usage_update", "used": 1200, "size": 200000,
+                       "cost": {"amount": 0.042, "currency": "USD"}}),
+            ))?;
+            say("counted")?;
         }
         "env" => {
             let mut vars: Vec<String> = std::env::vars().map(|(k, v)| format!("{k}={v}")).collect();

@@ -8,18 +8,21 @@ use std::sync::{Arc, Mutex};
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, ContentBlock, HttpHeader, Implementation, InitializeRequest,
-    InitializeResponse, LoadSessionRequest, McpServer, McpServerHttp, NewSessionRequest,
-    PermissionOptionKind, PromptRequest, RequestPermissionOutcome, RequestPermissionRequest,
-    RequestPermissionResponse, ResumeSessionRequest, SelectedPermissionOutcome,
-    SessionNotification, TextContent,
+    CancelNotification, CloseSessionRequest, ContentBlock, HttpHeader, Implementation,
+    InitializeRequest, InitializeResponse, LoadSessionRequest, McpServer, McpServerHttp,
+    NewSessionRequest, PermissionOptionKind, PromptRequest, RequestPermissionOutcome,
+    RequestPermissionRequest, RequestPermissionResponse, ResumeSessionRequest,
+    SelectedPermissionOutcome, SessionConfigOptionValue, SessionNotification,
+    SetSessionConfigOptionRequest, SetSessionModeRequest, TextContent,
 };
 use agent_client_protocol::{Agent, ByteStreams, Client};
+use serde_json::Value;
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, ChildStderr};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
+use super::config::{AgentConfig, Setting};
 use super::lines::{Guarded, Verdict};
 use super::map::{Turn, TurnMap};
 use super::{
@@ -61,6 +64,7 @@ pub fn spawn(
             map,
             limits: limits.clone(),
             verdict: verdict.clone(),
+            closes: std::sync::atomic::AtomicBool::new(false),
         };
         let result = bridge.run(&mut child, open, cwd, commands, stopped).await;
         let reason = match (verdict.lock().ok().and_then(|v| v.clone()), result) {
@@ -90,14 +94,17 @@ pub fn spawn(
 }
 
 /// Asks a configured agent what it can do: starts it, sends `initialize`,
-/// stops it.
+/// opens a session in its scratch directory to learn its settings (modes,
+/// options, models) or why it cannot open one (a login it needs), stops
+/// it.
 pub async fn probe(
     command: &AgentCommand,
     limits: &AcpLimits,
     sandbox: &Sandbox,
 ) -> Result<AcpCapabilities, String> {
     let scratch = format!("probe-{}", command.name);
-    let (mut child, _) = start(command, &scratch, &[], sandbox)?;
+    let (mut child, cwd) = start(command, &scratch, &[], sandbox)?;
+    let provider = command.name.clone();
     let pid = child.id();
     let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
     let (Some(stdin), Some(stdout)) = (stdin, stdout) else {
@@ -113,14 +120,37 @@ pub async fn probe(
         .v1()
         .name("tether")
         .connect_with(transport, async move |cx: ConnectionTo<Agent>| {
-            Ok(initialize(&cx, timeout).await)
+            let mut capabilities = match initialize(&cx, timeout).await {
+                Ok(response) => capabilities_of(&response),
+                Err(reason) => return Ok(Err(reason)),
+            };
+            let opened = tokio::time::timeout(
+                timeout,
+                cx.send_request(NewSessionRequest::new(cwd)).block_task(),
+            )
+            .await;
+            match opened {
+                Ok(Ok(session)) => {
+                    let options = session.config_options.unwrap_or_default();
+                    let config = AgentConfig::new(session.modes.as_ref(), &options);
+                    capabilities.learn_config(&config, &provider);
+                }
+                Ok(Err(err)) => capabilities.session_error = Some(said(&err)),
+                Err(_) => {
+                    capabilities.session_error = Some(format!(
+                        "it did not answer session/new within {} s",
+                        timeout.as_secs_f64()
+                    ));
+                }
+            }
+            Ok(Ok(capabilities))
         })
         .await;
     stop_child(&mut child, pid, limits).await;
     let verdict = verdict.lock().ok().and_then(|v| v.clone());
     match (verdict, result) {
         (Some(reason), _) => Err(reason),
-        (None, Ok(Ok(response))) => Ok(capabilities_of(&response)),
+        (None, Ok(Ok(capabilities))) => Ok(capabilities),
         (None, Ok(Err(reason))) => Err(reason),
         (None, Err(err)) => Err(format!("it did not answer initialize: {err}")),
     }
@@ -227,6 +257,13 @@ fn capabilities_of(response: &InitializeResponse) -> AcpCapabilities {
             .agent_info
             .as_ref()
             .map(|i| i.title.clone().unwrap_or_else(|| i.name.clone())),
+        close: caps.session_capabilities.close.is_some(),
+        auth_methods: response
+            .auth_methods
+            .iter()
+            .filter_map(|m| serde_json::to_value(m).ok())
+            .collect(),
+        ..AcpCapabilities::default()
     }
 }
 
@@ -243,12 +280,15 @@ struct Bridge {
     map: Arc<Mutex<TurnMap>>,
     limits: AcpLimits,
     verdict: Verdict,
+    /// Whether the agent takes `session/close` (learned at `initialize`).
+    closes: std::sync::atomic::AtomicBool,
 }
 
 struct Queued {
     chat: String,
     turn_id: String,
     text: String,
+    model: Option<String>,
 }
 
 /// What an agent's error says: its `data` when that is text, else its
@@ -401,13 +441,30 @@ impl Bridge {
                         && let Some(next) = queue.pop_front()
                     {
                         running = Some(next.turn_id.clone());
+                        if let Some(model) = &next.model {
+                            self.choose_model(&cx, &session, model).await;
+                        }
                         self.prompt(&cx, &session, next, done_tx.clone())?;
                     }
                     tokio::select! {
                         command = commands.recv() => match command {
                             None => return Ok(Stop::Asked),
-                            Some(ToAgent::Prompt { chat, turn_id, text }) => {
-                                queue.push_back(Queued { chat, turn_id, text });
+                            Some(ToAgent::Prompt { chat, turn_id, text, model }) => {
+                                queue.push_back(Queued { chat, turn_id, text, model });
+                            }
+                            Some(ToAgent::Configure { values, reply }) => {
+                                let _ = reply.send(self.configure(&cx, &session, &values).await);
+                            }
+                            Some(ToAgent::Close { reply }) => {
+                                if self.closes.load(std::sync::atomic::Ordering::Relaxed) {
+                                    let request = CloseSessionRequest::new(session.clone());
+                                    let _ = tokio::time::timeout(
+                                        self.limits.init_timeout,
+                                        cx.send_request(request).block_task(),
+                                    )
+                                    .await;
+                                }
+                                let _ = reply.send(());
                             }
                             Some(ToAgent::Cancel { turn_id }) => {
                                 if running.as_deref() == Some(turn_id.as_str()) {
@@ -465,6 +522,8 @@ impl Bridge {
         let timeout = self.limits.init_timeout;
         let response = initialize(cx, timeout).await?;
         let caps = capabilities_of(&response);
+        self.closes
+            .store(caps.close, std::sync::atomic::Ordering::Relaxed);
         let additional = if caps.additional_directories {
             open.dirs.iter().skip(1).cloned().collect()
         } else {
@@ -485,7 +544,7 @@ impl Bridge {
                 timeout.as_secs_f64()
             )
         };
-        let (session, resumed) = match &open.mode {
+        let (session, resumed, settings) = match &open.mode {
             OpenMode::New => {
                 let request = NewSessionRequest::new(cwd.clone())
                     .additional_directories(additional)
@@ -494,17 +553,21 @@ impl Bridge {
                     .await
                     .map_err(|_| in_time("session/new"))?
                     .map_err(|e| format!("it refused session/new: {}", said(&e)))?;
-                (response.session_id.to_string(), false)
+                let options = response.config_options.unwrap_or_default();
+                let settings = AgentConfig::new(response.modes.as_ref(), &options);
+                (response.session_id.to_string(), false, settings)
             }
             OpenMode::Reopen(id) if caps.resume => {
                 let request = ResumeSessionRequest::new(id.clone(), cwd.clone())
                     .additional_directories(additional)
                     .mcp_servers(mcp_servers);
-                tokio::time::timeout(timeout, cx.send_request(request).block_task())
+                let response = tokio::time::timeout(timeout, cx.send_request(request).block_task())
                     .await
                     .map_err(|_| in_time("session/resume"))?
                     .map_err(|e| format!("it refused session/resume: {}", said(&e)))?;
-                (id.clone(), true)
+                let options = response.config_options.unwrap_or_default();
+                let settings = AgentConfig::new(response.modes.as_ref(), &options);
+                (id.clone(), true, settings)
             }
             OpenMode::Reopen(id) if caps.load_session => {
                 // The agent replays the history as updates: it is already
@@ -520,10 +583,12 @@ impl Bridge {
                 if let Ok(mut m) = self.map.lock() {
                     m.replaying = false;
                 }
-                answer
+                let response = answer
                     .map_err(|_| in_time("session/load"))?
                     .map_err(|e| format!("it refused session/load: {}", said(&e)))?;
-                (id.clone(), true)
+                let options = response.config_options.unwrap_or_default();
+                let settings = AgentConfig::new(response.modes.as_ref(), &options);
+                (id.clone(), true, settings)
             }
             OpenMode::Reopen(_) => {
                 return Err("it can neither resume nor load sessions".to_owned());
@@ -538,7 +603,135 @@ impl Bridge {
             .send(opened)
             .await
             .map_err(|_| "the session stopped".to_owned())?;
+        // The session's recorded values (chosen at creation, or changed
+        // while no agent ran) are the agent's now; what it ends up with,
+        // if other, is recorded.
+        if let Ok(mut m) = self.map.lock() {
+            m.config = settings;
+            m.known_config = open.config.clone();
+        }
+        let wanted = open
+            .config
+            .as_ref()
+            .and_then(|c| c["values"].as_object().cloned())
+            .unwrap_or_default();
+        if let Err(reason) = self.apply(cx, &session, &wanted).await {
+            // A value the agent no longer takes: the session goes on with
+            // what the agent has, which is recorded below.
+            tracing::warn!(%reason, "the agent did not take the session's configuration");
+        }
+        let actions = self
+            .map
+            .lock()
+            .map(|mut m| m.config_moved())
+            .unwrap_or_default();
+        if !actions.is_empty() {
+            let _ = self.events.send(AgentEvent::Actions(actions)).await;
+        }
         Ok(session)
+    }
+
+    /// Moves the agent to `values` (`session/set_mode`,
+    /// `session/set_config_option`), one request at a time, keeping what
+    /// it reports in the map; stops at the first refusal, with the
+    /// agent's words.
+    async fn apply(
+        &self,
+        cx: &ConnectionTo<Agent>,
+        session: &str,
+        values: &serde_json::Map<String, Value>,
+    ) -> Result<(), String> {
+        let settings = match self.map.lock() {
+            Ok(m) => m.config.settings_for(values),
+            Err(_) => return Err("the session's state is unavailable".to_owned()),
+        };
+        let timeout = self.limits.init_timeout;
+        for setting in settings {
+            match setting {
+                Setting::Mode(mode) => {
+                    let request = SetSessionModeRequest::new(session.to_owned(), mode.clone());
+                    tokio::time::timeout(timeout, cx.send_request(request).block_task())
+                        .await
+                        .map_err(|_| "it did not answer session/set_mode in time".to_owned())?
+                        .map_err(|e| format!("it refused mode {mode:?}: {}", said(&e)))?;
+                    if let Ok(mut m) = self.map.lock() {
+                        m.config.set_mode(&mode);
+                    }
+                }
+                Setting::Option(id, value) => {
+                    let typed = match &value {
+                        Value::Bool(on) => SessionConfigOptionValue::boolean(*on),
+                        Value::String(choice) => SessionConfigOptionValue::value_id(choice.clone()),
+                        other => {
+                            return Err(format!("option {id:?} cannot take {other}"));
+                        }
+                    };
+                    let request =
+                        SetSessionConfigOptionRequest::new(session.to_owned(), id.clone(), typed);
+                    let response =
+                        tokio::time::timeout(timeout, cx.send_request(request).block_task())
+                            .await
+                            .map_err(|_| {
+                                "it did not answer session/set_config_option in time".to_owned()
+                            })?
+                            .map_err(|e| format!("it refused {id:?} = {value}: {}", said(&e)))?;
+                    if let Ok(mut m) = self.map.lock() {
+                        m.config.set_options(&response.config_options);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A client's `session/configChanged`, before it is committed: the
+    /// agent is moved to the values; the answer is what else changed with
+    /// them (the client's own values are recorded with its action).
+    async fn configure(
+        &self,
+        cx: &ConnectionTo<Agent>,
+        session: &str,
+        values: &serde_json::Map<String, Value>,
+    ) -> Result<Vec<(String, Value)>, String> {
+        let applied = self.apply(cx, session, values).await;
+        let mut m = self
+            .map
+            .lock()
+            .map_err(|_| "the session's state is unavailable".to_owned())?;
+        // What clients will know once the client's action is recorded.
+        if applied.is_ok()
+            && let Some(known) = m.known_config.as_mut()
+        {
+            for (key, value) in values {
+                known["values"][key] = value.clone();
+            }
+        }
+        let actions = m.config_moved();
+        applied.map(|()| actions)
+    }
+
+    /// Moves the agent to the model a turn's message asks for, recording
+    /// the change; a refusal is logged and the turn goes on with the
+    /// current model.
+    async fn choose_model(&self, cx: &ConnectionTo<Agent>, session: &str, model: &str) {
+        let option = match self.map.lock() {
+            Ok(m) => m.config.model_option().map(str::to_owned),
+            Err(_) => None,
+        };
+        let Some(option) = option else { return };
+        let mut values = serde_json::Map::new();
+        values.insert(option, Value::String(model.to_owned()));
+        if let Err(reason) = self.apply(cx, session, &values).await {
+            tracing::warn!(%reason, "the agent did not take the turn's model");
+        }
+        let actions = self
+            .map
+            .lock()
+            .map(|mut m| m.config_moved())
+            .unwrap_or_default();
+        if !actions.is_empty() {
+            let _ = self.events.send(AgentEvent::Actions(actions)).await;
+        }
     }
 
     fn prompt(

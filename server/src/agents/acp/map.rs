@@ -12,8 +12,12 @@ use agent_client_protocol::v1::schema::{
     ContentBlock, PermissionOptionKind, RequestPermissionRequest, SessionUpdate, StopReason,
     ToolCallContent, ToolCallStatus, ToolKind,
 };
-use serde_json::{Value, json};
-use tether_protocol::actions::COMMANDS_ADVERTISED;
+use serde_json::{Map, Value, json};
+use tether_protocol::actions::{
+    COMMANDS_META, CONFIG_CATEGORIES_META, CONFIG_SCHEMA_CHANGED, USAGE_META,
+};
+
+use super::config::AgentConfig;
 
 /// Where a tool call is in its AHP life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +68,56 @@ pub struct TurnMap {
     pub updates: u64,
     /// While a `session/load` replays history: drop every update.
     pub replaying: bool,
+    /// The agent's settings as it last reported them.
+    pub config: AgentConfig,
+    /// The session's configuration as clients know it (the AHP
+    /// `{schema, values}` last recorded), to tell them only what changed.
+    pub known_config: Option<Value>,
+}
+
+/// The actions that tell clients a session's configuration went from
+/// `before` (as they know it) to the agent's `config`: a changed shape is
+/// Tether's `x-tether/configSchemaChanged` (with the categories in `_meta`)
+/// and the values as a standard `session/configChanged`; changed values
+/// alone are only the latter, with just those values.
+pub fn config_changes(session_uri: &str, before: Option<&Value>, config: &AgentConfig) -> Actions {
+    let after = config.to_ahp();
+    let uri = || session_uri.to_owned();
+    match before {
+        None if config.is_empty() => Vec::new(),
+        Some(before) if before["schema"] == after["schema"] => {
+            let changed: Map<String, Value> = after["values"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(key, value)| before["values"].get(key.as_str()) != Some(value))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if changed.is_empty() {
+                Vec::new()
+            } else {
+                vec![(
+                    uri(),
+                    json!({"type": "session/configChanged", "config": changed}),
+                )]
+            }
+        }
+        _ => vec![
+            (
+                uri(),
+                json!({"type": CONFIG_SCHEMA_CHANGED, "config": after}),
+            ),
+            (
+                uri(),
+                json!({"type": "session/metaChanged",
+                       "_meta": {CONFIG_CATEGORIES_META: config.categories()}}),
+            ),
+            (
+                uri(),
+                json!({"type": "session/configChanged", "config": after["values"]}),
+            ),
+        ],
+    }
 }
 
 /// Actions for the session's channel and its chats: `(channel, action)`.
@@ -81,7 +135,20 @@ impl TurnMap {
             tools: HashMap::new(),
             updates: 0,
             replaying: false,
+            config: AgentConfig::default(),
+            known_config: None,
         }
+    }
+
+    /// What changed in the agent's settings since clients last heard:
+    /// the actions to record, and the settings become what they know.
+    pub fn config_moved(&mut self) -> Actions {
+        let actions = config_changes(&self.session_uri, self.known_config.as_ref(), &self.config);
+        if !actions.is_empty() || self.known_config.is_none() {
+            self.known_config = (!self.config.is_empty() || self.known_config.is_some())
+                .then(|| self.config.to_ahp());
+        }
+        actions
     }
 
     /// The turn being answered.
@@ -178,6 +245,14 @@ impl TurnMap {
                            "part": {"kind": "markdown", "id": id, "content": text}}),
                 )]
             }
+            SessionUpdate::CurrentModeUpdate(update) => {
+                self.config.set_mode(&update.current_mode_id.to_string());
+                self.config_moved()
+            }
+            SessionUpdate::ConfigOptionUpdate(update) => {
+                self.config.set_options(&update.config_options);
+                self.config_moved()
+            }
             SessionUpdate::AvailableCommandsUpdate(update) => {
                 let commands: Vec<Value> = update
                     .available_commands
@@ -195,9 +270,11 @@ impl TurnMap {
                         command
                     })
                     .collect();
+                // The session state's `_meta` (merged into what is there by
+                // the host), which AHP `completions` answers from.
                 vec![(
                     self.session_uri.clone(),
-                    json!({"type": COMMANDS_ADVERTISED, "commands": commands}),
+                    json!({"type": "session/metaChanged", "_meta": {COMMANDS_META: commands}}),
                 )]
             }
             SessionUpdate::SessionInfoUpdate(info) => {
@@ -210,18 +287,35 @@ impl TurnMap {
                 }
             }
             SessionUpdate::UsageUpdate(usage) => {
+                // ACP reports the context's fill and size and the session's
+                // cost so far; AHP's usage has token counts only, so these
+                // go in its `_meta` (within a turn) or the session's.
+                let cost = usage
+                    .cost
+                    .as_ref()
+                    .map(|c| json!({"amount": c.amount, "currency": c.currency}));
                 let Some(turn) = &self.turn else {
-                    return Vec::new();
+                    let mut reported = json!({"used": usage.used, "size": usage.size});
+                    if let Some(cost) = cost {
+                        reported["cost"] = cost;
+                    }
+                    return vec![(
+                        self.session_uri.clone(),
+                        json!({"type": "session/metaChanged", "_meta": {USAGE_META: reported}}),
+                    )];
                 };
+                let mut meta =
+                    json!({"tether/contextUsed": usage.used, "tether/contextWindow": usage.size});
+                if let Some(cost) = cost {
+                    meta["tether/cost"] = cost;
+                }
                 vec![(
                     turn.chat.clone(),
-                    json!({"type": "chat/usage", "turnId": turn.turn_id, "usage": {
-                        "inputTokens": usage.used,
-                        "_meta": {"tether/contextWindow": usage.size},
-                    }}),
+                    json!({"type": "chat/usage", "turnId": turn.turn_id, "usage": {"_meta": meta}}),
                 )]
             }
-            // Modes and config options have no AHP slot.
+            // Notices, compaction and others: not offered to agents (Tether
+            // does not advertise them), so none should come.
             _ => Vec::new(),
         }
     }

@@ -17,6 +17,7 @@
 //! the host, whether or not it honours stdin EOF.
 
 mod bridge;
+pub mod config;
 mod lines;
 pub mod map;
 
@@ -78,9 +79,34 @@ pub struct AcpCapabilities {
     pub mcp_http: bool,
     /// `agentInfo.title` (or name), when it sent one.
     pub title: Option<String>,
+    /// `sessionCapabilities.close`: it takes `session/close`.
+    pub close: bool,
+    /// How it says users log in (`authMethods`, as ACP sends them).
+    pub auth_methods: Vec<Value>,
+    /// Its configuration as a session of its opened at the probe:
+    /// the AHP `{schema, values}`, when it offers any.
+    pub config: Option<Value>,
+    /// Each configuration property's ACP category.
+    pub categories: Option<Value>,
+    /// The models it offers (its `model` option's values), as AHP
+    /// `SessionModelInfo`s.
+    pub models: Vec<Value>,
+    /// Why it could not open a session at the probe (often: it needs a
+    /// login), in its own words.
+    pub session_error: Option<String>,
 }
 
 impl AcpCapabilities {
+    /// Takes in what a session of the agent showed of its settings.
+    pub fn learn_config(&mut self, config: &config::AgentConfig, provider: &str) {
+        if config.is_empty() {
+            return;
+        }
+        self.config = Some(config.to_ahp());
+        self.categories = Some(config.categories());
+        self.models = config.models(provider);
+    }
+
     /// A short list for people: "loadSession, resume, …" or "no extras".
     pub fn summary(&self) -> String {
         let flags = [
@@ -106,13 +132,26 @@ impl AcpCapabilities {
 
     /// As JSON, for `GET /v1/agents` and `tether agents`.
     pub fn to_json(&self) -> Value {
-        serde_json::json!({
+        let mut json = serde_json::json!({
             "loadSession": self.load_session,
             "resume": self.resume,
+            "close": self.close,
             "additionalDirectories": self.additional_directories,
             "promptCapabilities": {"image": self.image, "audio": self.audio, "embeddedContext": self.embedded_context},
             "mcpCapabilities": {"http": self.mcp_http},
-        })
+            "authMethods": self.auth_methods,
+            "models": self.models,
+        });
+        if let Some(config) = &self.config {
+            json["config"] = config.clone();
+        }
+        if let Some(categories) = &self.categories {
+            json["configCategories"] = categories.clone();
+        }
+        if let Some(error) = &self.session_error {
+            json["sessionError"] = Value::String(error.clone());
+        }
+        json
     }
 }
 
@@ -166,6 +205,10 @@ pub struct OpenRequest {
     /// The session's MCP endpoint `(url, bearer token)`, passed in
     /// `mcpServers` when the agent takes MCP over HTTP.
     pub mcp: Option<(String, String)>,
+    /// The session's configuration `{schema, values}` as recorded: the
+    /// agent is moved to these values once it has opened the session, and
+    /// whatever it reports that differs is recorded.
+    pub config: Option<Value>,
 }
 
 /// How a client answered a permission request.
@@ -222,6 +265,15 @@ pub(crate) enum ToAgent {
         chat: String,
         turn_id: String,
         text: String,
+        /// The model the turn's message asks for (`message.model.id`).
+        model: Option<String>,
+    },
+    Configure {
+        values: serde_json::Map<String, Value>,
+        reply: oneshot::Sender<Result<Vec<(String, Value)>, String>>,
+    },
+    Close {
+        reply: oneshot::Sender<()>,
     },
     Cancel {
         turn_id: String,
@@ -256,15 +308,43 @@ impl Drop for AgentProcess {
 
 impl AgentProcess {
     /// Sends the turn's text as one `session/prompt` (queued while an
-    /// earlier prompt runs).
-    pub fn prompt(&self, chat: &str, turn_id: &str, text: &str) -> bool {
+    /// earlier prompt runs), first moving the agent to `model` when the
+    /// message asks for one.
+    pub fn prompt(&self, chat: &str, turn_id: &str, text: &str, model: Option<&str>) -> bool {
         self.commands
             .send(ToAgent::Prompt {
                 chat: chat.to_owned(),
                 turn_id: turn_id.to_owned(),
                 text: text.to_owned(),
+                model: model.map(str::to_owned),
             })
             .is_ok()
+    }
+
+    /// Applies configuration values (`session/set_mode`,
+    /// `session/set_config_option`); the agent's refusal is the error. On
+    /// success, the actions recording what else the agent changed with
+    /// them (other values, or the options' shape).
+    pub async fn configure(
+        &self,
+        values: serde_json::Map<String, Value>,
+    ) -> Result<Vec<(String, Value)>, String> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(ToAgent::Configure { values, reply })
+            .map_err(|_| "the agent's process has stopped".to_owned())?;
+        answer
+            .await
+            .unwrap_or_else(|_| Err("the agent's process has stopped".to_owned()))
+    }
+
+    /// Tells an agent that takes it that its session is over
+    /// (`session/close`), waiting at most its init timeout.
+    pub async fn close(&self) {
+        let (reply, answer) = oneshot::channel();
+        if self.commands.send(ToAgent::Close { reply }).is_ok() {
+            let _ = answer.await;
+        }
     }
 
     /// Cancels the turn (`session/cancel`) if it is the one running, or

@@ -112,6 +112,11 @@ impl SessionActor {
             dirs: dirs.clone(),
             mode,
             mcp,
+            config: model
+                .session
+                .config
+                .as_ref()
+                .and_then(|c| serde_json::to_value(c).ok()),
         };
         let process = acp::spawn(
             command,
@@ -199,7 +204,8 @@ impl SessionActor {
             running.busy = true;
             running.turn = Some((chat.to_owned(), turn_id.to_owned()));
             running.last_active = tokio::time::Instant::now();
-            running.process.prompt(chat, turn_id, text);
+            let model = turn.pointer("/message/model/id").and_then(Value::as_str);
+            running.process.prompt(chat, turn_id, text, model);
         }
     }
 

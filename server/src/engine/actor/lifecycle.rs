@@ -338,8 +338,13 @@ impl SessionActor {
         let action =
             serde_json::json!({"type": SESSION_SETTLED, "state": settle, "cause": "disposed"});
         self.agent_live = false;
-        // Its agent goes with it (dropping the process kills its group).
-        self.running = None;
+        // Its agent goes with it: told its session is over when it takes
+        // `session/close` (bounded), then its process group is killed as
+        // the handle drops.
+        if let Some(running) = self.running.take() {
+            let limit = self.ctx.config.acp.stop_grace;
+            let _ = tokio::time::timeout(limit, running.process.close()).await;
+        }
         self.follow_ups.push((self.uri.clone(), action));
         let outcomes = self.run_follow_ups().await;
         if let Some(DispatchOutcome::Rejected(refusal)) = outcomes.first() {

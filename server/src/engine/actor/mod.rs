@@ -539,8 +539,18 @@ impl SessionActor {
             }
             let process = self.running.as_ref().map(|r| &r.process);
             let owners = &self.tool_owners;
-            let checked =
-                check_dispatch(&self.ctx, model, agent.as_ref(), process, owners, &mut d).await;
+            let mut follow = Vec::new();
+            let checked = check_dispatch(
+                &self.ctx,
+                model,
+                agent.as_ref(),
+                process,
+                owners,
+                &mut d,
+                &mut follow,
+            )
+            .await;
+            self.follow_ups.extend(follow);
             match checked {
                 Ok(()) => {
                     let kind = action_type(&d.action).unwrap_or_default().to_owned();

@@ -1,0 +1,490 @@
+//! An ACP agent's settings, commands, usage and session close, both ways
+//! over AHP, through the real binary on both backends: the scripted agent
+//! offers modes and options (a model among them), changes them itself,
+//! refuses some values, advertises commands, reports usage with a cost and
+//! takes `session/close`.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tether_tests::{ServerProcess, TestDb, backend_tests};
+
+backend_tests!(
+    an_agents_modes_and_options_are_the_sessions_configuration_both_ways,
+    commands_answer_completions_and_usage_keeps_its_cost,
+);
+
+const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
+const WAIT: Duration = Duration::from_secs(20);
+
+fn agent(log: &Path) -> String {
+    format!(
+        "fake=FAKE_ACP_CAPS=config,close FAKE_ACP_LOG={} {FAKE}",
+        log.display()
+    )
+}
+
+/// A raw AHP client (JSON-RPC over the WebSocket), for the commands and
+/// actions the upstream client has no typed call for.
+struct Ahp {
+    ws: tether_tests::RawWs,
+    next: u64,
+    seq: u64,
+    /// Notifications seen while waiting for answers.
+    seen: Vec<Value>,
+}
+
+impl Ahp {
+    async fn connect(url: &str, client_id: &str) -> Self {
+        let mut ahp = Self {
+            ws: tether_tests::raw_at(url).await,
+            next: 0,
+            seq: 0,
+            seen: Vec::new(),
+        };
+        ahp.call(
+            "initialize",
+            json!({"clientId": client_id, "protocolVersions": [ahp_types::PROTOCOL_VERSION],
+                   "initialSubscriptions": ["ahp-root://"]}),
+        )
+        .await
+        .expect("initialize");
+        ahp
+    }
+
+    /// A request and its result, or its error's message.
+    async fn call(&mut self, method: &str, params: Value) -> Result<Value, String> {
+        self.next += 1;
+        let id = self.next;
+        let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        tether_tests::raw_send(&mut self.ws, &request.to_string()).await;
+        loop {
+            let message = tether_tests::raw_next(&mut self.ws)
+                .await
+                .expect("the connection stays open");
+            if message["id"] == id {
+                return match message.get("error") {
+                    Some(error) => Err(error["message"].as_str().unwrap_or_default().to_owned()),
+                    None => Ok(message["result"].clone()),
+                };
+            }
+            self.seen.push(message);
+        }
+    }
+
+    /// Dispatches `action` on `channel`; its echo's rejection, if any.
+    async fn dispatch(&mut self, channel: &str, action: Value) -> Option<String> {
+        self.seq += 1;
+        let seq = self.seq;
+        let frame = json!({"jsonrpc": "2.0", "method": "dispatchAction",
+            "params": {"channel": channel, "clientSeq": seq, "action": action}});
+        tether_tests::raw_send(&mut self.ws, &frame.to_string()).await;
+        let deadline = Instant::now() + WAIT;
+        loop {
+            assert!(Instant::now() < deadline, "no echo of clientSeq {seq}");
+            let message = tether_tests::raw_next(&mut self.ws)
+                .await
+                .expect("the connection stays open");
+            let params = &message["params"];
+            if message["method"] == "action" && params["origin"]["clientSeq"] == seq {
+                return params["rejectionReason"].as_str().map(str::to_owned);
+            }
+            self.seen.push(message);
+        }
+    }
+
+    /// Waits for an action of `kind` on a subscription (seen earlier or
+    /// arriving now) that `accept` takes.
+    async fn action(&mut self, kind: &str, accept: impl Fn(&Value) -> bool) -> Value {
+        let matches = |m: &Value| {
+            m["method"] == "action"
+                && m["params"]["action"]["type"] == kind
+                && accept(&m["params"]["action"])
+        };
+        if let Some(found) = self.seen.iter().find(|m| matches(m)) {
+            return found["params"]["action"].clone();
+        }
+        let deadline = Instant::now() + WAIT;
+        loop {
+            assert!(Instant::now() < deadline, "no {kind} came");
+            let message = tether_tests::raw_next(&mut self.ws)
+                .await
+                .expect("the connection stays open");
+            if matches(&message) {
+                return message["params"]["action"].clone();
+            }
+            self.seen.push(message);
+        }
+    }
+
+    /// Starts a turn on `chat` and returns the agent's answer text.
+    async fn ask(&mut self, chat: &str, turn: &str, text: &str, model: Option<&str>) -> String {
+        let mut message = json!({"text": text, "origin": {"kind": "user"}});
+        if let Some(model) = model {
+            message["model"] = json!({"id": model});
+        }
+        let rejected = self
+            .dispatch(
+                chat,
+                json!({"type": "chat/turnStarted", "turnId": turn,
+                       "startedAt": "2026-12-02T10:00:00.000Z", "message": message}),
+            )
+            .await;
+        assert_eq!(rejected, None, "turn {turn}");
+        let done = |a: &Value| a["turnId"] == turn;
+        self.action("chat/turnComplete", done).await;
+        let mut answer = String::new();
+        for message in &self.seen {
+            let action = &message["params"]["action"];
+            if message["params"]["channel"] == chat && action["turnId"] == turn {
+                match action["type"].as_str() {
+                    Some("chat/responsePart") => {
+                        answer.push_str(action["part"]["content"].as_str().unwrap_or_default())
+                    }
+                    Some("chat/delta") => {
+                        answer.push_str(action["content"].as_str().unwrap_or_default())
+                    }
+                    _ => {}
+                }
+            }
+        }
+        answer
+    }
+}
+
+async fn get(base: &str, path: &str) -> Value {
+    reqwest::get(format!("{base}{path}"))
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON")
+}
+
+fn log_lines(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+async fn an_agents_modes_and_options_are_the_sessions_configuration_both_ways(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("agent.log");
+    // Unconfined: the agent writes its log outside any session's folders.
+    let server = ServerProcess::start(
+        &db,
+        &["--agent", &agent(&log), "--agent-confinement", "off"],
+    )
+    .await;
+    let base = server.base_url();
+
+    // What the agent offers, before any session: REST, the root state and
+    // resolveSessionConfig.
+    let agents = get(&base, "/v1/agents").await;
+    let fake = agents["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["provider"] == "fake")
+        .cloned()
+        .expect("listed");
+    let properties = &fake["capabilities"]["config"]["schema"]["properties"];
+    assert_eq!(properties["mode"]["enum"], json!(["ask", "code"]), "{fake}");
+    assert_eq!(properties["model"]["enum"], json!(["fast", "smart"]));
+    assert_eq!(properties["thought"]["enum"], json!(["low", "high"]));
+    assert_eq!(fake["capabilities"]["configCategories"]["model"], "model");
+    let mut ahp = Ahp::connect(&server.ws_url(), "config-test").await;
+    let root = ahp
+        .call("subscribe", json!({"channel": "ahp-root://"}))
+        .await
+        .unwrap();
+    let models = root["snapshot"]["state"]["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["provider"] == "fake")
+        .map(|a| a["models"].clone())
+        .unwrap();
+    assert_eq!(
+        models[1],
+        json!({"id": "smart", "provider": "fake", "name": "Smart"})
+    );
+    let resolved = ahp
+        .call(
+            "resolveSessionConfig",
+            json!({"channel": "ahp-root://", "provider": "fake", "config": {"model": "smart"}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resolved["values"]["model"], "smart");
+    assert_eq!(resolved["values"]["mode"], "ask");
+    let refused = ahp
+        .call(
+            "resolveSessionConfig",
+            json!({"channel": "ahp-root://", "provider": "fake", "config": {"model": "huge"}}),
+        )
+        .await
+        .unwrap_err();
+    assert!(refused.contains("\"fast\", \"smart\""), "{refused}");
+    let completions = ahp
+        .call(
+            "sessionConfigCompletions",
+            json!({"channel": "ahp-root://", "provider": "fake", "property": "model", "query": "SM"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        completions["items"],
+        json!([{"value": "smart", "label": "Smart"}])
+    );
+
+    // Created with a chosen mode and model: its state says so, and the
+    // agent is moved to them when it opens.
+    let work = tempfile::tempdir().unwrap();
+    ahp.call(
+        "createSession",
+        json!({"channel": "ahp-session:/cfg", "provider": "fake",
+               "workingDirectories": [format!("file://{}", work.path().display())],
+               "config": {"mode": "code", "model": "smart"}}),
+    )
+    .await
+    .unwrap();
+    let refused = ahp
+        .call(
+            "createSession",
+            json!({"channel": "ahp-session:/cfg-bad", "provider": "fake", "config": {"colour": "red"}}),
+        )
+        .await
+        .unwrap_err();
+    assert!(refused.contains("no option \"colour\""), "{refused}");
+    let session = ahp
+        .call("subscribe", json!({"channel": "ahp-session:/cfg"}))
+        .await
+        .unwrap();
+    let state = &session["snapshot"]["state"];
+    assert_eq!(
+        state["config"]["values"],
+        json!({"mode": "code", "model": "smart", "thought": "low"})
+    );
+    assert_eq!(
+        state["_meta"]["tether/configCategories"]["thought"],
+        "thought_level"
+    );
+    ahp.call("subscribe", json!({"channel": "ahp-chat:/cfg.main"}))
+        .await
+        .unwrap();
+    let answer = ahp.ask("ahp-chat:/cfg.main", "t1", "settings", None).await;
+    assert_eq!(answer, "mode=code model=smart thought=low");
+
+    // A client's change is validated, applied to the agent before it is
+    // recorded, and reaches every subscriber.
+    let bad = ahp
+        .dispatch(
+            "ahp-session:/cfg",
+            json!({"type": "session/configChanged", "config": {"model": "huge"}}),
+        )
+        .await;
+    assert!(bad.is_some_and(|r| r.contains("cannot be \"huge\"")));
+    assert_eq!(
+        ahp.dispatch(
+            "ahp-session:/cfg",
+            json!({"type": "session/configChanged", "config": {"thought": "deep"}})
+        )
+        .await,
+        None
+    );
+    assert!(log_lines(&log).contains(&"set_config_option thought deep".to_owned()));
+    assert_eq!(
+        ahp.ask("ahp-chat:/cfg.main", "t2", "settings", None).await,
+        "mode=code model=smart thought=deep"
+    );
+    // Changing the model takes deep thinking away: the agent answers with a
+    // new shape and a new value, both recorded after the client's change.
+    assert_eq!(
+        ahp.dispatch(
+            "ahp-session:/cfg",
+            json!({"type": "session/configChanged", "config": {"model": "fast"}})
+        )
+        .await,
+        None
+    );
+    // (At the open, the shape grew `deep`, which `smart` allows.)
+    ahp.action("x-tether/configSchemaChanged", |a| {
+        a["config"]["schema"]["properties"]["thought"]["enum"] == json!(["low", "high", "deep"])
+    })
+    .await;
+    let shape = ahp
+        .action("x-tether/configSchemaChanged", |a| {
+            a["config"]["schema"]["properties"]["thought"]["enum"] == json!(["low", "high"])
+        })
+        .await;
+    assert_eq!(shape["config"]["values"]["model"], "fast");
+    ahp.action("session/configChanged", |a| {
+        a["config"]["thought"] == "high"
+    })
+    .await;
+    // The agent refuses a value it listed: nothing is recorded.
+    let refused = ahp
+        .dispatch(
+            "ahp-session:/cfg",
+            json!({"type": "session/configChanged", "config": {"thought": "deep"}}),
+        )
+        .await;
+    assert!(refused.is_some(), "deep is no longer offered");
+
+    // The agent changes its own mode: every subscriber hears it.
+    ahp.ask("ahp-chat:/cfg.main", "t3", "switch ask", None)
+        .await;
+    ahp.action("session/configChanged", |a| a["config"]["mode"] == "ask")
+        .await;
+    // A turn's message picks the model.
+    assert_eq!(
+        ahp.ask("ahp-chat:/cfg.main", "t4", "settings", Some("smart"))
+            .await,
+        "mode=ask model=smart thought=high"
+    );
+    let bad_model = ahp
+        .dispatch(
+            "ahp-chat:/cfg.main",
+            json!({"type": "chat/turnStarted", "turnId": "t5", "startedAt": "2026-12-02T10:00:00.000Z",
+                   "message": {"text": "hi", "origin": {"kind": "user"}, "model": {"id": "gigantic"}}}),
+        )
+        .await;
+    assert!(bad_model.is_some_and(|r| r.contains("no model \"gigantic\"")));
+
+    // The projection and a new subscriber see the state as it is.
+    let view = get(&base, "/v1/sessions/cfg").await;
+    assert_eq!(view["state"], "live", "{view}");
+    let mut late = Ahp::connect(&server.ws_url(), "late").await;
+    let session = late
+        .call("subscribe", json!({"channel": "ahp-session:/cfg"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        session["snapshot"]["state"]["config"]["values"],
+        json!({"mode": "ask", "model": "smart", "thought": "high"})
+    );
+
+    // Disposing closes the agent's session (it takes session/close).
+    ahp.call("disposeSession", json!({"channel": "ahp-session:/cfg"}))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while !log_lines(&log).iter().any(|l| l.starts_with("close ")) {
+        assert!(
+            Instant::now() < deadline,
+            "no session/close: {:?}",
+            log_lines(&log)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn commands_answer_completions_and_usage_keeps_its_cost(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("agent.log");
+    // Unconfined: the agent writes its log outside any session's folders.
+    let server = ServerProcess::start(
+        &db,
+        &["--agent", &agent(&log), "--agent-confinement", "off"],
+    )
+    .await;
+    let base = server.base_url();
+    let mut ahp = Ahp::connect(&server.ws_url(), "commands-test").await;
+    ahp.call(
+        "createSession",
+        json!({"channel": "ahp-session:/cmd", "provider": "fake"}),
+    )
+    .await
+    .unwrap();
+    ahp.call("subscribe", json!({"channel": "ahp-session:/cmd"}))
+        .await
+        .unwrap();
+    ahp.call("subscribe", json!({"channel": "ahp-chat:/cmd.main"}))
+        .await
+        .unwrap();
+    ahp.ask("ahp-chat:/cmd.main", "t1", "commands", None).await;
+    ahp.action("session/metaChanged", |a| {
+        a["_meta"]["tether/commands"][0]["name"] == "test"
+    })
+    .await;
+    let completions = ahp
+        .call(
+            "completions",
+            json!({"channel": "ahp-chat:/cmd.main", "kind": "userMessage", "text": "/te", "offset": 3}),
+        )
+        .await
+        .unwrap();
+    let item = &completions["items"][0];
+    assert_eq!(item["insertText"], "/test ");
+    assert_eq!(item["rangeEnd"], 3);
+    assert_eq!(item["attachment"]["type"], "simple");
+    assert_eq!(item["attachment"]["_meta"]["tether/inputHint"], "filter");
+    let none = ahp
+        .call(
+            "completions",
+            json!({"channel": "ahp-chat:/cmd.main", "kind": "userMessage", "text": "/xyz", "offset": 4}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(none["items"], json!([]));
+    let plain = ahp
+        .call(
+            "completions",
+            json!({"channel": "ahp-chat:/cmd.main", "kind": "userMessage", "text": "hello /te", "offset": 9}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(plain["items"], json!([]), "a command starts the message");
+    // The echo agent advertises its own commands the same way.
+    ahp.call(
+        "createSession",
+        json!({"channel": "ahp-session:/echo-cmd", "provider": "echo"}),
+    )
+    .await
+    .unwrap();
+    ahp.call("subscribe", json!({"channel": "ahp-chat:/echo-cmd.main"}))
+        .await
+        .unwrap();
+    ahp.ask("ahp-chat:/echo-cmd.main", "e1", "hi", None).await;
+    let echo = ahp
+        .call(
+            "completions",
+            json!({"channel": "ahp-session:/echo-cmd", "kind": "userMessage", "text": "/", "offset": 1}),
+        )
+        .await
+        .unwrap();
+    let names: Vec<&str> = echo["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["attachment"]["_meta"]["tether/command"].as_str())
+        .collect();
+    assert_eq!(names, ["echo", "tool"]);
+
+    // Usage with a cost: within the turn as chat/usage, kept by the
+    // projection.
+    ahp.ask("ahp-chat:/cmd.main", "t2", "usage", None).await;
+    let usage = ahp.action("chat/usage", |a| a["turnId"] == "t2").await;
+    assert_eq!(
+        usage["usage"]["_meta"]["tether/cost"],
+        json!({"amount": 0.042, "currency": "USD"})
+    );
+    assert_eq!(usage["usage"]["_meta"]["tether/contextWindow"], 200000);
+    let view = get(&base, "/v1/sessions/cmd").await;
+    let totals = &view["projection"]["usage"];
+    assert_eq!(totals["cost"], json!({"amount": 0.042, "currency": "USD"}));
+    assert_eq!(totals["contextUsed"], 1200);
+    assert_eq!(view["projection"]["commands"][0]["name"], "test");
+    // Nothing non-standard was written for the commands.
+    let transcript = get(&base, "/v1/sessions/cmd/transcript?after=0&limit=1000").await;
+    assert!(
+        !transcript
+            .to_string()
+            .contains("x-tether/commandsAdvertised"),
+        "{transcript}"
+    );
+}
