@@ -523,14 +523,12 @@ async fn optional_commands_answer_method_not_found(db: TestDb) {
     let server = TestServer::start(&db).await;
     let client = server.initialized("curious").await;
     for method in [
-        "completions",
         "createTerminal",
         "disposeTerminal",
         "resourceRead",
         "resourceList",
         "createResourceWatch",
         "authenticate",
-        "resolveSessionConfig",
         "moveChat",
         "disposeChat",
         "runAutomation",

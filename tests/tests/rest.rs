@@ -741,7 +741,7 @@ async fn shared_context_documents_and_commands_fold_as_the_rules_say(db: TestDb)
                 .is_some_and(|c| !c.is_empty())
         })
         .await;
-    assert_eq!(view["projection"]["commands"].as_array().unwrap().len(), 1);
+    assert_eq!(view["projection"]["commands"].as_array().unwrap().len(), 2);
     let (status, _) = api
         .post(
             "/v1/sessions/ctx/resume",
@@ -752,7 +752,7 @@ async fn shared_context_documents_and_commands_fold_as_the_rules_say(db: TestDb)
     let (_, view) = api.get("/v1/sessions/ctx").await;
     assert_eq!(
         view["projection"]["commands"].as_array().unwrap().len(),
-        1,
+        2,
         "replaced whole"
     );
     assert_eq!(

@@ -19,7 +19,7 @@ pub enum AgentKind {
     Builtin,
     /// An ACP agent process, with what it reported at `initialize`
     /// (`None` until it has been asked, or when it did not answer).
-    Acp(Box<AgentCommand>, Option<AcpCapabilities>),
+    Acp(Box<AgentCommand>, Option<Box<AcpCapabilities>>),
 }
 
 /// How an agent treats working directories (AHP `multipleWorkingDirectories`).
@@ -105,7 +105,7 @@ impl AgentSpec {
             if let (None, Some(title)) = (&command.title, &capabilities.title) {
                 self.display_name = title.clone();
             }
-            self.kind = AgentKind::Acp(command.clone(), Some(capabilities));
+            self.kind = AgentKind::Acp(command.clone(), Some(Box::new(capabilities)));
         }
         self
     }
@@ -121,7 +121,7 @@ impl AgentSpec {
     /// What the ACP agent reported at `initialize`, if it did.
     pub fn acp_capabilities(&self) -> Option<&AcpCapabilities> {
         match &self.kind {
-            AgentKind::Acp(_, capabilities) => capabilities.as_ref(),
+            AgentKind::Acp(_, capabilities) => capabilities.as_deref(),
             AgentKind::Builtin => None,
         }
     }

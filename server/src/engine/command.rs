@@ -40,6 +40,9 @@ pub struct Dispatch {
 }
 
 /// A message to a session actor.
+// `Dispatch` is the hot path, one per action: boxing it would allocate for
+// every action to make the rare commands smaller.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Command {
     /// Validate, apply and commit an action.
@@ -47,7 +50,7 @@ pub enum Command {
     /// Create the session.
     Create {
         /// Its first record.
-        created: SessionCreated,
+        created: Box<SessionCreated>,
         /// The outcome.
         reply: oneshot::Sender<Result<SessionView, EngineError>>,
     },

@@ -29,7 +29,7 @@ pub(super) enum Request {
         principal: Option<Principal>,
     },
     Create {
-        created: SessionCreated,
+        created: Box<SessionCreated>,
     },
     Dispose,
     CreateChat {

@@ -22,6 +22,10 @@ fn scope_of(channel: &Channel) -> &'static str {
     }
 }
 
+/// Most messages one chat may hold queued: each starts a turn of its own
+/// when the one before ends, so the queue is work promised to an agent.
+pub const MAX_QUEUED: usize = 64;
+
 /// Host-originated actions no token may dispatch, an agent's included:
 /// they change which chats a session owns, load archived turns, or record
 /// the host's own view of the session's life. Only the host writes them.

@@ -89,6 +89,7 @@ impl Engine {
             meta,
         };
         let id = request.id;
+        let created = Box::new(created);
         self.ask(&id, |reply| Command::Create { created, reply })
             .await
     }

@@ -122,6 +122,9 @@ pub(super) async fn check_dispatch(
         if kind == "session/configChanged" {
             check_config_change(model, &d.action)?;
         }
+        if kind == "chat/pendingMessageSet" {
+            check_queue_room(model, &d.channel, &d.action)?;
+        }
         kind
     } else {
         let kind = action_type(&d.action).unwrap_or_default().to_owned();
@@ -269,6 +272,32 @@ fn check_config_change(model: &SessionModel, action: &Value) -> Result<(), Refus
         return Err(invalid(format!(
             "A replacing session/configChanged must give every option; it lacks {missing:?}."
         )));
+    }
+    Ok(())
+}
+
+/// A chat's queue is bounded ([`super::rules::MAX_QUEUED`]); replacing a
+/// queued message keeps its place.
+fn check_queue_room(model: &SessionModel, chat: &str, action: &Value) -> Result<(), Refusal> {
+    if action.get("kind").and_then(Value::as_str) != Some("queued") {
+        return Ok(());
+    }
+    let id = action.get("id").and_then(Value::as_str).unwrap_or_default();
+    let queue = model
+        .chats
+        .get(chat)
+        .and_then(|c| c.queued_messages.as_ref());
+    let full =
+        queue.is_some_and(|q| q.len() >= super::rules::MAX_QUEUED && !q.iter().any(|m| m.id == id));
+    if full {
+        return Err(Refusal::new(
+            RefusalKind::Invalid,
+            format!(
+                "This chat already holds {} queued messages, the most it takes; wait for one \
+                 to start or remove one.",
+                super::rules::MAX_QUEUED
+            ),
+        ));
     }
     Ok(())
 }

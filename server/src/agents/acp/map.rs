@@ -747,7 +747,11 @@ mod tests {
         let commands = map.update(&update(json!({"sessionUpdate": "available_commands_update",
             "availableCommands": [{"name": "web", "description": "Search", "input": {"hint": "query"}}]})));
         assert_eq!(commands[0].0, "ahp-session://s");
-        assert_eq!(commands[0].1["commands"][0]["inputHint"], "query");
+        assert_eq!(commands[0].1["type"], "session/metaChanged");
+        assert_eq!(
+            commands[0].1["_meta"]["tether/commands"][0]["inputHint"],
+            "query"
+        );
         let title = map.update(&update(
             json!({"sessionUpdate": "session_info_update", "title": "Fixing"}),
         ));

@@ -310,7 +310,7 @@ impl SessionActor {
                 self.run_follow_ups().await;
             }
             Command::Create { created, reply } => {
-                let _ = reply.send(self.create(created).await);
+                let _ = reply.send(self.create(*created).await);
             }
             Command::Dispose { reply } => {
                 let _ = reply.send(self.dispose().await);
@@ -438,8 +438,9 @@ impl SessionActor {
     /// Commits the queued host-originated actions (and any they cause).
     async fn run_follow_ups(&mut self) -> Vec<DispatchOutcome> {
         let mut outcomes = Vec::new();
-        // Bounded: an agent answer never causes more than one more round.
-        for _ in 0..4 {
+        // Bounded: an agent answer causes at most one more round, and a
+        // chat's queue (at most MAX_QUEUED messages) two per message.
+        for _ in 0..(4 + 2 * super::rules::MAX_QUEUED) {
             if self.follow_ups.is_empty() {
                 break;
             }
@@ -626,6 +627,15 @@ impl SessionActor {
                             self.since_snapshot += 1;
                             self.follow_clients(&kind, &d.action);
                             self.note_directories(&kind);
+                            if matches!(
+                                kind.as_str(),
+                                "chat/turnComplete"
+                                    | "chat/turnCancelled"
+                                    | "chat/error"
+                                    | "chat/pendingMessageSet"
+                            ) {
+                                self.start_queued(&d.channel);
+                            }
                             if kind == "session/activeClientSet"
                                 && let (Some(origin), Some(principal)) = (&d.origin, &d.principal)
                             {
@@ -700,6 +710,51 @@ impl SessionActor {
                 self.follow_ups.push((chat.to_owned(), action));
             }
         }
+    }
+
+    /// A chat with no turn running and a message waiting (the steering one
+    /// first, then the queue in order) starts its next turn with it: the
+    /// message leaves the queue and becomes the turn (`queuedMessageId`),
+    /// which its agent then answers like any other. ACP cannot inject a
+    /// message into a running turn, so a steering message waits for the
+    /// turn's end as a queued one does.
+    fn start_queued(&mut self, chat: &str) {
+        let Some(state) = self.model.as_ref().and_then(|m| m.chats.get(chat)) else {
+            return;
+        };
+        let starting = self
+            .follow_ups
+            .iter()
+            .any(|(c, a)| c == chat && a["type"] == "chat/turnStarted");
+        if state.active_turn.is_some() || starting {
+            return;
+        }
+        let next = state
+            .steering_message
+            .as_ref()
+            .map(|m| ("steering", m))
+            .or_else(|| {
+                state
+                    .queued_messages
+                    .as_ref()
+                    .and_then(|q| q.first())
+                    .map(|m| ("queued", m))
+            });
+        let Some((kind, pending)) = next else {
+            return;
+        };
+        let mut turn = serde_json::json!({
+            "type": "chat/turnStarted",
+            "turnId": uuid::Uuid::new_v4().to_string(),
+            "startedAt": super::rfc3339(now_ms()),
+            "message": pending.message,
+        });
+        if kind == "queued" {
+            turn["queuedMessageId"] = Value::String(pending.id.clone());
+        }
+        let removed = serde_json::json!({"type": "chat/pendingMessageRemoved", "kind": kind, "id": pending.id});
+        self.follow_ups.push((chat.to_owned(), removed));
+        self.follow_ups.push((chat.to_owned(), turn));
     }
 
     async fn write_snapshot(&mut self) {

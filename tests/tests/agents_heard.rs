@@ -1,8 +1,9 @@
-//! An ACP agent's settings, commands, usage and session close, both ways
-//! over AHP, through the real binary on both backends: the scripted agent
-//! offers modes and options (a model among them), changes them itself,
-//! refuses some values, advertises commands, reports usage with a cost and
-//! takes `session/close`.
+//! What an ACP agent says beyond its text, both ways over AHP, through the
+//! real binary on both backends: the scripted agent offers modes and
+//! options (a model among them), changes them itself, refuses some values,
+//! advertises commands, reports usage with a cost and takes
+//! `session/close`; messages queued while a turn runs start the next turns
+//! in order.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -13,6 +14,7 @@ use tether_tests::{ServerProcess, TestDb, backend_tests};
 backend_tests!(
     an_agents_modes_and_options_are_the_sessions_configuration_both_ways,
     commands_answer_completions_and_usage_keeps_its_cost,
+    queued_messages_start_the_next_turns_in_queue_order,
 );
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
@@ -487,4 +489,101 @@ async fn commands_answer_completions_and_usage_keeps_its_cost(db: TestDb) {
             .contains("x-tether/commandsAdvertised"),
         "{transcript}"
     );
+}
+
+async fn queued_messages_start_the_next_turns_in_queue_order(db: TestDb) {
+    let server = ServerProcess::start(&db, &["--agent", &format!("fake={FAKE}")]).await;
+    let mut ahp = Ahp::connect(&server.ws_url(), "queue-test").await;
+    ahp.call(
+        "createSession",
+        json!({"channel": "ahp-session:/q", "provider": "fake"}),
+    )
+    .await
+    .unwrap();
+    ahp.call("subscribe", json!({"channel": "ahp-chat:/q.main"}))
+        .await
+        .unwrap();
+    let chat = "ahp-chat:/q.main";
+    let message = |text: &str| json!({"text": text, "origin": {"kind": "user"}});
+    // A slow turn; three messages queued behind it, one removed, the rest
+    // reordered, all before it ends.
+    assert_eq!(
+        ahp.dispatch(
+            chat,
+            json!({"type": "chat/turnStarted", "turnId": "t1", "startedAt": "2026-12-02T10:00:00.000Z",
+                   "message": message("stream 100")})
+        )
+        .await,
+        None
+    );
+    for (id, text) in [("q1", "first"), ("q2", "second"), ("q3", "third")] {
+        let set = json!({"type": "chat/pendingMessageSet", "kind": "queued", "id": id,
+                         "message": message(text)});
+        assert_eq!(ahp.dispatch(chat, set).await, None, "{id}");
+    }
+    let removed = json!({"type": "chat/pendingMessageRemoved", "kind": "queued", "id": "q2"});
+    assert_eq!(ahp.dispatch(chat, removed).await, None);
+    let reordered = json!({"type": "chat/queuedMessagesReordered", "order": ["q3", "q1"]});
+    assert_eq!(ahp.dispatch(chat, reordered).await, None);
+    ahp.action("chat/turnComplete", |a| a["turnId"] == "t1")
+        .await;
+    // Each queued message becomes a turn once the one before has ended.
+    let mut started = Vec::new();
+    for _ in 0..2 {
+        let turn = ahp
+            .action("chat/turnStarted", |a| {
+                a["queuedMessageId"]
+                    .as_str()
+                    .is_some_and(|id| !started.contains(&id.to_owned()))
+            })
+            .await;
+        let id = turn["queuedMessageId"].as_str().unwrap().to_owned();
+        let turn_id = turn["turnId"].as_str().unwrap().to_owned();
+        ahp.action("chat/turnComplete", |a| a["turnId"] == turn_id.as_str())
+            .await;
+        started.push(id);
+    }
+    assert_eq!(started, ["q3", "q1"]);
+    let texts: Vec<String> = ahp
+        .seen
+        .iter()
+        .filter(|m| m["params"]["action"]["type"] == "chat/responsePart")
+        .filter_map(|m| {
+            m["params"]["action"]["part"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .filter(|t| ["first", "second", "third"].contains(&t.as_str()))
+        .collect();
+    assert_eq!(texts, ["third", "first"], "the removed message never ran");
+    let state = ahp
+        .call("subscribe", json!({"channel": chat}))
+        .await
+        .unwrap();
+    assert!(
+        state["snapshot"]["state"]["queuedMessages"]
+            .as_array()
+            .is_none_or(|q| q.is_empty()),
+        "{state}"
+    );
+
+    // An idle chat starts a queued message at once (the echo agent).
+    ahp.call(
+        "createSession",
+        json!({"channel": "ahp-session:/qe", "provider": "echo"}),
+    )
+    .await
+    .unwrap();
+    ahp.call("subscribe", json!({"channel": "ahp-chat:/qe.main"}))
+        .await
+        .unwrap();
+    let set = json!({"type": "chat/pendingMessageSet", "kind": "queued", "id": "now",
+                     "message": message("right away")});
+    assert_eq!(ahp.dispatch("ahp-chat:/qe.main", set).await, None);
+    let turn = ahp
+        .action("chat/turnStarted", |a| a["queuedMessageId"] == "now")
+        .await;
+    let turn_id = turn["turnId"].as_str().unwrap().to_owned();
+    ahp.action("chat/turnComplete", |a| a["turnId"] == turn_id.as_str())
+        .await;
 }
