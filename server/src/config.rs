@@ -331,6 +331,12 @@ pub struct ServeArgs {
     #[arg(long, env = "TETHER_CLIENT_TOOL_TIMEOUT_SECS", default_value_t = 60)]
     pub client_tool_timeout_secs: u64,
 
+    /// Seconds an agent's question (an ACP elicitation, shown as a chat
+    /// input request) waits for an answer; then the agent is told it was
+    /// cancelled.
+    #[arg(long, env = "TETHER_INPUT_TIMEOUT_SECS", default_value_t = 600)]
+    pub input_timeout_secs: u64,
+
     /// Milliseconds a client that lost its last connection stays among a
     /// session's active clients (its tools kept, its calls waiting).
     #[arg(long, env = "TETHER_CLIENT_GRACE_MS", default_value_t = 30_000)]
@@ -548,6 +554,7 @@ impl ServeArgs {
                 max_agents: self.max_agents.max(1),
                 client_tool_timeout: Duration::from_secs(self.client_tool_timeout_secs.max(1)),
                 client_grace: Duration::from_millis(self.client_grace_ms),
+                input_timeout: Duration::from_secs(self.input_timeout_secs.max(1)),
                 roots: crate::effects::Roots::new(&self.allowed_roots),
                 agent_idle: Duration::from_secs(self.agent_idle_secs.max(1)),
                 acp: crate::agents::acp::AcpLimits {

@@ -2,8 +2,8 @@
 //! real binary on both backends: the scripted agent offers modes and
 //! options (a model among them), changes them itself, refuses some values,
 //! advertises commands, reports usage with a cost and takes
-//! `session/close`; messages queued while a turn runs start the next turns
-//! in order.
+//! `session/close`, and asks questions (elicitations) that clients answer;
+//! messages queued while a turn runs start the next turns in order.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -15,6 +15,7 @@ backend_tests!(
     an_agents_modes_and_options_are_the_sessions_configuration_both_ways,
     commands_answer_completions_and_usage_keeps_its_cost,
     queued_messages_start_the_next_turns_in_queue_order,
+    an_agents_question_waits_for_an_answer_and_times_out_as_the_agent_is_told,
 );
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
@@ -586,4 +587,104 @@ async fn queued_messages_start_the_next_turns_in_queue_order(db: TestDb) {
     let turn_id = turn["turnId"].as_str().unwrap().to_owned();
     ahp.action("chat/turnComplete", |a| a["turnId"] == turn_id.as_str())
         .await;
+}
+
+async fn an_agents_question_waits_for_an_answer_and_times_out_as_the_agent_is_told(db: TestDb) {
+    let server = ServerProcess::start(
+        &db,
+        &[
+            "--agent",
+            &format!("fake={FAKE}"),
+            "--input-timeout-secs",
+            "2",
+        ],
+    )
+    .await;
+    let mut ahp = Ahp::connect(&server.ws_url(), "asker").await;
+    ahp.call(
+        "createSession",
+        json!({"channel": "ahp-session:/ask", "provider": "fake"}),
+    )
+    .await
+    .unwrap();
+    ahp.call("subscribe", json!({"channel": "ahp-session:/ask"}))
+        .await
+        .unwrap();
+    ahp.call("subscribe", json!({"channel": "ahp-chat:/ask.main"}))
+        .await
+        .unwrap();
+    let chat = "ahp-chat:/ask.main";
+    let turn = |id: &str| {
+        json!({"type": "chat/turnStarted", "turnId": id, "startedAt": "2026-12-02T10:00:00.000Z",
+               "message": {"text": "ask", "origin": {"kind": "user"}}})
+    };
+    assert_eq!(ahp.dispatch(chat, turn("t1")).await, None);
+    let asked = ahp.action("chat/inputRequested", |_| true).await;
+    let request = &asked["request"];
+    let id = request["id"].as_str().unwrap().to_owned();
+    assert_eq!(request["message"], "Where should this deploy?");
+    let questions = request["questions"].as_array().unwrap();
+    let env = questions.iter().find(|q| q["id"] == "env").unwrap();
+    assert_eq!(env["kind"], "single-select");
+    assert_eq!(env["required"], true);
+    let replicas = questions.iter().find(|q| q["id"] == "replicas").unwrap();
+    assert_eq!(replicas["kind"], "integer");
+    // The session says it needs input, in its state and its summary.
+    ahp.action("session/inputNeededSet", |a| {
+        a["request"]["kind"] == "chatInput"
+    })
+    .await;
+    let listed = ahp.call("listSessions", json!({})).await.unwrap();
+    let summary = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["resource"] == "ahp-session:/ask")
+        .cloned()
+        .unwrap();
+    assert_ne!(
+        summary["status"].as_u64().unwrap() & 8,
+        0,
+        "input needed: {summary}"
+    );
+
+    // Another client answers: a draft, then the completion.
+    let mut other = Ahp::connect(&server.ws_url(), "answerer").await;
+    let draft = json!({"type": "chat/inputAnswerChanged", "requestId": id, "questionId": "env",
+        "answer": {"state": "draft", "value": {"kind": "selected", "value": "prod"}}});
+    assert_eq!(other.dispatch(chat, draft).await, None);
+    let done = json!({"type": "chat/inputCompleted", "requestId": id, "response": "accept",
+        "answers": {"replicas": {"state": "submitted", "value": {"kind": "number", "value": 3}},
+                    "note": {"state": "skipped"}}});
+    assert_eq!(other.dispatch(chat, done).await, None);
+    ahp.action("chat/turnComplete", |a| a["turnId"] == "t1")
+        .await;
+    let answer = ahp
+        .seen
+        .iter()
+        .filter(|m| m["params"]["action"]["turnId"] == "t1")
+        .filter_map(|m| m["params"]["action"]["part"]["content"].as_str())
+        .collect::<String>();
+    assert_eq!(answer, "answered: accept env=\"prod\" replicas=3");
+    ahp.action("session/inputNeededRemoved", |a| {
+        a["id"] == format!("{chat}#{id}").as_str()
+    })
+    .await;
+
+    // Nobody answers the next one: after the timeout it is cancelled, as
+    // the agent is told, and the session goes on.
+    assert_eq!(ahp.dispatch(chat, turn("t2")).await, None);
+    let completed = ahp
+        .action("chat/inputCompleted", |a| a["response"] == "cancel")
+        .await;
+    assert_ne!(completed["requestId"], json!(id));
+    ahp.action("chat/turnComplete", |a| a["turnId"] == "t2")
+        .await;
+    let answer = ahp
+        .seen
+        .iter()
+        .filter(|m| m["params"]["action"]["turnId"] == "t2")
+        .filter_map(|m| m["params"]["action"]["part"]["content"].as_str())
+        .collect::<String>();
+    assert_eq!(answer, "answered: cancel");
 }

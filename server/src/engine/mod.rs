@@ -81,6 +81,9 @@ pub struct EngineConfig {
     /// How long a client that disconnected stays among a session's active
     /// clients (its tools kept) before it is removed.
     pub client_grace: Duration,
+    /// How long an agent's question waits for an answer before the agent is
+    /// told it was cancelled.
+    pub input_timeout: Duration,
     /// Where working directories may be, whatever the side-effect backend
     /// (empty: anywhere).
     pub roots: crate::effects::Roots,
@@ -104,6 +107,7 @@ impl Default for EngineConfig {
             acp: crate::agents::acp::AcpLimits::default(),
             client_tool_timeout: Duration::from_secs(60),
             client_grace: Duration::from_secs(30),
+            input_timeout: Duration::from_secs(600),
             roots: crate::effects::Roots::default(),
             sandbox: crate::agents::sandbox::Sandbox::default(),
         }

@@ -18,7 +18,9 @@
 //!   MCP servers it was given: list their tools, or call one and say the
 //!   result), `env` (its environment), `cwd`, `read PATH`, `write PATH`,
 //!   `settings` (its mode and options now), `switch MODE` (it changes its
-//!   own mode), `usage` (a usage update with a cost),
+//!   own mode), `usage` (a usage update with a cost), `ask` (a form
+//!   elicitation: where to deploy, how many replicas, a note; it says the
+//!   answer it got),
 //!   `child-read PATH` (`cat` in a child process; each says `ok` or the
 //!   error); anything else is echoed back.
 //!
@@ -33,9 +35,9 @@ use std::time::Duration;
 
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, CloseSessionRequest, CloseSessionResponse, InitializeRequest,
-    InitializeResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest,
-    NewSessionResponse, PromptRequest, PromptResponse, RequestPermissionOutcome,
+    CancelNotification, CloseSessionRequest, CloseSessionResponse, CreateElicitationRequest,
+    InitializeRequest, InitializeResponse, LoadSessionRequest, LoadSessionResponse,
+    NewSessionRequest, NewSessionResponse, PromptRequest, PromptResponse, RequestPermissionOutcome,
     RequestPermissionRequest, ResumeSessionRequest, ResumeSessionResponse, SessionNotification,
     SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse,
     SetSessionModeRequest, SetSessionModeResponse, StopReason,
@@ -581,6 +583,35 @@ async fn run(
                 .cloned()
                 .unwrap_or_default();
             say(&format!("dirs: {}", dirs.join(",")))?;
+        }
+        "ask" => {
+            let request: CreateElicitationRequest = serde_json::from_value(json!({
+                "mode": "form", "sessionId": session, "message": "Where should this deploy?",
+                "requestedSchema": {"type": "object", "required": ["env"], "properties": {
+                    "env": {"type": "string", "title": "Environment", "enum": ["staging", "prod"]},
+                    "replicas": {"type": "integer", "minimum": 1, "maximum": 9},
+                    "note": {"type": "string", "description": "Anything else?"}}}}))
+            .expect("an elicitation");
+            let answer = cx.send_request(request).block_task().await;
+            let said = match answer {
+                Ok(response) => {
+                    let response = serde_json::to_value(&response).expect("JSON");
+                    let mut content: Vec<String> = response["content"]
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect();
+                    content.sort();
+                    format!(
+                        "answered: {} {}",
+                        response["action"].as_str().unwrap_or("?"),
+                        content.join(" ")
+                    )
+                }
+                Err(err) => format!("the question failed: {err}"),
+            };
+            say(said.trim_end())?;
         }
         "settings" => {
             let settings = state

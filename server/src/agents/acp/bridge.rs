@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, CloseSessionRequest, ContentBlock, HttpHeader, Implementation,
+    CancelNotification, ClientCapabilities, CloseSessionRequest, ContentBlock,
+    CreateElicitationRequest, CreateElicitationResponse, HttpHeader, Implementation,
     InitializeRequest, InitializeResponse, LoadSessionRequest, McpServer, McpServerHttp,
     NewSessionRequest, PermissionOptionKind, PromptRequest, RequestPermissionOutcome,
     RequestPermissionRequest, RequestPermissionResponse, ResumeSessionRequest,
@@ -231,7 +232,13 @@ async fn initialize(
     cx: &ConnectionTo<Agent>,
     timeout: std::time::Duration,
 ) -> Result<InitializeResponse, String> {
+    // What Tether answers besides permissions: questions (form and URL
+    // elicitations, shown to AHP clients as chat input requests).
+    let capabilities: ClientCapabilities =
+        serde_json::from_value(serde_json::json!({"elicitation": {"form": {}, "url": {}}}))
+            .unwrap_or_default();
     let request = InitializeRequest::new(ProtocolVersion::V1)
+        .client_capabilities(capabilities)
         .client_info(Implementation::new("tether", env!("CARGO_PKG_VERSION")).title("Tether"));
     match tokio::time::timeout(timeout, cx.send_request(request).block_task()).await {
         Ok(Ok(response)) => Ok(response),
@@ -265,6 +272,14 @@ fn capabilities_of(response: &InitializeResponse) -> AcpCapabilities {
             .collect(),
         ..AcpCapabilities::default()
     }
+}
+
+/// An ACP elicitation answer from its JSON form (`elicit::response`); a
+/// cancel if it cannot be read.
+fn elicitation_response(value: &Value) -> CreateElicitationResponse {
+    serde_json::from_value(value.clone()).unwrap_or_else(|_| {
+        CreateElicitationResponse::new(agent_client_protocol::v1::schema::ElicitationAction::Cancel)
+    })
 }
 
 /// Why the bridge's loop ended.
@@ -345,6 +360,7 @@ impl Bridge {
         );
         let limit = self.limits.max_updates_per_turn;
         let ask = (self.events.clone(), self.map.clone());
+        let question = (self.events.clone(), self.map.clone());
         let result = Client
             .v1()
             .name("tether")
@@ -424,6 +440,60 @@ impl Bridge {
                             _ => RequestPermissionOutcome::Cancelled,
                         };
                         responder.respond(RequestPermissionResponse::new(outcome))
+                    })?;
+                    Ok(())
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_request(
+                async move |request: CreateElicitationRequest, responder, cx| {
+                    let (events, map) = &question;
+                    let elicitation = serde_json::to_value(&request).unwrap_or_default();
+                    let cancel = || elicitation_response(&serde_json::json!({"action": "cancel"}));
+                    let (turn, session_uri) = match map.lock() {
+                        Ok(m) => (m.turn().cloned(), m.session_uri().to_owned()),
+                        Err(_) => return responder.respond(cancel()),
+                    };
+                    // AHP places a question in a running turn; between
+                    // turns nobody could be asked.
+                    let Some(turn) = turn else {
+                        return responder.respond(cancel());
+                    };
+                    let request_id = uuid::Uuid::new_v4().to_string();
+                    let input = super::elicit::input_request(&request_id, &elicitation);
+                    let actions = vec![
+                        (
+                            turn.chat.clone(),
+                            serde_json::json!({"type": "chat/inputRequested", "request": input}),
+                        ),
+                        (
+                            session_uri,
+                            serde_json::json!({"type": "session/inputNeededSet", "request": {
+                                "kind": "chatInput", "id": format!("{}#{request_id}", turn.chat),
+                                "chat": turn.chat, "request": input}}),
+                        ),
+                    ];
+                    let (answer, answered) = oneshot::channel();
+                    let event = AgentEvent::Input {
+                        chat: turn.chat,
+                        turn_id: turn.turn_id,
+                        request_id,
+                        actions,
+                        answer,
+                    };
+                    if events.send(event).await.is_err() {
+                        return responder.respond(cancel());
+                    }
+                    cx.spawn(async move {
+                        let response = match answered.await {
+                            Ok(answer) => elicitation_response(&super::elicit::response(
+                                &elicitation,
+                                &answer.response,
+                                &answer.answers,
+                            )),
+                            Err(_) => cancel(),
+                        };
+                        responder.respond(response)
                     })?;
                     Ok(())
                 },

@@ -151,6 +151,11 @@ impl TurnMap {
         actions
     }
 
+    /// The session's channel URI.
+    pub fn session_uri(&self) -> &str {
+        &self.session_uri
+    }
+
     /// The turn being answered.
     pub fn turn(&self) -> Option<&Turn> {
         self.turn.as_ref()

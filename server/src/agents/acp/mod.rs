@@ -18,6 +18,7 @@
 
 mod bridge;
 pub mod config;
+pub mod elicit;
 mod lines;
 pub mod map;
 
@@ -220,6 +221,26 @@ pub enum PermissionAnswer {
     Cancelled,
 }
 
+/// How a client completed a question.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputAnswer {
+    /// `accept`, `decline` or `cancel`.
+    pub response: String,
+    /// The answers by question id (AHP `ChatInputAnswer`s), when accepted.
+    pub answers: Value,
+}
+
+impl InputAnswer {
+    /// The answer when nobody can answer any more (a cancelled turn, a
+    /// timeout).
+    pub fn cancelled() -> Self {
+        Self {
+            response: "cancel".to_owned(),
+            answers: Value::Null,
+        }
+    }
+}
+
 /// What the agent said, for the session's actor, in order.
 #[derive(Debug)]
 pub enum AgentEvent {
@@ -249,6 +270,21 @@ pub enum AgentEvent {
         actions: Vec<(String, Value)>,
         /// Where the answer goes.
         answer: oneshot::Sender<PermissionAnswer>,
+    },
+    /// A question (ACP elicitation): commit `actions` (the chat input
+    /// request and the session's input-needed entry), then answer on
+    /// `answer` when a client completes it.
+    Input {
+        /// The chat of the turn it belongs to.
+        chat: String,
+        /// The AHP turn.
+        turn_id: String,
+        /// The AHP input request's id.
+        request_id: String,
+        /// What to commit first.
+        actions: Vec<(String, Value)>,
+        /// Where the answer goes.
+        answer: oneshot::Sender<InputAnswer>,
     },
     /// The process is gone (exited, killed, or stopped for breaking a
     /// limit); the actor fails its open turns and settles the session.

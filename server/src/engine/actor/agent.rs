@@ -13,7 +13,9 @@ use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use super::SessionActor;
 use crate::agents::AgentSpec;
-use crate::agents::acp::{self, AgentEvent, AgentProcess, OpenMode, OpenRequest, PermissionAnswer};
+use crate::agents::acp::{
+    self, AgentEvent, AgentProcess, InputAnswer, OpenMode, OpenRequest, PermissionAnswer,
+};
 
 /// A running agent process and what it holds of the session.
 #[derive(Debug)]
@@ -30,6 +32,8 @@ pub(super) struct Running {
     /// The turn it is answering: `(chat, turnId)` (its MCP tool calls
     /// belong there).
     pub(super) turn: Option<(String, String)>,
+    /// Questions waiting for a client, by `(chat, requestId)`.
+    inputs: HashMap<(String, String), Question>,
     /// The working directories it was started on (resolved): a confined
     /// process can reach these and no others.
     dirs: Vec<PathBuf>,
@@ -37,6 +41,15 @@ pub(super) struct Running {
     /// confined process cannot be given more, so it is started again
     /// (reopening its session) before its next turn.
     stale: bool,
+}
+
+/// A question of the agent's waiting for an answer.
+#[derive(Debug)]
+struct Question {
+    turn_id: String,
+    answer: oneshot::Sender<InputAnswer>,
+    /// When it is given up (the agent is told it was cancelled).
+    deadline: tokio::time::Instant,
 }
 
 #[derive(Debug)]
@@ -132,6 +145,7 @@ impl SessionActor {
             last_active: tokio::time::Instant::now(),
             busy: false,
             turn: None,
+            inputs: HashMap::new(),
             dirs,
             stale: false,
         });
@@ -235,6 +249,37 @@ impl SessionActor {
                         let _ = p.answer.send(PermissionAnswer::Cancelled);
                     }
                 }
+                self.drop_questions(|q| q.turn_id == turn_id, false);
+            }
+            "chat/inputCompleted" => {
+                let request = action
+                    .get("requestId")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let Some(question) = running
+                    .inputs
+                    .remove(&(chat.to_owned(), request.to_owned()))
+                else {
+                    return;
+                };
+                let response = action
+                    .get("response")
+                    .and_then(Value::as_str)
+                    .unwrap_or("cancel")
+                    .to_owned();
+                // The answers as the reducer settled them: drafts given
+                // before, with the completion's own on top.
+                let answers = self
+                    .model
+                    .as_ref()
+                    .and_then(|m| answered(m, chat, request))
+                    .or_else(|| action.get("answers").cloned())
+                    .unwrap_or(Value::Null);
+                let _ = question.answer.send(InputAnswer { response, answers });
+                self.follow_ups.push((
+                    self.uri.clone(),
+                    json!({"type": "session/inputNeededRemoved", "id": format!("{chat}#{request}")}),
+                ));
             }
             "chat/toolCallConfirmed" => {
                 let tool = action
@@ -263,6 +308,51 @@ impl SessionActor {
         }
     }
 
+    /// Gives up the questions `which` selects: the agent is told they were
+    /// cancelled, and their input-needed entries go; with `record`, a
+    /// `chat/inputCompleted` (cancel) is recorded too (a timeout, while the
+    /// turn still runs).
+    fn drop_questions(&mut self, which: impl Fn(&Question) -> bool, record: bool) {
+        let Some(running) = &mut self.running else {
+            return;
+        };
+        let keys: Vec<_> = running
+            .inputs
+            .iter()
+            .filter(|(_, q)| which(q))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (chat, request) in keys {
+            if let Some(question) = running.inputs.remove(&(chat.clone(), request.clone())) {
+                let _ = question.answer.send(InputAnswer::cancelled());
+            }
+            if record {
+                self.follow_ups.push((
+                    chat.clone(),
+                    json!({"type": "chat/inputCompleted", "requestId": request, "response": "cancel"}),
+                ));
+            }
+            self.follow_ups.push((
+                self.uri.clone(),
+                json!({"type": "session/inputNeededRemoved", "id": format!("{chat}#{request}")}),
+            ));
+        }
+    }
+
+    /// Questions nobody answered in time are cancelled, as the agent is
+    /// told.
+    pub(super) fn expire_questions(&mut self) {
+        let now = tokio::time::Instant::now();
+        self.drop_questions(|q| q.deadline <= now, true);
+    }
+
+    /// When the next question times out, if one waits.
+    pub(super) fn next_question_deadline(&self) -> Option<tokio::time::Instant> {
+        self.running
+            .as_ref()
+            .and_then(|r| r.inputs.values().map(|q| q.deadline).min())
+    }
+
     /// Commits what the agent said; more events that are already waiting
     /// are committed in the same batch.
     pub(super) async fn on_agent_event(&mut self, first: Option<AgentEvent>) {
@@ -287,13 +377,20 @@ impl SessionActor {
                     ));
                 }
                 AgentEvent::Actions(actions) => {
+                    let ended: Vec<String> = actions
+                        .iter()
+                        .filter(|(_, a)| ends_turn(a))
+                        .filter_map(|(_, a)| a["turnId"].as_str().map(str::to_owned))
+                        .collect();
                     if let Some(running) = &mut self.running
-                        && actions.iter().any(|(_, a)| ends_turn(a))
+                        && !ended.is_empty()
                     {
                         running.busy = false;
                         running.turn = None;
                     }
                     self.follow_ups.extend(actions);
+                    // A question of a turn that ended is answered no more.
+                    self.drop_questions(|q| ended.contains(&q.turn_id), false);
                 }
                 AgentEvent::Permission {
                     chat,
@@ -315,7 +412,28 @@ impl SessionActor {
                         );
                     }
                 }
+                AgentEvent::Input {
+                    chat,
+                    turn_id,
+                    request_id,
+                    actions,
+                    answer,
+                } => {
+                    self.follow_ups.extend(actions);
+                    if let Some(running) = &mut self.running {
+                        let deadline = tokio::time::Instant::now() + self.ctx.config.input_timeout;
+                        running.inputs.insert(
+                            (chat, request_id),
+                            Question {
+                                turn_id,
+                                answer,
+                                deadline,
+                            },
+                        );
+                    }
+                }
                 AgentEvent::Exited { reason } => {
+                    self.drop_questions(|_| true, false);
                     self.running = None;
                     let message =
                         format!("The agent's process stopped before the turn finished: {reason}.");
@@ -457,6 +575,22 @@ fn ends_turn(action: &Value) -> bool {
         action.get("type").and_then(Value::as_str),
         Some("chat/turnComplete" | "chat/turnCancelled" | "chat/error")
     )
+}
+
+/// The answers of a completed input request in a chat's current turn, as
+/// its state holds them.
+fn answered(
+    model: &tether_protocol::model::SessionModel,
+    chat: &str,
+    request: &str,
+) -> Option<Value> {
+    let turn = model.chats.get(chat)?.active_turn.as_ref()?;
+    let parts = serde_json::to_value(&turn.response_parts).ok()?;
+    parts.as_array()?.iter().find_map(|part| {
+        (part["kind"] == "inputRequest" && part["request"]["id"] == request)
+            .then(|| part["request"]["answers"].clone())
+            .filter(|a| !a.is_null())
+    })
 }
 
 fn turn_error(turn_id: &str, error_type: &str, message: &str) -> Value {

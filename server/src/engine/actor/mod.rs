@@ -145,7 +145,11 @@ impl SessionActor {
                 Some(_) => wait.min(actor.ctx.config.agent_idle),
                 None => wait,
             };
-            let wait = match actor.next_client_deadline() {
+            let deadline = [actor.next_client_deadline(), actor.next_question_deadline()]
+                .into_iter()
+                .flatten()
+                .min();
+            let wait = match deadline {
                 Some(deadline) => {
                     wait.min(deadline.saturating_duration_since(tokio::time::Instant::now()))
                 }
@@ -172,6 +176,10 @@ impl SessionActor {
                 Wake::Timeout => {
                     if !actor.client_calls.is_empty() {
                         actor.expire_client_calls();
+                        actor.run_follow_ups().await;
+                    }
+                    actor.expire_questions();
+                    if !actor.follow_ups.is_empty() {
                         actor.run_follow_ups().await;
                     }
                     if actor.announcer.pending {
