@@ -331,6 +331,15 @@ pub struct ServeArgs {
     #[arg(long, env = "TETHER_CLIENT_TOOL_TIMEOUT_SECS", default_value_t = 60)]
     pub client_tool_timeout_secs: u64,
 
+    /// Largest message attachment, in bytes (decoded); a larger one is
+    /// refused before the message is recorded.
+    #[arg(long, env = "TETHER_MAX_ATTACHMENT_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_attachment_bytes: usize,
+
+    /// Most bytes of attachments one session may hold.
+    #[arg(long, env = "TETHER_MAX_SESSION_ATTACHMENT_BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub max_session_attachment_bytes: u64,
+
     /// Seconds an agent's question (an ACP elicitation, shown as a chat
     /// input request) waits for an answer; then the agent is told it was
     /// cancelled.
@@ -555,6 +564,10 @@ impl ServeArgs {
                 client_tool_timeout: Duration::from_secs(self.client_tool_timeout_secs.max(1)),
                 client_grace: Duration::from_millis(self.client_grace_ms),
                 input_timeout: Duration::from_secs(self.input_timeout_secs.max(1)),
+                attachments: crate::engine::attachments::AttachmentLimits {
+                    per_attachment: self.max_attachment_bytes,
+                    per_session: self.max_session_attachment_bytes,
+                },
                 roots: crate::effects::Roots::new(&self.allowed_roots),
                 agent_idle: Duration::from_secs(self.agent_idle_secs.max(1)),
                 acp: crate::agents::acp::AcpLimits {

@@ -3,7 +3,8 @@
 //! options (a model among them), changes them itself, refuses some values,
 //! advertises commands, reports usage with a cost and takes
 //! `session/close`, and asks questions (elicitations) that clients answer;
-//! messages queued while a turn runs start the next turns in order.
+//! messages queued while a turn runs start the next turns in order; a
+//! message's attachments reach the agent as content blocks, stored once.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -16,6 +17,7 @@ backend_tests!(
     commands_answer_completions_and_usage_keeps_its_cost,
     queued_messages_start_the_next_turns_in_queue_order,
     an_agents_question_waits_for_an_answer_and_times_out_as_the_agent_is_told,
+    attachments_reach_the_agent_as_content_blocks_and_are_stored_once,
 );
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
@@ -687,4 +689,156 @@ async fn an_agents_question_waits_for_an_answer_and_times_out_as_the_agent_is_to
         .filter_map(|m| m["params"]["action"]["part"]["content"].as_str())
         .collect::<String>();
     assert_eq!(answer, "answered: cancel");
+}
+
+async fn attachments_reach_the_agent_as_content_blocks_and_are_stored_once(db: TestDb) {
+    use base64::Engine as _;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let server = ServerProcess::start(
+        &db,
+        &[
+            "--agent",
+            &format!("plain={FAKE}"),
+            "--agent",
+            &format!("seeing=FAKE_ACP_CAPS=image {FAKE}"),
+            "--max-attachment-bytes",
+            "64",
+            "--max-session-attachment-bytes",
+            "100",
+        ],
+    )
+    .await;
+    let base = server.base_url();
+    let mut ahp = Ahp::connect(&server.ws_url(), "attacher").await;
+    for (session, provider) in [("plain", "plain"), ("seeing", "seeing")] {
+        ahp.call(
+            "createSession",
+            json!({"channel": format!("ahp-session:/{session}"), "provider": provider}),
+        )
+        .await
+        .unwrap();
+        ahp.call(
+            "subscribe",
+            json!({"channel": format!("ahp-chat:/{session}.main")}),
+        )
+        .await
+        .unwrap();
+    }
+    let png = [0x89, b'P', b'N', b'G', 0];
+    let image = json!({"type": "embeddedResource", "label": "dot.png", "contentType": "image/png",
+                       "data": b64(&png)});
+    let notes = json!({"type": "embeddedResource", "label": "notes.txt", "contentType": "text/plain",
+                       "data": b64(b"hello notes")});
+    let link = json!({"type": "resource", "label": "spec", "uri": "https://example.com/spec"});
+    let simple = json!({"type": "simple", "label": "note", "modelRepresentation": "a simple note"});
+    let turn = |id: &str, text: &str, attachments: Value| {
+        json!({"type": "chat/turnStarted", "turnId": id, "startedAt": "2026-12-02T10:00:00.000Z",
+               "message": {"text": text, "origin": {"kind": "user"}, "attachments": attachments}})
+    };
+    // An agent that takes no images is not sent one: refused before commit.
+    let refused = ahp
+        .dispatch("ahp-chat:/plain.main", turn("p1", "look", json!([image])))
+        .await;
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|r| r.contains("does not take images")),
+        "{refused:?}"
+    );
+
+    // One that does gets each attachment as the content block it takes.
+    let rejected = ahp
+        .dispatch(
+            "ahp-chat:/seeing.main",
+            turn("s1", "blocks", json!([image, notes, link, simple])),
+        )
+        .await;
+    assert_eq!(rejected, None);
+    ahp.action("chat/turnComplete", |a| a["turnId"] == "s1")
+        .await;
+    let answer: String = ahp
+        .seen
+        .iter()
+        .filter(|m| m["params"]["action"]["turnId"] == "s1")
+        .filter_map(|m| m["params"]["action"]["part"]["content"].as_str())
+        .collect();
+    assert_eq!(
+        answer,
+        "text \"blocks\"; image image/png 5 bytes; resource text/plain \"hello notes\"; \
+         link https://example.com/spec; text \"a simple note\""
+    );
+
+    // The transcript keeps references, not bytes; the bytes are served.
+    let transcript = get(&base, "/v1/sessions/seeing/transcript?after=0&limit=100").await;
+    let started = transcript["envelopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["action"]["turnId"] == "s1" && e["action"]["type"] == "chat/turnStarted")
+        .cloned()
+        .unwrap();
+    let stored = &started["action"]["message"]["attachments"][0];
+    assert_eq!(stored["type"], "resource");
+    assert!(stored.get("data").is_none(), "{stored}");
+    assert_eq!(stored["sizeHint"], 5);
+    let uri = stored["uri"].as_str().unwrap();
+    let digest = uri
+        .strip_prefix("tether-attachment:")
+        .expect("a stored reference");
+    let served = reqwest::get(format!("{base}/v1/sessions/seeing/attachments/{digest}"))
+        .await
+        .unwrap();
+    assert_eq!(served.status(), 200);
+    assert_eq!(served.headers()["content-type"], "image/png");
+    assert_eq!(served.headers()["content-disposition"], "attachment");
+    assert_eq!(served.bytes().await.unwrap().as_ref(), png);
+    let missing = reqwest::get(format!("{base}/v1/sessions/plain/attachments/{digest}"))
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404, "another session's attachment");
+
+    // The limits: one attachment, and what a session may hold in all.
+    let big = json!({"type": "embeddedResource", "label": "big.txt", "contentType": "text/plain",
+                     "data": b64(&[b'x'; 65])});
+    let refused = ahp
+        .dispatch("ahp-chat:/seeing.main", turn("s2", "hi", json!([big])))
+        .await;
+    assert!(
+        refused.as_deref().is_some_and(|r| r.contains("65 bytes")),
+        "{refused:?}"
+    );
+    let sixty = |c: u8| {
+        json!({"type": "embeddedResource", "label": "f.txt", "contentType": "text/plain",
+                               "data": b64(&[c; 60])})
+    };
+    assert_eq!(
+        ahp.dispatch(
+            "ahp-chat:/seeing.main",
+            turn("s3", "hi", json!([sixty(b'a')]))
+        )
+        .await,
+        None
+    );
+    ahp.action("chat/turnComplete", |a| a["turnId"] == "s3")
+        .await;
+    let refused = ahp
+        .dispatch(
+            "ahp-chat:/seeing.main",
+            turn("s4", "hi", json!([sixty(b'b')])),
+        )
+        .await;
+    assert!(
+        refused.as_deref().is_some_and(|r| r.contains("limit")),
+        "{refused:?}"
+    );
+    // The same bytes again are stored once: they fit.
+    assert_eq!(
+        ahp.dispatch(
+            "ahp-chat:/seeing.main",
+            turn("s5", "hi", json!([sixty(b'a')]))
+        )
+        .await,
+        None,
+        "already stored bytes take no more room"
+    );
 }

@@ -244,10 +244,42 @@ impl Api {
     }
 }
 
+/// An attachment's bytes (every byte value), base64: they are copied as
+/// bytes, not text.
+const ATTACHMENT_BASE64: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+P0BBQkNERUZHSElKS0xNTk9QUVJTVFVWV1hZWltcXV5fYGFiY2RlZmdoaWprbG1ub3BxcnN0dXZ3eHl6e3x9fn+AgYKDhIWGh4iJiouMjY6PkJGSk5SVlpeYmZqbnJ2en6ChoqOkpaanqKmqq6ytrq+wsbKztLW2t7i5uru8vb6/wMHCw8TFxsfIycrLzM3Oz9DR0tPU1dbX2Nna29zd3t/g4eLj5OXm5+jp6uvs7e7v8PHy8/T19vf4+fr7/P3+/w==";
+
+/// The attachment of `m-b`'s `with-file` turn, as served.
+async fn the_attachment(base: &str) -> Vec<u8> {
+    let transcript: Value = reqwest::get(format!(
+        "{base}/v1/sessions/m-b/transcript?after=0&limit=1000"
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let uri = transcript["envelopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|e| {
+            e["action"]["message"]["attachments"][0]["uri"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .expect("the stored attachment's reference");
+    let digest = uri.trim_start_matches("tether-attachment:");
+    let answer = reqwest::get(format!("{base}/v1/sessions/m-b/attachments/{digest}"))
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    answer.bytes().await.unwrap().to_vec()
+}
+
 /// Builds the source through the real server: sessions in two projects,
 /// a chat with more turns than its window, enough titles for snapshots, a
-/// refused dispatch, working contexts, text that is not ASCII, and one
-/// session put away.
+/// refused dispatch, working contexts, text that is not ASCII, an
+/// attachment, and one session put away.
 async fn build_source(api: &Api) {
     for (id, project) in SESSIONS {
         let (status, body) = api
@@ -286,6 +318,20 @@ async fn build_source(api: &Api) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+    // A message with an attachment: its bytes are stored outside the log.
+    let (status, body) = api
+        .act(
+            "m-b",
+            900,
+            Some("ahp-chat:/m-b.main"),
+            json!({"type": "chat/turnStarted", "turnId": "with-file", "startedAt": "2026-12-01T10:00:00.000Z",
+                   "message": {"text": "see the file", "origin": {"kind": "user"},
+                               "attachments": [{"type": "embeddedResource", "label": "bytes.bin",
+                                                "contentType": "application/octet-stream",
+                                                "data": ATTACHMENT_BASE64}]}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
     for i in 0..TITLES {
         let (status, body) = api
             .act(
@@ -532,6 +578,8 @@ async fn a_sqlite_database_moves_to_postgres_and_reads_the_same() {
     let (epoch, last_seq) = sqlite_host(&src).await;
     let rest_before = rest_reads(&api).await;
     let ahp_before = ahp_reads(&server.base_url(), last_seq as u64).await;
+    let attachment_before = the_attachment(&server.base_url()).await;
+    assert_eq!(attachment_before, (0..=255).collect::<Vec<u8>>());
     server.kill().await;
     drop(server);
     for table in [
@@ -540,6 +588,7 @@ async fn a_sqlite_database_moves_to_postgres_and_reads_the_same() {
         "chat_turns",
         "working_contexts",
         "chats",
+        "attachments",
     ] {
         assert!(
             sqlite_count(&src, table).await > 0,
@@ -568,6 +617,7 @@ async fn a_sqlite_database_moves_to_postgres_and_reads_the_same() {
     let ahp_after = ahp_reads(&server.base_url(), last_seq as u64).await;
     assert_same(&rest_before, &rest_after);
     assert_same(&ahp_before, &ahp_after);
+    assert_eq!(the_attachment(&server.base_url()).await, attachment_before);
     assert_eq!(
         pg_host(&target).await,
         (epoch.clone(), last_seq),

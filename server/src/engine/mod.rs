@@ -8,6 +8,7 @@
 //! ```
 
 mod actor;
+pub mod attachments;
 mod client_tools;
 mod clients;
 mod command;
@@ -84,6 +85,8 @@ pub struct EngineConfig {
     /// How long an agent's question waits for an answer before the agent is
     /// told it was cancelled.
     pub input_timeout: Duration,
+    /// Limits on message attachments.
+    pub attachments: attachments::AttachmentLimits,
     /// Where working directories may be, whatever the side-effect backend
     /// (empty: anywhere).
     pub roots: crate::effects::Roots,
@@ -108,6 +111,7 @@ impl Default for EngineConfig {
             client_tool_timeout: Duration::from_secs(60),
             client_grace: Duration::from_secs(30),
             input_timeout: Duration::from_secs(600),
+            attachments: attachments::AttachmentLimits::default(),
             roots: crate::effects::Roots::default(),
             sandbox: crate::agents::sandbox::Sandbox::default(),
         }

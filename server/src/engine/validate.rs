@@ -90,6 +90,8 @@ pub(super) async fn check_dispatch(
             format!("Channel {} does not exist.", d.channel),
         ));
     }
+    // The bytes of the message's attachments, stored as its side effect.
+    let mut attachments = Vec::new();
     let kind = if d.origin.is_some() {
         let host_actions = d
             .principal
@@ -118,6 +120,38 @@ pub(super) async fn check_dispatch(
         if kind == "chat/turnStarted" {
             check_new_turn_id(ctx, model, &d.channel, &d.action).await?;
             check_turn_model(model, &d.action)?;
+        }
+        if matches!(kind.as_str(), "chat/turnStarted" | "chat/pendingMessageSet")
+            && let Some(message) = d.action.get_mut("message")
+        {
+            let limits = ctx.config.attachments;
+            let taken = super::attachments::take_in(&model.id, agent, limits, message)
+                .map_err(|reason| Refusal::new(RefusalKind::Invalid, reason))?;
+            if !taken.is_empty() {
+                let digests: Vec<String> = taken.iter().map(|a| a.digest.clone()).collect();
+                let (held, again) = ctx
+                    .store
+                    .attachment_bytes(&model.id, &digests)
+                    .await
+                    .map_err(|e| Refusal::new(RefusalKind::Unavailable, e.to_string()))?;
+                // Bytes the session holds already are stored once.
+                let adding = taken
+                    .iter()
+                    .map(|a| a.data.len() as u64)
+                    .sum::<u64>()
+                    .saturating_sub(again);
+                if held + adding > limits.per_session {
+                    return Err(Refusal::new(
+                        RefusalKind::Invalid,
+                        format!(
+                            "This session already holds {held} bytes of attachments; {adding} \
+                             more would pass its limit of {} (--max-session-attachment-bytes).",
+                            limits.per_session
+                        ),
+                    ));
+                }
+            }
+            attachments = taken;
         }
         if kind == "session/configChanged" {
             check_config_change(model, &d.action)?;
@@ -235,6 +269,14 @@ pub(super) async fn check_dispatch(
                 ));
             }
         }
+    }
+    for attachment in &attachments {
+        ctx.store.put_attachment(attachment).await.map_err(|e| {
+            Refusal::new(
+                RefusalKind::Unavailable,
+                format!("The attachment could not be stored ({e}); retry."),
+            )
+        })?;
     }
     model.accept(trial, &d.action, &typed);
     Ok(())

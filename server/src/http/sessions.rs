@@ -45,6 +45,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(dispatch))
         .routes(routes!(resume))
         .routes(routes!(tool_context))
+        .routes(routes!(attachment))
 }
 
 /// A session's read-model row as a view, with the row's seq and time.
@@ -542,4 +543,88 @@ pub async fn tool_context(
     let mut context = ToolCallContext::new(cwd.as_deref());
     context.set_session_id(&view.id);
     Ok(Json(context))
+}
+
+/// The path naming one of a session's stored attachments.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct AttachmentPath {
+    /// Session id.
+    #[param(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:-]{1,128}$")]
+    id: String,
+    /// The attachment's SHA-256 digest, as its `tether-attachment:<digest>`
+    /// URI in the message names it.
+    #[param(min_length = 64, max_length = 64, pattern = "^[0-9a-f]{64}$")]
+    digest: String,
+}
+
+/// A message attachment's bytes (an embedded attachment is stored once,
+/// and the message refers to it as `tether-attachment:<digest>`). Served
+/// as a download (`Content-Disposition: attachment`, no sniffing, a
+/// sandboxing CSP), so an uploaded page never runs in this origin.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/attachments/{digest}",
+    tag = "sessions",
+    params(AttachmentPath),
+    responses(
+        (status = 200, description = "The attachment's bytes, with its media type.", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 400, description = "Malformed path.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session, or no such attachment in it.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An invalid id or digest (the rule is named).", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn attachment(
+    State(state): State<AppState>,
+    caller: Principal,
+    ApiPath(path): ApiPath<AttachmentPath>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::http::{HeaderValue, header};
+    use axum::response::IntoResponse;
+    visible(&state, &caller, &path.id).await?;
+    let uri = format!(
+        "{}{}",
+        crate::engine::attachments::ATTACHMENT_SCHEME,
+        path.digest
+    );
+    if crate::engine::attachments::digest_of(&uri).is_none() {
+        return Err(ApiError::invalid(
+            "digest must be 64 lower-case hexadecimal digits (a SHA-256).",
+        ));
+    }
+    let stored = state
+        .store
+        .attachment(&path.id, &path.digest)
+        .await?
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "Session {} has no attachment {}.",
+                path.id, path.digest
+            ))
+        })?;
+    let media = HeaderValue::from_str(&stored.content_type)
+        .unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"));
+    Ok((
+        [
+            (header::CONTENT_TYPE, media),
+            (
+                header::CONTENT_DISPOSITION,
+                HeaderValue::from_static("attachment"),
+            ),
+            (
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            ),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static("sandbox"),
+            ),
+            (
+                header::CACHE_CONTROL,
+                HeaderValue::from_static("private, max-age=31536000, immutable"),
+            ),
+        ],
+        stored.data,
+    )
+        .into_response())
 }

@@ -157,6 +157,7 @@ impl Source {
                 Cell::Int(n) => query.bind(*n),
                 Cell::Text(t) => query.bind(t.clone()),
                 Cell::Bool(b) => query.bind(*b),
+                Cell::Bytes(b) => query.bind(b.clone()),
                 Cell::Null => query.bind(None::<String>),
             };
         }

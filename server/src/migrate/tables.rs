@@ -21,6 +21,8 @@ pub(super) enum Kind {
     OptText,
     /// `INTEGER` 0/1 on SQLite, `BOOLEAN` on Postgres.
     Bool,
+    /// `BLOB` / `BYTEA`, never null.
+    Bytes,
 }
 
 impl Kind {
@@ -30,6 +32,7 @@ impl Kind {
             Kind::Int | Kind::OptInt => "bigint[]",
             Kind::Text | Kind::OptText => "text[]",
             Kind::Bool => "boolean[]",
+            Kind::Bytes => "bytea[]",
         }
     }
 }
@@ -55,7 +58,7 @@ pub(super) struct Table {
     pub key: &'static [usize],
 }
 
-use Kind::{Bool, Int, OptInt, OptText, Text};
+use Kind::{Bool, Bytes, Int, OptInt, OptText, Text};
 
 /// Every table but `host` (copied on its own, last), the log first.
 pub(super) const TABLES: &[Table] = &[
@@ -124,6 +127,18 @@ pub(super) const TABLES: &[Table] = &[
             col("session_id", Text),
             col("client_id", Text),
             col("sub", Text),
+        ],
+        key: &[0, 1],
+    },
+    Table {
+        name: "attachments",
+        columns: &[
+            col("session_id", Text),
+            col("digest", Text),
+            col("content_type", Text),
+            col("size", Int),
+            col("data", Bytes),
+            col("created_ms", Int),
         ],
         key: &[0, 1],
     },
@@ -202,6 +217,7 @@ pub(super) enum Cell {
     Int(i64),
     Text(String),
     Bool(bool),
+    Bytes(Vec<u8>),
 }
 
 impl Cell {
@@ -209,6 +225,7 @@ impl Cell {
     pub(super) fn size(&self) -> usize {
         match self {
             Cell::Text(text) => text.len(),
+            Cell::Bytes(bytes) => bytes.len(),
             _ => 8,
         }
     }
@@ -220,6 +237,8 @@ impl Cell {
             Cell::Int(n) => Value::from(*n),
             Cell::Text(t) => Value::from(t.as_str()),
             Cell::Bool(b) => Value::from(*b),
+            // Never part of a key; shown by size.
+            Cell::Bytes(b) => Value::from(b.len()),
         }
     }
 
@@ -244,6 +263,7 @@ impl Cell {
                 format!("{:?}…", t.chars().take(60).collect::<String>())
             }
             Cell::Text(t) => format!("{t:?}"),
+            Cell::Bytes(b) => format!("{} bytes", b.len()),
         }
     }
 }
@@ -256,6 +276,7 @@ where
     i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     Ok(match kind {
         Kind::Int => Cell::Int(row.try_get(i)?),
@@ -267,6 +288,7 @@ where
             .try_get::<Option<String>, _>(i)?
             .map_or(Cell::Null, Cell::Text),
         Kind::Bool => Cell::Bool(row.try_get(i)?),
+        Kind::Bytes => Cell::Bytes(row.try_get(i)?),
     })
 }
 
@@ -278,6 +300,7 @@ where
     i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     table
         .columns

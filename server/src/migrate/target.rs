@@ -67,6 +67,7 @@ pub(super) enum Values {
     Text(Vec<String>),
     OptText(Vec<Option<String>>),
     Bool(Vec<bool>),
+    Bytes(Vec<Vec<u8>>),
 }
 
 impl Batch {
@@ -81,6 +82,7 @@ impl Batch {
                 Kind::Text => Values::Text(Vec::with_capacity(capacity)),
                 Kind::OptText => Values::OptText(Vec::with_capacity(capacity)),
                 Kind::Bool => Values::Bool(Vec::with_capacity(capacity)),
+                Kind::Bytes => Values::Bytes(Vec::with_capacity(capacity)),
             })
             .collect();
         Self {
@@ -104,6 +106,7 @@ impl Batch {
                 (Values::OptText(v), Cell::Text(t)) => v.push(Some(t)),
                 (Values::OptText(v), Cell::Null) => v.push(None),
                 (Values::Bool(v), Cell::Bool(b)) => v.push(b),
+                (Values::Bytes(v), Cell::Bytes(b)) => v.push(b),
                 (_, cell) => return Err(format!("unexpected value {}", cell.show())),
             }
         }
@@ -407,6 +410,7 @@ impl Target {
                 Values::Text(v) => insert.bind(v),
                 Values::OptText(v) => insert.bind(v),
                 Values::Bool(v) => insert.bind(v),
+                Values::Bytes(v) => insert.bind(v),
             };
         }
         let key = serde_json::Value::Array(batch.last_key.iter().map(Cell::to_json).collect());

@@ -183,6 +183,19 @@ pub struct Directed {
     pub action: String,
 }
 
+/// A message attachment's bytes, stored outside the envelopes.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Attachment {
+    /// The session it belongs to.
+    pub session_id: String,
+    /// The SHA-256 of its bytes, lower-case hex.
+    pub digest: String,
+    /// Its media type (`image/png`, ...).
+    pub content_type: String,
+    /// The bytes.
+    pub data: Vec<u8>,
+}
+
 /// An envelope as stored in the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredEnvelope {
@@ -394,6 +407,25 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// The session that owns a chat URI.
     async fn chat_session(&self, chat: &str) -> Result<Option<String>, StoreError>;
 
+    /// Stores an attachment's bytes for a session, once (keyed by their
+    /// digest: storing the same bytes again changes nothing).
+    async fn put_attachment(&self, attachment: &Attachment) -> Result<(), StoreError>;
+
+    /// An attachment of a session, by digest.
+    async fn attachment(
+        &self,
+        session: &str,
+        digest: &str,
+    ) -> Result<Option<Attachment>, StoreError>;
+
+    /// How many bytes of attachments a session holds, and of those the
+    /// bytes of `digests` it holds already (bytes sent again take no room).
+    async fn attachment_bytes(
+        &self,
+        session: &str,
+        digests: &[String],
+    ) -> Result<(u64, u64), StoreError>;
+
     /// Who owns each client of a session that registered tools:
     /// `(clientId, sub)` (see [`NewEnvelope::owner`]).
     async fn client_owners(&self, session: &str) -> Result<Vec<(String, String)>, StoreError>;
@@ -579,6 +611,16 @@ pub fn redact_url(url: &str) -> String {
         out.push_str(&pairs.join("&"));
     }
     out
+}
+
+/// A session's attachment sizes summed: all of them, and those whose digest
+/// is among `digests`.
+pub(crate) fn sum_sizes(sizes: &[(String, i64)], digests: &[String]) -> (u64, u64) {
+    sizes.iter().fold((0, 0), |(all, again), (digest, size)| {
+        let size = u64::try_from(*size).unwrap_or(0);
+        let repeated = if digests.contains(digest) { size } else { 0 };
+        (all + size, again + repeated)
+    })
 }
 
 /// Milliseconds since the Unix epoch, now.

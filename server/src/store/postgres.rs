@@ -24,10 +24,10 @@ use uuid::Uuid;
 
 use super::plan;
 use super::{
-    Appended, ArchivedTurn, Backend, HostRecord, NewEnvelope, Origin, OriginOutcome, Rejection,
-    SavedContext, SessionFilter, SessionPage, SessionRecord, SessionRow, Snapshot, Store,
-    StoreError, StoreOptions, StoredEnvelope, clamp_limit, now_ms, redact_url, rows, seq_from_db,
-    seq_to_db,
+    Appended, ArchivedTurn, Attachment, Backend, HostRecord, NewEnvelope, Origin, OriginOutcome,
+    Rejection, SavedContext, SessionFilter, SessionPage, SessionRecord, SessionRow, Snapshot,
+    Store, StoreError, StoreOptions, StoredEnvelope, clamp_limit, now_ms, redact_url, rows,
+    seq_from_db, seq_to_db,
 };
 
 /// The Postgres schema's migrations, embedded in the binary.
@@ -538,6 +538,50 @@ impl Store for PostgresStore {
                 .fetch_optional(&self.pool)
                 .await?,
         )
+    }
+
+    async fn put_attachment(&self, attachment: &Attachment) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO attachments (session_id, digest, content_type, size, data, created_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+        )
+        .bind(&attachment.session_id)
+        .bind(&attachment.digest)
+        .bind(&attachment.content_type)
+        .bind(attachment.data.len() as i64)
+        .bind(&attachment.data)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn attachment(
+        &self,
+        session: &str,
+        digest: &str,
+    ) -> Result<Option<Attachment>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT session_id, digest, content_type, data FROM attachments \
+             WHERE session_id = $1 AND digest = $2",
+        )
+        .bind(session)
+        .bind(digest)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    async fn attachment_bytes(
+        &self,
+        session: &str,
+        digests: &[String],
+    ) -> Result<(u64, u64), StoreError> {
+        let sizes: Vec<(String, i64)> =
+            sqlx::query_as("SELECT digest, size FROM attachments WHERE session_id = $1")
+                .bind(session)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(super::sum_sizes(&sizes, digests))
     }
 
     async fn client_owners(&self, session: &str) -> Result<Vec<(String, String)>, StoreError> {

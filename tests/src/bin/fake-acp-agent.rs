@@ -111,6 +111,8 @@ fn log_line(line: &str) {
 
 #[derive(Default)]
 struct State {
+    /// The content blocks of each session's latest prompt, as JSON.
+    blocks: HashMap<String, Vec<Value>>,
     /// Settings per session.
     settings: HashMap<String, Settings>,
     /// Additional directories per session, as last opened or resumed.
@@ -278,7 +280,8 @@ async fn main() -> Result<(), Error> {
                     "agentCapabilities": {
                         "loadSession": caps.iter().any(|c| c == "load"),
                         "sessionCapabilities": session,
-                        "promptCapabilities": {"image": false, "audio": false, "embeddedContext": true},
+                        "promptCapabilities": {"image": caps.iter().any(|c| c == "image"),
+                                               "audio": false, "embeddedContext": true},
                         "mcpCapabilities": {"http": mcp_http, "sse": false},
                     },
                     "agentInfo": {"name": "fake-acp-agent", "title": "Fake agent", "version": "1.0"},
@@ -416,6 +419,12 @@ async fn main() -> Result<(), Error> {
             async move |request: PromptRequest, responder, cx: ConnectionTo<Client>| {
                 let state = s5.clone();
                 let session = request.session_id.to_string();
+                let blocks: Vec<Value> = request
+                    .prompt
+                    .iter()
+                    .filter_map(|block| serde_json::to_value(block).ok())
+                    .collect();
+                state.lock().expect("state").blocks.insert(session.clone(), blocks);
                 let text = request
                     .prompt
                     .iter()
@@ -612,6 +621,40 @@ async fn run(
                 Err(err) => format!("the question failed: {err}"),
             };
             say(said.trim_end())?;
+        }
+        "blocks" => {
+            // What the latest prompt carried, block by block.
+            let blocks = state
+                .lock()
+                .expect("state")
+                .blocks
+                .get(session)
+                .cloned()
+                .unwrap_or_default();
+            let described: Vec<String> = blocks
+                .iter()
+                .map(|b| match b["type"].as_str().unwrap_or("?") {
+                    "text" => format!("text {:?}", b["text"].as_str().unwrap_or_default()),
+                    "image" => format!(
+                        "image {} {} bytes",
+                        b["mimeType"].as_str().unwrap_or("?"),
+                        b["data"].as_str().map_or(0, |d| {
+                            use base64::Engine as _;
+                            base64::engine::general_purpose::STANDARD
+                                .decode(d)
+                                .map_or(0, |bytes| bytes.len())
+                        })
+                    ),
+                    "resource" => format!(
+                        "resource {} {:?}",
+                        b["resource"]["mimeType"].as_str().unwrap_or("?"),
+                        b["resource"]["text"].as_str().unwrap_or("(binary)")
+                    ),
+                    "resource_link" => format!("link {}", b["uri"].as_str().unwrap_or("?")),
+                    other => other.to_owned(),
+                })
+                .collect();
+            say(&described.join("; "))?;
         }
         "settings" => {
             let settings = state

@@ -49,6 +49,7 @@ pub fn spawn(
     open: OpenRequest,
     limits: AcpLimits,
     sandbox: &Sandbox,
+    store: Arc<dyn crate::store::Store>,
 ) -> Result<AgentProcess, String> {
     let (mut child, cwd) = start(command, &open.session_id, &open.dirs, sandbox)?;
     let group = child.id();
@@ -61,6 +62,8 @@ pub fn spawn(
         let verdict = Verdict::default();
         let map = Arc::new(Mutex::new(TurnMap::new(&open.session_uri)));
         let bridge = Bridge {
+            store,
+            session_id: open.session_id.clone(),
             events: events_tx.clone(),
             map,
             limits: limits.clone(),
@@ -274,6 +277,29 @@ fn capabilities_of(response: &InitializeResponse) -> AcpCapabilities {
     }
 }
 
+/// A stored attachment as an ACP content block (as JSON): an image or
+/// audio block for those media, else an embedded resource (text when it is
+/// UTF-8 text, a base64 blob otherwise).
+fn stored_block(uri: &str, stored: &crate::store::Attachment) -> Value {
+    use base64::Engine as _;
+    let data = base64::engine::general_purpose::STANDARD.encode(&stored.data);
+    let media = stored.content_type.as_str();
+    if media.starts_with("image/") {
+        return serde_json::json!({"type": "image", "data": data, "mimeType": media, "uri": uri});
+    }
+    if media.starts_with("audio/") {
+        return serde_json::json!({"type": "audio", "data": data, "mimeType": media});
+    }
+    let text = (media.starts_with("text/") || media.ends_with("json"))
+        .then(|| String::from_utf8(stored.data.clone()).ok())
+        .flatten();
+    let resource = match text {
+        Some(text) => serde_json::json!({"uri": uri, "text": text, "mimeType": media}),
+        None => serde_json::json!({"uri": uri, "blob": data, "mimeType": media}),
+    };
+    serde_json::json!({"type": "resource", "resource": resource})
+}
+
 /// An ACP elicitation answer from its JSON form (`elicit::response`); a
 /// cancel if it cannot be read.
 fn elicitation_response(value: &Value) -> CreateElicitationResponse {
@@ -292,6 +318,10 @@ enum Stop {
 
 struct Bridge {
     events: mpsc::Sender<AgentEvent>,
+    /// Where a message's stored attachments are read from.
+    store: Arc<dyn crate::store::Store>,
+    /// The Tether session's id (stored attachments are the session's).
+    session_id: String,
     map: Arc<Mutex<TurnMap>>,
     limits: AcpLimits,
     verdict: Verdict,
@@ -304,6 +334,7 @@ struct Queued {
     turn_id: String,
     text: String,
     model: Option<String>,
+    attachments: Vec<Value>,
 }
 
 /// What an agent's error says: its `data` when that is text, else its
@@ -514,13 +545,14 @@ impl Bridge {
                         if let Some(model) = &next.model {
                             self.choose_model(&cx, &session, model).await;
                         }
-                        self.prompt(&cx, &session, next, done_tx.clone())?;
+                        let blocks = self.content(&next).await;
+                        self.prompt(&cx, &session, next, blocks, done_tx.clone())?;
                     }
                     tokio::select! {
                         command = commands.recv() => match command {
                             None => return Ok(Stop::Asked),
-                            Some(ToAgent::Prompt { chat, turn_id, text, model }) => {
-                                queue.push_back(Queued { chat, turn_id, text, model });
+                            Some(ToAgent::Prompt { chat, turn_id, text, model, attachments }) => {
+                                queue.push_back(Queued { chat, turn_id, text, model, attachments });
                             }
                             Some(ToAgent::Configure { values, reply }) => {
                                 let _ = reply.send(self.configure(&cx, &session, &values).await);
@@ -804,11 +836,46 @@ impl Bridge {
         }
     }
 
+    /// A message's content blocks: its text, then each attachment as the
+    /// agent takes it (a stored one loaded: an image or audio block, or an
+    /// embedded resource, text or blob; another reference a resource link;
+    /// a simple one its text).
+    async fn content(&self, message: &Queued) -> Vec<ContentBlock> {
+        let mut blocks = vec![ContentBlock::Text(TextContent::new(message.text.clone()))];
+        for attachment in &message.attachments {
+            let label = attachment["label"].as_str().unwrap_or("attachment");
+            let uri = attachment["uri"].as_str().unwrap_or_default();
+            let block = match attachment["type"].as_str() {
+                Some("simple") => Some(serde_json::json!({"type": "text",
+                    "text": attachment["modelRepresentation"].as_str().unwrap_or(label)})),
+                Some("resource") => match crate::engine::attachments::digest_of(uri) {
+                    Some(digest) => match self.store.attachment(&self.session_id, digest).await {
+                        Ok(Some(stored)) => Some(stored_block(uri, &stored)),
+                        Ok(None) => None,
+                        Err(err) => {
+                            tracing::warn!(error = %err, "an attachment could not be read");
+                            None
+                        }
+                    },
+                    None => Some(serde_json::json!({"type": "resource_link", "uri": uri,
+                        "name": label, "mimeType": attachment["contentType"],
+                        "size": attachment["sizeHint"]})),
+                },
+                _ => None,
+            };
+            if let Some(block) = block.and_then(|b| serde_json::from_value(b).ok()) {
+                blocks.push(block);
+            }
+        }
+        blocks
+    }
+
     fn prompt(
         &self,
         cx: &ConnectionTo<Agent>,
         session: &str,
         next: Queued,
+        blocks: Vec<ContentBlock>,
         done: mpsc::UnboundedSender<()>,
     ) -> Result<(), agent_client_protocol::Error> {
         if let Ok(mut m) = self.map.lock() {
@@ -820,10 +887,7 @@ impl Bridge {
                 now_ms(),
             );
         }
-        let request = PromptRequest::new(
-            session.to_owned(),
-            vec![ContentBlock::Text(TextContent::new(next.text))],
-        );
+        let request = PromptRequest::new(session.to_owned(), blocks);
         let (events, map) = (self.events.clone(), self.map.clone());
         let verdict = self.verdict.clone();
         cx.prepare_request(request)

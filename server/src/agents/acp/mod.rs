@@ -303,6 +303,8 @@ pub(crate) enum ToAgent {
         text: String,
         /// The model the turn's message asks for (`message.model.id`).
         model: Option<String>,
+        /// The message's attachments (stored ones by reference).
+        attachments: Vec<Value>,
     },
     Configure {
         values: serde_json::Map<String, Value>,
@@ -343,16 +345,23 @@ impl Drop for AgentProcess {
 }
 
 impl AgentProcess {
-    /// Sends the turn's text as one `session/prompt` (queued while an
-    /// earlier prompt runs), first moving the agent to `model` when the
-    /// message asks for one.
-    pub fn prompt(&self, chat: &str, turn_id: &str, text: &str, model: Option<&str>) -> bool {
+    /// Sends the turn's message as one `session/prompt` (queued while an
+    /// earlier prompt runs): its text and its attachments as content
+    /// blocks, first moving the agent to the model the message asks for.
+    pub fn prompt(&self, chat: &str, turn_id: &str, message: &Value) -> bool {
         self.commands
             .send(ToAgent::Prompt {
                 chat: chat.to_owned(),
                 turn_id: turn_id.to_owned(),
-                text: text.to_owned(),
-                model: model.map(str::to_owned),
+                text: message["text"].as_str().unwrap_or_default().to_owned(),
+                model: message
+                    .pointer("/model/id")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                attachments: message["attachments"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
             })
             .is_ok()
     }

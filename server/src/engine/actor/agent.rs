@@ -136,6 +136,7 @@ impl SessionActor {
             open,
             self.ctx.config.acp.clone(),
             &self.ctx.config.sandbox,
+            self.ctx.store.clone(),
         )?;
         tracing::info!(session = %self.id, agent = %spec.provider, "agent process started");
         self.running = Some(Running {
@@ -188,10 +189,6 @@ impl SessionActor {
             .get("turnId")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        let text = turn
-            .pointer("/message/text")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
         if self.running.as_ref().is_some_and(|r| r.stale && !r.busy) {
             tracing::info!(session = %self.id, agent = %spec.provider,
                 "starting the agent again: its confinement does not reach the session's new directories");
@@ -218,8 +215,7 @@ impl SessionActor {
             running.busy = true;
             running.turn = Some((chat.to_owned(), turn_id.to_owned()));
             running.last_active = tokio::time::Instant::now();
-            let model = turn.pointer("/message/model/id").and_then(Value::as_str);
-            running.process.prompt(chat, turn_id, text, model);
+            running.process.prompt(chat, turn_id, &turn["message"]);
         }
     }
 

@@ -30,9 +30,10 @@ use self::writer::Writer;
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 use super::plan;
 use super::{
-    Appended, ArchivedTurn, Backend, HostRecord, NewEnvelope, Origin, OriginOutcome, Rejection,
-    SavedContext, SessionFilter, SessionPage, SessionRecord, SessionRow, Snapshot, Store,
-    StoreError, StoreOptions, StoredEnvelope, clamp_limit, now_ms, rows, seq_from_db, seq_to_db,
+    Appended, ArchivedTurn, Attachment, Backend, HostRecord, NewEnvelope, Origin, OriginOutcome,
+    Rejection, SavedContext, SessionFilter, SessionPage, SessionRecord, SessionRow, Snapshot,
+    Store, StoreError, StoreOptions, StoredEnvelope, clamp_limit, now_ms, rows, seq_from_db,
+    seq_to_db,
 };
 
 /// How long a connection waits on a lock held by another process before
@@ -253,6 +254,57 @@ impl Store for SqliteStore {
                 .fetch_optional(&self.readers)
                 .await?,
         )
+    }
+
+    async fn put_attachment(&self, attachment: &Attachment) -> Result<(), StoreError> {
+        let a = attachment.clone();
+        let at_ms = now_ms();
+        self.writer
+            .transaction(move |tx| {
+                tx.prepare_cached(
+                    "INSERT INTO attachments \
+                     (session_id, digest, content_type, size, data, created_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+                )?
+                .execute(rusqlite::params![
+                    a.session_id,
+                    a.digest,
+                    a.content_type,
+                    a.data.len() as i64,
+                    a.data,
+                    at_ms
+                ])?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn attachment(
+        &self,
+        session: &str,
+        digest: &str,
+    ) -> Result<Option<Attachment>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT session_id, digest, content_type, data FROM attachments \
+             WHERE session_id = ? AND digest = ?",
+        )
+        .bind(session)
+        .bind(digest)
+        .fetch_optional(&self.readers)
+        .await?)
+    }
+
+    async fn attachment_bytes(
+        &self,
+        session: &str,
+        digests: &[String],
+    ) -> Result<(u64, u64), StoreError> {
+        let sizes: Vec<(String, i64)> =
+            sqlx::query_as("SELECT digest, size FROM attachments WHERE session_id = ?")
+                .bind(session)
+                .fetch_all(&self.readers)
+                .await?;
+        Ok(super::sum_sizes(&sizes, digests))
     }
 
     async fn client_owners(&self, session: &str) -> Result<Vec<(String, String)>, StoreError> {
