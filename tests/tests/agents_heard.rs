@@ -18,6 +18,7 @@ backend_tests!(
     queued_messages_start_the_next_turns_in_queue_order,
     an_agents_question_waits_for_an_answer_and_times_out_as_the_agent_is_told,
     attachments_reach_the_agent_as_content_blocks_and_are_stored_once,
+    an_agent_that_needs_a_login_is_logged_in_from_its_configuration_or_says_how,
 );
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
@@ -840,5 +841,106 @@ async fn attachments_reach_the_agent_as_content_blocks_and_are_stored_once(db: T
         .await,
         None,
         "already stored bytes take no more room"
+    );
+}
+
+async fn an_agent_that_needs_a_login_is_logged_in_from_its_configuration_or_says_how(db: TestDb) {
+    let keyed = format!("keyed=FAKE_ACP_AUTH=FAKE_KEY FAKE_KEY=sk-test {FAKE}");
+    let locked = format!("locked=FAKE_ACP_AUTH=FAKE_KEY {FAKE}");
+    let server = ServerProcess::start(&db, &["--agent", &keyed, "--agent", &locked]).await;
+    let base = server.base_url();
+    let agents = get(&base, "/v1/agents").await;
+    let find = |provider: &str| {
+        agents["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["provider"] == provider)
+            .cloned()
+            .unwrap()
+    };
+    // Its login methods are shown as the agent wrote them.
+    let methods = &find("keyed")["capabilities"]["authMethods"];
+    assert_eq!(methods[0]["type"], "env_var", "{methods}");
+    assert_eq!(methods[0]["vars"][0]["name"], "FAKE_KEY");
+    assert!(find("keyed")["capabilities"].get("sessionError").is_none());
+    let error = find("locked")["capabilities"]["sessionError"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(error.contains("needs a login"), "{error}");
+    assert!(
+        error.contains("set FAKE_KEY in the agent's configuration"),
+        "{error}"
+    );
+    assert!(error.contains("Browser login"), "{error}");
+    assert!(
+        !agents.to_string().contains("sk-test"),
+        "the key is never shown"
+    );
+    // AHP clients see the same in the root state.
+    let mut ahp = Ahp::connect(&server.ws_url(), "login-test").await;
+    let root = ahp
+        .call("subscribe", json!({"channel": "ahp-root://"}))
+        .await
+        .unwrap();
+    let logins = &root["snapshot"]["state"]["_meta"]["tether/agents"];
+    assert_eq!(logins["keyed"]["authMethods"][1]["id"], "fake-browser");
+    assert!(logins["locked"]["sessionError"].is_string(), "{logins}");
+
+    // The configured key logs the agent in (`authenticate`) and its turns
+    // run; the other's turns fail with its words and how to log it in.
+    for provider in ["keyed", "locked"] {
+        ahp.call(
+            "createSession",
+            json!({"channel": format!("ahp-session:/{provider}"), "provider": provider}),
+        )
+        .await
+        .unwrap();
+        ahp.call(
+            "subscribe",
+            json!({"channel": format!("ahp-chat:/{provider}.main")}),
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        ahp.ask("ahp-chat:/keyed.main", "k1", "hello", None).await,
+        "hello"
+    );
+    let rejected = ahp
+        .dispatch(
+            "ahp-chat:/locked.main",
+            json!({"type": "chat/turnStarted", "turnId": "l1", "startedAt": "2026-12-02T10:00:00.000Z",
+                   "message": {"text": "hello", "origin": {"kind": "user"}}}),
+        )
+        .await;
+    assert_eq!(rejected, None, "the turn is recorded, then fails");
+    let failed = ahp.action("chat/error", |a| a["turnId"] == "l1").await;
+    let message = failed["part"]["error"]["message"].as_str().unwrap();
+    assert!(message.contains("log in first: no API key"), "{message}");
+    assert!(message.contains("FAKE_KEY"), "{message}");
+    // The session goes on: the next action is accepted.
+    let renamed = ahp
+        .dispatch(
+            "ahp-session:/locked",
+            json!({"type": "session/titleChanged", "title": "needs a key"}),
+        )
+        .await;
+    assert_eq!(renamed, None);
+
+    // tether doctor says which agent cannot open a session.
+    let output = tokio::process::Command::new(tether_tests::tether_bin())
+        .args(["doctor", "--database-url", db.url(), "--agent", &locked])
+        .env_remove("TETHER_AGENTS")
+        .output()
+        .await
+        .unwrap();
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        report
+            .lines()
+            .any(|l| l.starts_with("FAIL") && l.contains("cannot open a session")),
+        "{report}"
     );
 }

@@ -331,6 +331,13 @@ async fn check_agents(config: &ServeConfig, sandbox: &Sandbox, report: &mut Repo
     });
     for (name, command, answer) in futures_util::future::join_all(asks).await {
         match answer {
+            Ok(capabilities) if capabilities.session_error.is_some() => report.fail(
+                "agent",
+                format!(
+                    "{name} ({command}) answered initialize but cannot open a session: {}",
+                    capabilities.session_error.unwrap_or_default()
+                ),
+            ),
             Ok(capabilities) => report.ok(
                 "agent",
                 format!(

@@ -640,6 +640,25 @@ impl Engine {
             {
                 map.remove("activeSessions");
             }
+            // What AHP's AgentInfo has no field for: how each agent logs
+            // in, and why it could not open a session (a login it needs).
+            let logins: serde_json::Map<String, Value> = self
+                .ctx
+                .agents
+                .list()
+                .iter()
+                .filter_map(|spec| {
+                    let caps = spec.acp_capabilities()?;
+                    let mut entry = json!({"authMethods": caps.auth_methods});
+                    if let Some(error) = &caps.session_error {
+                        entry["sessionError"] = json!(error);
+                    }
+                    Some((spec.provider.clone(), entry))
+                })
+                .collect();
+            if !logins.is_empty() {
+                state["_meta"]["tether/agents"] = Value::Object(logins);
+            }
             return Ok(ChannelSnapshot {
                 resource: ROOT.to_owned(),
                 state,

@@ -35,8 +35,8 @@ use std::time::Duration;
 
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, CloseSessionRequest, CloseSessionResponse, CreateElicitationRequest,
-    InitializeRequest, InitializeResponse, LoadSessionRequest, LoadSessionResponse,
+    AuthenticateRequest, AuthenticateResponse, CancelNotification, CloseSessionRequest,
+    CloseSessionResponse, CreateElicitationRequest, LoadSessionRequest, LoadSessionResponse,
     NewSessionRequest, NewSessionResponse, PromptRequest, PromptResponse, RequestPermissionOutcome,
     RequestPermissionRequest, ResumeSessionRequest, ResumeSessionResponse, SessionNotification,
     SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse,
@@ -124,6 +124,33 @@ struct State {
 }
 
 type Shared = Arc<Mutex<State>>;
+
+/// `initialize` as JSON: the fake answers it with JSON the schema's types
+/// could not carry (login methods of kinds they do not know).
+#[derive(Debug, Clone)]
+struct RawInitialize(Value);
+
+impl agent_client_protocol::JsonRpcMessage for RawInitialize {
+    fn matches_method(method: &str) -> bool {
+        method == "initialize"
+    }
+
+    fn method(&self) -> &str {
+        "initialize"
+    }
+
+    fn to_untyped_message(&self) -> Result<agent_client_protocol::UntypedMessage, Error> {
+        agent_client_protocol::UntypedMessage::new("initialize", &self.0)
+    }
+
+    fn parse_message(_method: &str, params: &Value) -> Result<Self, Error> {
+        Ok(Self(params.clone()))
+    }
+}
+
+impl agent_client_protocol::JsonRpcRequest for RawInitialize {
+    type Response = Value;
+}
 
 fn update(session: &str, update: Value) -> SessionNotification {
     let update: SessionUpdate = serde_json::from_value(update).expect("a valid session update");
@@ -243,6 +270,17 @@ async fn main() -> Result<(), Error> {
         None
     };
     let state: Shared = Shared::default();
+    // FAKE_ACP_AUTH=VAR: it offers an env_var login on VAR (and a browser
+    // one), and opens no session until `authenticate` named the env_var
+    // one while VAR is set.
+    let login_var = std::env::var("FAKE_ACP_AUTH").ok();
+    let logged_in = Arc::new(std::sync::atomic::AtomicBool::new(login_var.is_none()));
+    let (l1, l2, l3, l4) = (
+        logged_in.clone(),
+        logged_in.clone(),
+        logged_in.clone(),
+        login_var.clone(),
+    );
     let configurable = std::env::var("FAKE_ACP_CAPS")
         .unwrap_or_default()
         .split(',')
@@ -263,7 +301,7 @@ async fn main() -> Result<(), Error> {
         .v1()
         .name("fake-acp-agent")
         .on_receive_request(
-            async move |request: InitializeRequest, responder, _cx| {
+            async move |request: RawInitialize, responder, _cx| {
                 let mut session = json!({});
                 if caps.iter().any(|c| c == "resume") {
                     session["resume"] = json!({});
@@ -275,8 +313,11 @@ async fn main() -> Result<(), Error> {
                     session["close"] = json!({});
                 }
                 let mcp_http = caps.iter().any(|c| c == "mcp");
-                let mut response: InitializeResponse = serde_json::from_value(json!({
-                    "protocolVersion": 1,
+                // Written as JSON, not through the schema's types: its login
+                // methods are of a kind (`env_var`) the schema version does
+                // not know, and must reach the client whole.
+                let mut response = json!({
+                    "protocolVersion": request.0.get("protocolVersion").cloned().unwrap_or(json!(1)),
                     "agentCapabilities": {
                         "loadSession": caps.iter().any(|c| c == "load"),
                         "sessionCapabilities": session,
@@ -285,15 +326,25 @@ async fn main() -> Result<(), Error> {
                         "mcpCapabilities": {"http": mcp_http, "sse": false},
                     },
                     "agentInfo": {"name": "fake-acp-agent", "title": "Fake agent", "version": "1.0"},
-                }))
-                .expect("an initialize response");
-                response.protocol_version = request.protocol_version;
+                });
+                if let Some(var) = &login_var {
+                    response["authMethods"] = json!([
+                        {"id": "fake-key", "name": "Fake API key", "type": "env_var",
+                         "vars": [{"name": var}]},
+                        {"id": "fake-browser", "name": "Browser login", "type": "agent"},
+                    ]);
+                }
                 responder.respond(response)
             },
             agent_client_protocol::on_receive_request!(),
         )
         .on_receive_request(
             async move |request: NewSessionRequest, responder, _cx| {
+                if !l1.load(std::sync::atomic::Ordering::SeqCst) {
+                    return responder.respond_with_error(
+                        Error::auth_required().data(json!("log in first: no API key")),
+                    );
+                }
                 let id = {
                     let mut state = s1.lock().expect("state");
                     state.next += 1;
@@ -315,6 +366,9 @@ async fn main() -> Result<(), Error> {
         )
         .on_receive_request(
             async move |request: LoadSessionRequest, responder, cx: ConnectionTo<Client>| {
+                if !l3.load(std::sync::atomic::Ordering::SeqCst) {
+                    return responder.respond_with_error(Error::auth_required());
+                }
                 let id = request.session_id.to_string();
                 s2.lock()
                     .expect("state")
@@ -339,6 +393,24 @@ async fn main() -> Result<(), Error> {
                     .dirs
                     .insert(request.session_id.to_string(), dirs);
                 responder.respond(ResumeSessionResponse::new())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: AuthenticateRequest, responder, _cx| {
+                let method = request.method_id.to_string();
+                log_line(&format!("authenticate {method}"));
+                let key = l4
+                    .as_ref()
+                    .and_then(|var| std::env::var(var).ok())
+                    .filter(|v| !v.is_empty());
+                if method == "fake-key" && key.is_some() {
+                    l2.store(true, std::sync::atomic::Ordering::SeqCst);
+                    return responder.respond(AuthenticateResponse::new());
+                }
+                responder.respond_with_error(
+                    Error::auth_required().data(json!(format!("cannot log in with {method}"))),
+                )
             },
             agent_client_protocol::on_receive_request!(),
         )

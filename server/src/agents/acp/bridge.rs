@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, ClientCapabilities, CloseSessionRequest, ContentBlock,
+    AuthenticateRequest, CancelNotification, ClientCapabilities, CloseSessionRequest, ContentBlock,
     CreateElicitationRequest, CreateElicitationResponse, HttpHeader, Implementation,
     InitializeRequest, InitializeResponse, LoadSessionRequest, McpServer, McpServerHttp,
     NewSessionRequest, PermissionOptionKind, PromptRequest, RequestPermissionOutcome,
@@ -57,11 +57,13 @@ pub fn spawn(
     let (commands_tx, commands) = mpsc::unbounded_channel();
     let (stop, stopped) = oneshot::channel();
     let name = command.name.clone();
+    let agent = command.clone();
     tokio::spawn(async move {
         let pid = child.id();
         let verdict = Verdict::default();
         let map = Arc::new(Mutex::new(TurnMap::new(&open.session_uri)));
         let bridge = Bridge {
+            command: agent,
             store,
             session_id: open.session_id.clone(),
             events: events_tx.clone(),
@@ -109,6 +111,7 @@ pub async fn probe(
     let scratch = format!("probe-{}", command.name);
     let (mut child, cwd) = start(command, &scratch, &[], sandbox)?;
     let provider = command.name.clone();
+    let agent = command.clone();
     let pid = child.id();
     let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
     let (Some(stdin), Some(stdout)) = (stdin, stdout) else {
@@ -124,28 +127,23 @@ pub async fn probe(
         .v1()
         .name("tether")
         .connect_with(transport, async move |cx: ConnectionTo<Agent>| {
-            let mut capabilities = match initialize(&cx, timeout).await {
-                Ok(response) => capabilities_of(&response),
+            let (mut capabilities, logins) = match initialize(&cx, timeout).await {
+                Ok((response, raw)) => {
+                    let mut capabilities = capabilities_of(&response);
+                    let logins = Logins::of(&agent, &raw);
+                    capabilities.auth_methods = logins.methods.clone();
+                    (capabilities, logins)
+                }
                 Err(reason) => return Ok(Err(reason)),
             };
-            let opened = tokio::time::timeout(
-                timeout,
-                cx.send_request(NewSessionRequest::new(cwd)).block_task(),
-            )
-            .await;
-            match opened {
-                Ok(Ok(session)) => {
+            let request = NewSessionRequest::new(cwd);
+            match open_request(&cx, timeout, "session/new", request, &logins).await {
+                Ok(session) => {
                     let options = session.config_options.unwrap_or_default();
                     let config = AgentConfig::new(session.modes.as_ref(), &options);
                     capabilities.learn_config(&config, &provider);
                 }
-                Ok(Err(err)) => capabilities.session_error = Some(said(&err)),
-                Err(_) => {
-                    capabilities.session_error = Some(format!(
-                        "it did not answer session/new within {} s",
-                        timeout.as_secs_f64()
-                    ));
-                }
+                Err(reason) => capabilities.session_error = Some(reason),
             }
             Ok(Ok(capabilities))
         })
@@ -231,10 +229,13 @@ fn describe(status: std::process::ExitStatus) -> String {
     }
 }
 
+/// Sends `initialize`; the answer, typed and as the agent wrote it (its
+/// `authMethods` may be of kinds this schema version does not know, such
+/// as `env_var`, which are kept whole).
 async fn initialize(
     cx: &ConnectionTo<Agent>,
     timeout: std::time::Duration,
-) -> Result<InitializeResponse, String> {
+) -> Result<(InitializeResponse, Value), String> {
     // What Tether answers besides permissions: questions (form and URL
     // elicitations, shown to AHP clients as chat input requests).
     let capabilities: ClientCapabilities =
@@ -243,13 +244,153 @@ async fn initialize(
     let request = InitializeRequest::new(ProtocolVersion::V1)
         .client_capabilities(capabilities)
         .client_info(Implementation::new("tether", env!("CARGO_PKG_VERSION")).title("Tether"));
-    match tokio::time::timeout(timeout, cx.send_request(request).block_task()).await {
-        Ok(Ok(response)) => Ok(response),
-        Ok(Err(err)) => Err(format!("it refused initialize: {err}")),
-        Err(_) => Err(format!(
-            "it did not answer initialize within {} s",
+    let untyped = agent_client_protocol::UntypedMessage::new("initialize", &request)
+        .map_err(|e| format!("cannot write initialize: {e}"))?;
+    let raw = match tokio::time::timeout(timeout, cx.send_request(untyped).block_task()).await {
+        Ok(Ok(raw)) => raw,
+        Ok(Err(err)) => return Err(format!("it refused initialize: {err}")),
+        Err(_) => {
+            return Err(format!(
+                "it did not answer initialize within {} s",
+                timeout.as_secs_f64()
+            ));
+        }
+    };
+    let response = serde_json::from_value(raw.clone())
+        .map_err(|e| format!("its answer to initialize is not ACP's: {e}"))?;
+    Ok((response, raw))
+}
+
+/// The login an agent's configuration already provides: the first
+/// `env_var` method whose every variable is in the agent's own
+/// environment (`env`, the names its configuration sets).
+pub(super) fn configured_login(methods: &[Value], env: &[String]) -> Option<String> {
+    methods.iter().find_map(|method| {
+        let vars = method["vars"].as_array()?;
+        let provided = method["type"] == "env_var"
+            && !vars.is_empty()
+            && vars.iter().all(|v| {
+                v["optional"] == true
+                    || v["name"]
+                        .as_str()
+                        .is_some_and(|n| env.iter().any(|e| e == n))
+            });
+        provided.then(|| method["id"].as_str().map(str::to_owned))?
+    })
+}
+
+/// How people can log an agent in, for a refusal: each method's name and
+/// what it needs.
+fn login_choices(methods: &[Value]) -> String {
+    let shown: Vec<String> = methods
+        .iter()
+        .map(|m| {
+            let name = m["name"].as_str().or(m["id"].as_str()).unwrap_or("?");
+            match m["type"].as_str() {
+                Some("env_var") => {
+                    let vars: Vec<&str> = m["vars"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|v| v["name"].as_str())
+                        .collect();
+                    format!(
+                        "{name} (set {} in the agent's configuration)",
+                        vars.join(", ")
+                    )
+                }
+                Some("terminal") => format!("{name} (an interactive login in a terminal)"),
+                _ => format!("{name} (the agent's own login)"),
+            }
+        })
+        .collect();
+    if shown.is_empty() {
+        "it lists no login methods".to_owned()
+    } else {
+        format!("it offers: {}", shown.join("; "))
+    }
+}
+
+/// Whether an agent's error says it needs a login (ACP `auth_required`).
+fn needs_login(err: &agent_client_protocol::Error) -> bool {
+    serde_json::to_value(&err.code).ok() == Some(serde_json::json!(-32000))
+}
+
+/// Sends a session-opening request (`session/new`, `load`, `resume`); when
+/// the agent answers that it needs a login and its configuration provides
+/// an `env_var` method, calls `authenticate` with it and asks once more.
+/// A refusal names the login methods it offers.
+async fn open_request<Req>(
+    cx: &ConnectionTo<Agent>,
+    timeout: std::time::Duration,
+    what: &str,
+    request: Req,
+    logins: &Logins,
+) -> Result<Req::Response, String>
+where
+    Req: agent_client_protocol::JsonRpcRequest + Clone,
+{
+    let in_time = || {
+        format!(
+            "it did not answer {what} within {} s",
             timeout.as_secs_f64()
-        )),
+        )
+    };
+    let first = tokio::time::timeout(timeout, cx.send_request(request.clone()).block_task())
+        .await
+        .map_err(|_| in_time())?;
+    let err = match first {
+        Ok(answer) => return Ok(answer),
+        Err(err) if needs_login(&err) => err,
+        Err(err) => return Err(format!("it refused {what}: {}", said(&err))),
+    };
+    let choices = login_choices(&logins.methods);
+    let Some(method) = configured_login(&logins.methods, &logins.env) else {
+        return Err(format!(
+            "it needs a login: {}; {choices}",
+            said(&err).trim_end_matches('.')
+        ));
+    };
+    let login = AuthenticateRequest::new(method.clone());
+    tokio::time::timeout(timeout, cx.send_request(login).block_task())
+        .await
+        .map_err(|_| {
+            format!(
+                "it did not answer authenticate within {} s",
+                timeout.as_secs_f64()
+            )
+        })?
+        .map_err(|e| format!("it refused the login {method:?}: {}; {choices}", said(&e)))?;
+    tokio::time::timeout(timeout, cx.send_request(request).block_task())
+        .await
+        .map_err(|_| in_time())?
+        .map_err(|e| format!("it refused {what} after the login {method:?}: {}", said(&e)))
+}
+
+/// What an agent offers to log in with, and the environment variables its
+/// configuration gives it.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Logins {
+    /// `authMethods`, as the agent wrote them.
+    pub methods: Vec<Value>,
+    /// The names of the variables its configuration sets.
+    pub env: Vec<String>,
+}
+
+impl Logins {
+    fn of(command: &AgentCommand, raw: &Value) -> Self {
+        let mut env: Vec<String> = command.env.iter().map(|(k, _)| k.clone()).collect();
+        env.extend(
+            command
+                .file_env()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, _)| k),
+        );
+        Self {
+            methods: raw["authMethods"].as_array().cloned().unwrap_or_default(),
+            env,
+        }
     }
 }
 
@@ -317,6 +458,8 @@ enum Stop {
 }
 
 struct Bridge {
+    /// The agent's configuration (its own environment, for logins).
+    command: AgentCommand,
     events: mpsc::Sender<AgentEvent>,
     /// Where a message's stored attachments are read from.
     store: Arc<dyn crate::store::Store>,
@@ -622,8 +765,9 @@ impl Bridge {
         cwd: PathBuf,
     ) -> Result<String, String> {
         let timeout = self.limits.init_timeout;
-        let response = initialize(cx, timeout).await?;
+        let (response, raw) = initialize(cx, timeout).await?;
         let caps = capabilities_of(&response);
+        let logins = Logins::of(&self.command, &raw);
         self.closes
             .store(caps.close, std::sync::atomic::Ordering::Relaxed);
         let additional = if caps.additional_directories {
@@ -640,21 +784,12 @@ impl Bridge {
             )],
             _ => Vec::new(),
         };
-        let in_time = |what: &str| {
-            format!(
-                "it did not answer {what} within {} s",
-                timeout.as_secs_f64()
-            )
-        };
         let (session, resumed, settings) = match &open.mode {
             OpenMode::New => {
                 let request = NewSessionRequest::new(cwd.clone())
                     .additional_directories(additional)
                     .mcp_servers(mcp_servers);
-                let response = tokio::time::timeout(timeout, cx.send_request(request).block_task())
-                    .await
-                    .map_err(|_| in_time("session/new"))?
-                    .map_err(|e| format!("it refused session/new: {}", said(&e)))?;
+                let response = open_request(cx, timeout, "session/new", request, &logins).await?;
                 let options = response.config_options.unwrap_or_default();
                 let settings = AgentConfig::new(response.modes.as_ref(), &options);
                 (response.session_id.to_string(), false, settings)
@@ -663,10 +798,8 @@ impl Bridge {
                 let request = ResumeSessionRequest::new(id.clone(), cwd.clone())
                     .additional_directories(additional)
                     .mcp_servers(mcp_servers);
-                let response = tokio::time::timeout(timeout, cx.send_request(request).block_task())
-                    .await
-                    .map_err(|_| in_time("session/resume"))?
-                    .map_err(|e| format!("it refused session/resume: {}", said(&e)))?;
+                let response =
+                    open_request(cx, timeout, "session/resume", request, &logins).await?;
                 let options = response.config_options.unwrap_or_default();
                 let settings = AgentConfig::new(response.modes.as_ref(), &options);
                 (id.clone(), true, settings)
@@ -680,14 +813,11 @@ impl Bridge {
                 let request = LoadSessionRequest::new(id.clone(), cwd.clone())
                     .additional_directories(additional)
                     .mcp_servers(mcp_servers);
-                let answer =
-                    tokio::time::timeout(timeout, cx.send_request(request).block_task()).await;
+                let answer = open_request(cx, timeout, "session/load", request, &logins).await;
                 if let Ok(mut m) = self.map.lock() {
                     m.replaying = false;
                 }
-                let response = answer
-                    .map_err(|_| in_time("session/load"))?
-                    .map_err(|e| format!("it refused session/load: {}", said(&e)))?;
+                let response = answer?;
                 let options = response.config_options.unwrap_or_default();
                 let settings = AgentConfig::new(response.modes.as_ref(), &options);
                 (id.clone(), true, settings)

@@ -34,6 +34,9 @@ pub(super) struct Running {
     pub(super) turn: Option<(String, String)>,
     /// Questions waiting for a client, by `(chat, requestId)`.
     inputs: HashMap<(String, String), Question>,
+    /// Whether it opened the session (an agent that could not, for want
+    /// of a login say, leaves the session dormant, not ended).
+    opened: bool,
     /// The working directories it was started on (resolved): a confined
     /// process can reach these and no others.
     dirs: Vec<PathBuf>,
@@ -147,6 +150,7 @@ impl SessionActor {
             busy: false,
             turn: None,
             inputs: HashMap::new(),
+            opened: false,
             dirs,
             stale: false,
         });
@@ -366,6 +370,9 @@ impl SessionActor {
                     resumed,
                 } => {
                     self.agent_live = true;
+                    if let Some(running) = &mut self.running {
+                        running.opened = true;
+                    }
                     self.follow_ups.push((
                         self.uri.clone(),
                         json!({"type": AGENT_OPENED, "acpSessionRef": acp_session_ref,
@@ -430,10 +437,19 @@ impl SessionActor {
                 }
                 AgentEvent::Exited { reason } => {
                     self.drop_questions(|_| true, false);
-                    self.running = None;
-                    let message =
-                        format!("The agent's process stopped before the turn finished: {reason}.");
-                    self.settle_after_agent("process_exited", &message, true);
+                    let opened = self.running.take().is_some_and(|r| r.opened);
+                    if opened {
+                        let message = format!(
+                            "The agent's process stopped before the turn finished: {reason}."
+                        );
+                        self.settle_after_agent("process_exited", &message, true);
+                    } else {
+                        // It never opened the session: nothing of the
+                        // session was lost, and the next turn tries again
+                        // (once its login or command is fixed).
+                        let message = format!("The agent could not open the session: {reason}.");
+                        self.settle_after_agent("agent_unavailable", &message, false);
+                    }
                     break;
                 }
             }
