@@ -313,7 +313,7 @@ fn login_choices(methods: &[Value]) -> String {
 
 /// Whether an agent's error says it needs a login (ACP `auth_required`).
 fn needs_login(err: &agent_client_protocol::Error) -> bool {
-    serde_json::to_value(&err.code).ok() == Some(serde_json::json!(-32000))
+    serde_json::to_value(err.code).ok() == Some(serde_json::json!(-32000))
 }
 
 /// Sends a session-opening request (`session/new`, `load`, `resume`); when
