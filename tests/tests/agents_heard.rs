@@ -798,6 +798,38 @@ async fn attachments_reach_the_agent_as_content_blocks_and_are_stored_once(db: T
         .unwrap();
     assert_eq!(missing.status(), 404, "another session's attachment");
 
+    // What the agent sends of its own (an image, a file) is kept the same
+    // way and shown as content references.
+    assert_eq!(
+        ahp.dispatch("ahp-chat:/plain.main", turn("s0", "picture", json!([])))
+            .await,
+        None
+    );
+    ahp.action("chat/turnComplete", |a| a["turnId"] == "s0")
+        .await;
+    let refs: Vec<Value> = ahp
+        .seen
+        .iter()
+        .map(|m| m["params"]["action"].clone())
+        .filter(|a| a["turnId"] == "s0" && a["part"]["kind"] == "contentRef")
+        .map(|a| a["part"].clone())
+        .collect();
+    assert_eq!(refs.len(), 2, "{refs:?}");
+    assert_eq!(refs[0]["contentType"], "image/png");
+    assert_eq!(refs[1]["contentType"], "text/markdown");
+    let digest = refs[1]["uri"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("tether-attachment:")
+        .unwrap();
+    let file = reqwest::get(format!("{base}/v1/sessions/plain/attachments/{digest}"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(file, "# Notes\nfrom the agent");
+
     // The limits: one attachment, and what a session may hold in all.
     let big = json!({"type": "embeddedResource", "label": "big.txt", "contentType": "text/plain",
                      "data": b64(&[b'x'; 65])});

@@ -6,7 +6,7 @@
 //! the agent's prompt capabilities (images, audio, other embedded content)
 //! and the size limits, its bytes are stored under their SHA-256 digest,
 //! and the message keeps a `resource` attachment pointing at them
-//! (`tether-attachment:<digest>`, served by `GET
+//! (`tether-attachment:<digest>`, [`crate::store::ATTACHMENT_SCHEME`], served by `GET
 //! /v1/sessions/{id}/attachments/{digest}`): the transcript, every replay
 //! and every snapshot carry the reference, not the bytes. References to
 //! other resources and simple (textual) attachments pass as they are;
@@ -14,13 +14,9 @@
 
 use base64::Engine as _;
 use serde_json::{Value, json};
-use sha2::Digest as _;
 
 use crate::agents::AgentSpec;
 use crate::store::Attachment;
-
-/// The URI scheme of a stored attachment: `tether-attachment:<digest>`.
-pub const ATTACHMENT_SCHEME: &str = "tether-attachment:";
 
 /// The limits on attachments.
 #[derive(Debug, Clone, Copy)]
@@ -100,20 +96,16 @@ pub fn take_in(
                         limits.per_attachment
                     ));
                 }
-                let digest = hex(&sha2::Sha256::digest(&data));
+                let size = data.len();
+                let bytes = Attachment::new(session, &content_type, data);
                 let Value::Object(map) = attachment else {
                     return Err(format!("Attachment {label:?} is not an object."));
                 };
                 map.remove("data");
                 map.insert("type".into(), json!("resource"));
-                map.insert("uri".into(), json!(format!("{ATTACHMENT_SCHEME}{digest}")));
-                map.insert("sizeHint".into(), json!(data.len()));
-                stored.push(Attachment {
-                    session_id: session.to_owned(),
-                    digest,
-                    content_type,
-                    data,
-                });
+                map.insert("uri".into(), json!(bytes.uri()));
+                map.insert("sizeHint".into(), json!(size));
+                stored.push(bytes);
             }
             Some("resource" | "simple") => {}
             other => {
@@ -126,16 +118,6 @@ pub fn take_in(
         }
     }
     Ok(stored)
-}
-
-/// The digest a stored attachment's URI names.
-pub fn digest_of(uri: &str) -> Option<&str> {
-    uri.strip_prefix(ATTACHMENT_SCHEME)
-        .filter(|d| d.len() == 64 && d.chars().all(|c| c.is_ascii_hexdigit()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -582,12 +582,8 @@ pub async fn attachment(
     use axum::http::{HeaderValue, header};
     use axum::response::IntoResponse;
     visible(&state, &caller, &path.id).await?;
-    let uri = format!(
-        "{}{}",
-        crate::engine::attachments::ATTACHMENT_SCHEME,
-        path.digest
-    );
-    if crate::engine::attachments::digest_of(&uri).is_none() {
+    let uri = format!("{}{}", crate::store::ATTACHMENT_SCHEME, path.digest);
+    if crate::store::attachment_digest(&uri).is_none() {
         return Err(ApiError::invalid(
             "digest must be 64 lower-case hexadecimal digits (a SHA-256).",
         ));

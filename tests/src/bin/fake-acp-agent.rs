@@ -694,6 +694,21 @@ async fn run(
             };
             say(said.trim_end())?;
         }
+        "picture" => {
+            // An image and an embedded file of its own, in its answer.
+            cx.send_notification(update(
+                session,
+                json!({"sessionUpdate": "agent_message_chunk", "content": {
+                    "type": "image", "mimeType": "image/png", "data": "iVBORw0KGgo="}}),
+            ))?;
+            cx.send_notification(update(
+                session,
+                json!({"sessionUpdate": "agent_message_chunk", "content": {
+                    "type": "resource", "resource": {"uri": "file:///notes.md", "mimeType": "text/markdown",
+                    "text": "# Notes\nfrom the agent"}}}),
+            ))?;
+            say("here they are")?;
+        }
         "blocks" => {
             // What the latest prompt carried, block by block.
             let blocks = state

@@ -531,6 +531,7 @@ impl Bridge {
             self.map.clone(),
             self.verdict.clone(),
             abort_tx,
+            self.store.clone(),
         );
         let limit = self.limits.max_updates_per_turn;
         let ask = (self.events.clone(), self.map.clone());
@@ -540,8 +541,8 @@ impl Bridge {
             .name("tether")
             .on_receive_notification(
                 async move |notification: SessionNotification, _cx| {
-                    let (events, map, verdict, abort) = &notify;
-                    let actions = {
+                    let (events, map, verdict, abort, store) = &notify;
+                    let (actions, stored) = {
                         let mut map = map.lock().map_err(|_| fail(verdict, "poisoned".into()))?;
                         if stopping(verdict) {
                             // Stopping: nothing more of this agent is recorded.
@@ -552,8 +553,16 @@ impl Bridge {
                             let _ = abort.send(());
                             return Ok(());
                         }
-                        map.update(&notification.update)
+                        let actions = map.update(&notification.update);
+                        (actions, std::mem::take(&mut map.stored))
                     };
+                    // The bytes of the agent's images and files, before the
+                    // parts that refer to them are recorded.
+                    for attachment in &stored {
+                        if let Err(err) = store.put_attachment(attachment).await {
+                            tracing::warn!(error = %err, "an agent's attachment could not be stored");
+                        }
+                    }
                     if !actions.is_empty() {
                         let _ = events.send(AgentEvent::Actions(actions)).await;
                     }
@@ -978,7 +987,7 @@ impl Bridge {
             let block = match attachment["type"].as_str() {
                 Some("simple") => Some(serde_json::json!({"type": "text",
                     "text": attachment["modelRepresentation"].as_str().unwrap_or(label)})),
-                Some("resource") => match crate::engine::attachments::digest_of(uri) {
+                Some("resource") => match crate::store::attachment_digest(uri) {
                     Some(digest) => match self.store.attachment(&self.session_id, digest).await {
                         Ok(Some(stored)) => Some(stored_block(uri, &stored)),
                         Ok(None) => None,

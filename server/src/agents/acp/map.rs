@@ -73,6 +73,9 @@ pub struct TurnMap {
     /// The session's configuration as clients know it (the AHP
     /// `{schema, values}` last recorded), to tell them only what changed.
     pub known_config: Option<Value>,
+    /// The bytes of images and files the agent sent, to store before the
+    /// actions that refer to them are recorded (taken by the bridge).
+    pub stored: Vec<crate::store::Attachment>,
 }
 
 /// The actions that tell clients a session's configuration went from
@@ -137,6 +140,7 @@ impl TurnMap {
             replaying: false,
             config: AgentConfig::default(),
             known_config: None,
+            stored: Vec::new(),
         }
     }
 
@@ -433,7 +437,7 @@ impl TurnMap {
         let text = match content {
             ContentBlock::Text(text) => text.text.clone(),
             ContentBlock::ResourceLink(link) => format!("[{}]({})", link.name, link.uri),
-            _ => return Vec::new(),
+            other => return self.content_ref(&turn, other),
         };
         if text.is_empty() {
             return Vec::new();
@@ -464,6 +468,58 @@ impl TurnMap {
                 )]
             }
         }
+    }
+
+    /// An image, audio clip or embedded file the agent sent: its bytes are
+    /// stored (as a message's attachments are) and the turn gets a
+    /// `contentRef` part pointing at them.
+    fn content_ref(&mut self, turn: &Turn, content: &ContentBlock) -> Actions {
+        use base64::Engine as _;
+        let block = serde_json::to_value(content).unwrap_or_default();
+        let (media, bytes) = match block["type"].as_str() {
+            Some("image" | "audio") => (
+                block["mimeType"]
+                    .as_str()
+                    .unwrap_or("application/octet-stream"),
+                block["data"]
+                    .as_str()
+                    .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok()),
+            ),
+            Some("resource") => {
+                let resource = &block["resource"];
+                let media = resource["mimeType"].as_str();
+                match (resource["text"].as_str(), resource["blob"].as_str()) {
+                    (Some(text), _) => (
+                        media.unwrap_or("text/plain"),
+                        Some(text.as_bytes().to_vec()),
+                    ),
+                    (None, Some(blob)) => (
+                        media.unwrap_or("application/octet-stream"),
+                        base64::engine::general_purpose::STANDARD.decode(blob).ok(),
+                    ),
+                    _ => (media.unwrap_or("application/octet-stream"), None),
+                }
+            }
+            _ => return Vec::new(),
+        };
+        let Some(bytes) = bytes else {
+            return Vec::new();
+        };
+        let session = self
+            .session_uri
+            .strip_prefix("ahp-session:/")
+            .unwrap_or(&self.session_uri);
+        let size = bytes.len();
+        let stored = crate::store::Attachment::new(session, media, bytes);
+        let uri = stored.uri();
+        self.stored.push(stored);
+        self.stream = None;
+        self.parts += 1;
+        vec![(
+            turn.chat.clone(),
+            json!({"type": "chat/responsePart", "turnId": turn.turn_id,
+                   "part": {"kind": "contentRef", "uri": uri, "contentType": media, "sizeHint": size}}),
+        )]
     }
 
     fn start_tool(&mut self, id: &str, title: &str, kind: Option<ToolKind>) -> Actions {
