@@ -139,7 +139,7 @@ mod tests {
         assert!(reference.get("data").is_none());
         assert_eq!(reference["sizeHint"], 5);
         assert_eq!(
-            digest_of(reference["uri"].as_str().unwrap()),
+            crate::store::attachment_digest(reference["uri"].as_str().unwrap()),
             Some(stored[0].digest.as_str())
         );
         let small = AttachmentLimits {
