@@ -26,7 +26,7 @@ const WAIT: Duration = Duration::from_secs(20);
 
 fn agent(log: &Path) -> String {
     format!(
-        "fake=FAKE_ACP_CAPS=config,close FAKE_ACP_LOG={} {FAKE}",
+        "fake=FAKE_ACP_CAPS=config,close,title FAKE_ACP_LOG={} {FAKE}",
         log.display()
     )
 }
@@ -373,6 +373,25 @@ async fn an_agents_modes_and_options_are_the_sessions_configuration_both_ways(db
         session["snapshot"]["state"]["config"]["values"],
         json!({"mode": "ask", "model": "smart", "thought": "high"})
     );
+
+    // A client's new title reaches the agent (it takes session/set_title).
+    assert_eq!(
+        ahp.dispatch(
+            "ahp-session:/cfg",
+            json!({"type": "session/titleChanged", "title": "Renamed by a person"})
+        )
+        .await,
+        None
+    );
+    let deadline = Instant::now() + WAIT;
+    while !log_lines(&log).contains(&"set_title Renamed by a person".to_owned()) {
+        assert!(
+            Instant::now() < deadline,
+            "no set_title: {:?}",
+            log_lines(&log)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // Disposing closes the agent's session (it takes session/close).
     ahp.call("disposeSession", json!({"channel": "ahp-session:/cfg"}))

@@ -2,8 +2,8 @@
 //! side. What it does is chosen per test:
 //!
 //! * `FAKE_ACP_CAPS` (comma-separated): `load`, `resume`, `dirs`, `mcp`,
-//!   `close` — the capabilities it reports at `initialize` (`mcp`: MCP
-//!   over HTTP); `config`: its sessions offer modes (`ask`, `code`) and
+//!   `close`, `title`, `image` — the capabilities it reports at
+//!   `initialize` (`mcp`: MCP over HTTP; `title`: `session/set_title`); `config`: its sessions offer modes (`ask`, `code`) and
 //!   options `model` (`fast`, `smart`) and `thought` (`low`, `high`, and
 //!   `deep` while the model is `smart`), changed with `session/set_mode` /
 //!   `session/set_config_option` (a value `broken` is refused).
@@ -149,6 +149,33 @@ impl agent_client_protocol::JsonRpcMessage for RawInitialize {
 }
 
 impl agent_client_protocol::JsonRpcRequest for RawInitialize {
+    type Response = Value;
+}
+
+/// `session/set_title`, which the schema Tether builds on keeps among its
+/// unstable methods, as JSON.
+#[derive(Debug, Clone)]
+struct RawSetTitle(Value);
+
+impl agent_client_protocol::JsonRpcMessage for RawSetTitle {
+    fn matches_method(method: &str) -> bool {
+        method == "session/set_title"
+    }
+
+    fn method(&self) -> &str {
+        "session/set_title"
+    }
+
+    fn to_untyped_message(&self) -> Result<agent_client_protocol::UntypedMessage, Error> {
+        agent_client_protocol::UntypedMessage::new("session/set_title", &self.0)
+    }
+
+    fn parse_message(_method: &str, params: &Value) -> Result<Self, Error> {
+        Ok(Self(params.clone()))
+    }
+}
+
+impl agent_client_protocol::JsonRpcRequest for RawSetTitle {
     type Response = Value;
 }
 
@@ -312,6 +339,9 @@ async fn main() -> Result<(), Error> {
                 if caps.iter().any(|c| c == "close") {
                     session["close"] = json!({});
                 }
+                if caps.iter().any(|c| c == "title") {
+                    session["title"] = json!({});
+                }
                 let mcp_http = caps.iter().any(|c| c == "mcp");
                 // Written as JSON, not through the schema's types: its login
                 // methods are of a kind (`env_var`) the schema version does
@@ -470,6 +500,13 @@ async fn main() -> Result<(), Error> {
                     serde_json::from_value::<SetSessionConfigOptionResponse>(response)
                         .expect("a response"),
                 )
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: RawSetTitle, responder, _cx| {
+                log_line(&format!("set_title {}", request.0["title"].as_str().unwrap_or("?")));
+                responder.respond(json!({}))
             },
             agent_client_protocol::on_receive_request!(),
         )

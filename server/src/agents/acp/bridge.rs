@@ -71,6 +71,7 @@ pub fn spawn(
             limits: limits.clone(),
             verdict: verdict.clone(),
             closes: std::sync::atomic::AtomicBool::new(false),
+            titles: std::sync::atomic::AtomicBool::new(false),
         };
         let result = bridge.run(&mut child, open, cwd, commands, stopped).await;
         let reason = match (verdict.lock().ok().and_then(|v| v.clone()), result) {
@@ -470,6 +471,10 @@ struct Bridge {
     verdict: Verdict,
     /// Whether the agent takes `session/close` (learned at `initialize`).
     closes: std::sync::atomic::AtomicBool,
+    /// Whether the agent takes `session/set_title` (learned at
+    /// `initialize`; a capability of the schema's unstable part, read from
+    /// the agent's own words).
+    titles: std::sync::atomic::AtomicBool,
 }
 
 struct Queued {
@@ -709,6 +714,23 @@ impl Bridge {
                             Some(ToAgent::Configure { values, reply }) => {
                                 let _ = reply.send(self.configure(&cx, &session, &values).await);
                             }
+                            Some(ToAgent::SetTitle { title }) => {
+                                if self.titles.load(std::sync::atomic::Ordering::Relaxed) {
+                                    let params = serde_json::json!({"sessionId": session, "title": title});
+                                    let request = agent_client_protocol::UntypedMessage::new(
+                                        "session/set_title",
+                                        params,
+                                    )?;
+                                    let answer = tokio::time::timeout(
+                                        self.limits.init_timeout,
+                                        cx.send_request(request).block_task(),
+                                    )
+                                    .await;
+                                    if !matches!(answer, Ok(Ok(_))) {
+                                        tracing::info!("the agent did not take the session's new title");
+                                    }
+                                }
+                            }
                             Some(ToAgent::Close { reply }) => {
                                 if self.closes.load(std::sync::atomic::Ordering::Relaxed) {
                                     let request = CloseSessionRequest::new(session.clone());
@@ -777,6 +799,11 @@ impl Bridge {
         let (response, raw) = initialize(cx, timeout).await?;
         let caps = capabilities_of(&response);
         let logins = Logins::of(&self.command, &raw);
+        self.titles.store(
+            raw.pointer("/agentCapabilities/sessionCapabilities/title")
+                .is_some_and(Value::is_object),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         self.closes
             .store(caps.close, std::sync::atomic::Ordering::Relaxed);
         let additional = if caps.additional_directories {

@@ -313,6 +313,9 @@ pub(crate) enum ToAgent {
     Close {
         reply: oneshot::Sender<()>,
     },
+    SetTitle {
+        title: String,
+    },
     Cancel {
         turn_id: String,
     },
@@ -381,6 +384,14 @@ impl AgentProcess {
         answer
             .await
             .unwrap_or_else(|_| Err("the agent's process has stopped".to_owned()))
+    }
+
+    /// Tells an agent that takes `session/set_title` the session's new
+    /// title (a client renamed it); an agent that does not is not told.
+    pub fn set_title(&self, title: &str) {
+        let _ = self.commands.send(ToAgent::SetTitle {
+            title: title.to_owned(),
+        });
     }
 
     /// Tells an agent that takes it that its session is over

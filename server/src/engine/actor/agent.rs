@@ -230,6 +230,11 @@ impl SessionActor {
             return;
         };
         match kind {
+            "session/titleChanged" => {
+                if let Some(title) = action.get("title").and_then(Value::as_str) {
+                    running.process.set_title(title);
+                }
+            }
             "chat/turnCancelled" => {
                 let turn_id = action
                     .get("turnId")
