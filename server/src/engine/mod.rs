@@ -13,6 +13,7 @@ mod client_tools;
 mod clients;
 mod command;
 mod commit;
+pub mod contexts;
 mod delivery;
 mod error;
 pub mod fanout;

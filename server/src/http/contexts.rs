@@ -7,7 +7,7 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use tether_protocol::context::{
     LoadedWorkingContext, MAX_CONTEXT_BYTES, SavedWorkingContext, WorkingContext,
-    WorkingContextList, WorkingContextSession,
+    WorkingContextList,
 };
 use tether_protocol::rest::Problem;
 use tether_protocol::validate_name;
@@ -19,7 +19,7 @@ use super::error::ApiError;
 use super::extract::{ApiPath, decode_object, require_json_content_type};
 use crate::AppState;
 use crate::auth::Principal;
-use crate::engine::rfc3339;
+use crate::engine::contexts::SaveRefusal;
 
 /// The routes of this module.
 pub fn router() -> OpenApiRouter<AppState> {
@@ -71,36 +71,14 @@ pub async fn load(
     validate_name("project", &path.project)?;
     validate_name("session", &path.session)?;
     visible_project(&caller, &path.project)?;
-    let saved = state
-        .store
-        .working_context(&path.project, &path.session)
-        .await?;
-    let working = saved
-        .map(|s| serde_json::from_str::<WorkingContext>(&s.body))
-        .transpose()
-        .map_err(|e| {
-            ApiError::Internal(crate::store::StoreError::Corrupt(format!(
-                "working context {}/{}: {e}",
-                path.project, path.session
-            )))
-        })?;
-    let other_sessions = state
-        .store
-        .working_contexts(&path.project)
-        .await?
-        .into_iter()
-        .map(|c| c.session)
-        .filter(|s| s != &path.session)
-        .collect();
-    Ok(Json(LoadedWorkingContext {
-        found: working.is_some(),
-        working,
-        other_sessions,
-    }))
+    Ok(Json(
+        state
+            .engine
+            .load_working_context(&path.project, &path.session)
+            .await?,
+    ))
 }
 
-/// Saves (upserts) a working context. An empty context is refused (it would
-/// erase the saved one); one over 1 MiB is refused before anything is written.
 #[utoipa::path(
     put,
     path = "/v1/projects/{project}/sessions/{session}/working-context",
@@ -139,27 +117,20 @@ pub async fn save(
         return Err(too_large(body.len()));
     }
     let context: WorkingContext = decode_object(&body)?;
-    if context.is_empty() {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "empty_working_context",
-            "The working context is empty; saving it would erase the saved one. Send at least a goal or one entry.",
-        ));
-    }
-    // Stored in its normal form, and measured in that form too.
-    let normal = serde_json::to_string(&context).map_err(|e| ApiError::invalid(e.to_string()))?;
-    if normal.len() > MAX_CONTEXT_BYTES {
-        return Err(too_large(normal.len()));
-    }
-    let saved_ms = state
-        .store
-        .save_working_context(&path.project, &path.session, &normal)
-        .await?;
-    Ok(Json(SavedWorkingContext {
-        project: path.project,
-        session: path.session,
-        saved_at: rfc3339(saved_ms),
-    }))
+    let saved = state
+        .engine
+        .save_working_context(&path.project, &path.session, &context)
+        .await
+        .map_err(|refusal| match refusal {
+            SaveRefusal::Empty => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "empty_working_context",
+                "The working context is empty; saving it would erase the saved one. Send at least a goal or one entry.",
+            ),
+            SaveRefusal::TooLarge(size) => too_large(size),
+            SaveRefusal::Engine(err) => err.into(),
+        })?;
+    Ok(Json(saved))
 }
 
 fn too_large(size: usize) -> ApiError {
@@ -191,21 +162,9 @@ pub async fn list(
 ) -> Result<Json<WorkingContextList>, ApiError> {
     validate_name("project", &path.project)?;
     visible_project(&caller, &path.project)?;
-    let sessions = state
-        .store
-        .working_contexts(&path.project)
-        .await?
-        .into_iter()
-        .map(|c| WorkingContextSession {
-            session: c.session,
-            saved_at: rfc3339(c.saved_ms),
-        })
-        .collect();
-    Ok(Json(WorkingContextList { sessions }))
+    Ok(Json(state.engine.working_contexts(&path.project).await?))
 }
 
-/// A project the caller may not see answers as if it had nothing saved:
-/// 404, never 403, so its existence is not revealed.
 fn visible_project(caller: &Principal, project: &str) -> Result<(), ApiError> {
     if caller.can_see(project) {
         Ok(())
