@@ -44,6 +44,11 @@ pub enum Command {
     /// Copy a SQLite database into an empty Postgres one and verify the
     /// copy. Run it with the server stopped; an interrupted run resumes.
     Migrate(crate::migrate::MigrateArgs),
+    /// The session's MCP server on stdio, for an agent that takes only stdio
+    /// MCP servers: Tether tells such agents to run it (with the session's
+    /// token in `TETHER_MCP_TOKEN`); not for people.
+    #[command(hide = true)]
+    McpStdio(crate::agents::mcp_stdio::McpStdioArgs),
     /// Client commands, talking to a running server at `--url`.
     #[command(flatten)]
     Remote(crate::cli::RemoteCommand),

@@ -13,7 +13,6 @@ pub mod doctor;
 pub mod effects;
 pub mod engine;
 pub mod http;
-pub mod mcp;
 pub mod migrate;
 pub mod store;
 pub mod telemetry;

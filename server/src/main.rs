@@ -34,6 +34,12 @@ fn main() -> ExitCode {
             }
             Err(err) => fail(err.to_string()),
         },
+        Command::McpStdio(args) => {
+            match runtime.block_on(tether_server::agents::mcp_stdio::run(&args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => fail(err),
+            }
+        }
         Command::Remote(command) => runtime.block_on(tether_server::cli::run(command)),
     }
 }

@@ -6,6 +6,7 @@
 //! with a loud message, unless `TETHER_TEST_REQUIRE_POSTGRES=1` (set by CI),
 //! which turns the skip into a failure.
 
+pub mod ahp_raw;
 pub mod ledger;
 pub mod seed;
 

@@ -5,6 +5,7 @@
 
 pub mod acp;
 pub mod config;
+pub mod mcp_stdio;
 pub mod sandbox;
 
 use serde_json::{Value, json};

@@ -446,6 +446,10 @@ impl Policy {
         if let Some(program) = find_program(&command.program, path) {
             grant(own_files(&program), read);
         }
+        // This program, which agents run as their stdio MCP bridge.
+        if let Ok(me) = std::env::current_exe() {
+            grant(me, read);
+        }
         for arg in command.args.iter().map(Path::new) {
             if arg.is_absolute() && arg.exists() {
                 grant(own_files(arg), read);

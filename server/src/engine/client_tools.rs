@@ -143,6 +143,11 @@ fn check_tools(tools: &Value) -> Result<(), String> {
                 "Tool name {name:?} must be 1 to 64 letters, digits, '_', '-' or '.'."
             ));
         }
+        if super::host_tools::HOST_TOOL_NAMES.contains(&name) {
+            return Err(format!(
+                "Tool name {name:?} is one of the host's own tools; choose another name."
+            ));
+        }
         if !names.insert(name) {
             return Err(format!("Tool {name:?} is listed twice."));
         }

@@ -161,7 +161,7 @@ impl Engine {
     }
 
     /// The per-session MCP endpoints.
-    pub fn mcp(&self) -> &crate::mcp::McpHub {
+    pub fn mcp(&self) -> &super::mcp::McpHub {
         &self.ctx.mcp
     }
 

@@ -18,6 +18,8 @@ mod delivery;
 mod error;
 pub mod fanout;
 mod forward;
+pub mod host_tools;
+pub mod mcp;
 pub mod rebuild;
 mod root;
 mod rules;
@@ -205,7 +207,7 @@ pub(crate) struct Ctx {
     /// Which clients are connected, and where they are active.
     clients: clients::Presence,
     /// The per-session MCP endpoints agents reach client tools through.
-    mcp: crate::mcp::McpHub,
+    mcp: mcp::McpHub,
     chats: Mutex<HashMap<String, String>>,
     root: tokio::sync::Mutex<RootModel>,
 }
@@ -285,12 +287,7 @@ pub struct Engine {
     ctx: Arc<Ctx>,
 }
 
-/// Formats milliseconds since the epoch as RFC 3339 with milliseconds.
-pub(crate) fn rfc3339(ms: i64) -> String {
-    jiff::Timestamp::from_millisecond(ms)
-        .map(|t| format!("{t:.3}"))
-        .unwrap_or_default()
-}
+pub(crate) use crate::store::rfc3339;
 
 /// Parses an RFC 3339 time to milliseconds since the epoch (0 if unreadable).
 pub(crate) fn parse_ms(text: &str) -> i64 {
@@ -344,7 +341,7 @@ impl Engine {
             actors: Mutex::new(HashMap::new()),
             agent_slots,
             clients: clients::Presence::default(),
-            mcp: crate::mcp::McpHub::default(),
+            mcp: mcp::McpHub::default(),
             chats: Mutex::new(HashMap::new()),
             root: tokio::sync::Mutex::new(root),
         });

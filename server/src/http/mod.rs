@@ -10,6 +10,7 @@ pub mod extract;
 pub mod guard;
 pub mod health;
 pub mod listener;
+mod mcp;
 pub mod metrics;
 pub mod sessions;
 
@@ -219,7 +220,7 @@ pub fn router(state: AppState) -> Router {
         )
         .merge(crate::ws::router())
         .merge(console::router())
-        .route("/mcp/{session}", axum::routing::any(crate::mcp::serve))
+        .route("/mcp/{session}", axum::routing::any(mcp::serve))
         .fallback(not_found)
         .with_state(state)
         .layer(RequestBodyLimitLayer::new(max_body))

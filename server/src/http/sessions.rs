@@ -25,7 +25,7 @@ use super::extract::{ApiJson, ApiPath, ApiQuery, bounded_integer};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::engine::fanout::envelope_json;
-use crate::engine::{CreateSession, DispatchOutcome, Refusal, RefusalKind, rfc3339};
+use crate::engine::{CreateSession, DispatchOutcome, Refusal, RefusalKind};
 use crate::store::{Origin, SessionFilter, SessionRow};
 
 /// Largest page a caller may ask for.
@@ -50,15 +50,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// A session's read-model row as a view, with the row's seq and time.
 fn view_of(row: &SessionRow) -> Result<SessionView, ApiError> {
-    let mut view: SessionView = serde_json::from_str(&row.record.projection).map_err(|e| {
-        ApiError::Internal(crate::store::StoreError::Corrupt(format!(
-            "read model of {}: {e}",
-            row.record.id
-        )))
-    })?;
-    view.last_seq = row.last_seq;
-    view.updated_at = rfc3339(row.updated_ms);
-    Ok(view)
+    Ok(row.view()?)
 }
 
 /// The visible read-model row of a session, or 404.

@@ -321,6 +321,27 @@ pub struct SessionRow {
     pub updated_ms: i64,
 }
 
+impl SessionRow {
+    /// The row as a view (what REST and the host's `session_context` tool
+    /// answer), with the row's seq and time.
+    pub fn view(&self) -> Result<tether_protocol::view::SessionView, StoreError> {
+        let mut view: tether_protocol::view::SessionView =
+            serde_json::from_str(&self.record.projection).map_err(|e| {
+                StoreError::Corrupt(format!("read model of {}: {e}", self.record.id))
+            })?;
+        view.last_seq = self.last_seq;
+        view.updated_at = rfc3339(self.updated_ms);
+        Ok(view)
+    }
+}
+
+/// Formats milliseconds since the epoch as RFC 3339 with milliseconds.
+pub fn rfc3339(ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| format!("{t:.3}"))
+        .unwrap_or_default()
+}
+
 /// Which sessions a page holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SessionFilter {

@@ -119,7 +119,7 @@ struct State {
     dirs: HashMap<String, Vec<String>>,
     cancels: HashMap<String, Arc<Notify>>,
     /// The HTTP MCP servers each session was opened with: `(url, token)`.
-    mcp: HashMap<String, Vec<(String, String)>>,
+    mcp: HashMap<String, Vec<McpServer>>,
     next: u32,
 }
 
@@ -191,12 +191,41 @@ fn chunk(session: &str, kind: &str, text: &str) -> SessionNotification {
     )
 }
 
-/// The HTTP MCP servers of a session: `(url, bearer token)`.
-fn http_servers(servers: &[agent_client_protocol::v1::schema::McpServer]) -> Vec<(String, String)> {
+/// An MCP server a session was given.
+#[derive(Debug, Clone)]
+enum McpServer {
+    /// Streamable HTTP: its URL and bearer token.
+    Http(String, String),
+    /// Stdio: the program, its arguments and environment.
+    Stdio(String, Vec<String>, Vec<(String, String)>),
+}
+
+/// The MCP servers of a session, HTTP and stdio, in the order given.
+fn mcp_servers(servers: &[agent_client_protocol::v1::schema::McpServer]) -> Vec<McpServer> {
     servers
         .iter()
         .filter_map(|server| {
             let value = serde_json::to_value(server).ok()?;
+            if let Some(command) = value.get("command").and_then(Value::as_str) {
+                let args = value["args"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|a| a.as_str().map(str::to_owned))
+                    .collect();
+                let env = value["env"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| {
+                        Some((
+                            v["name"].as_str()?.to_owned(),
+                            v["value"].as_str()?.to_owned(),
+                        ))
+                    })
+                    .collect();
+                return Some(McpServer::Stdio(command.to_owned(), args, env));
+            }
             let url = value.get("url")?.as_str()?.to_owned();
             let token = value["headers"]
                 .as_array()?
@@ -206,23 +235,34 @@ fn http_servers(servers: &[agent_client_protocol::v1::schema::McpServer]) -> Vec
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .unwrap_or_default()
                 .to_owned();
-            Some((url, token))
+            Some(McpServer::Http(url, token))
         })
         .collect()
 }
 
 /// Lists the tools of the session's first MCP server, or calls one: the
 /// text to say.
-async fn use_mcp(server: Option<(String, String)>, call: Option<(&str, Value)>) -> String {
+async fn use_mcp(server: Option<McpServer>, call: Option<(&str, Value)>) -> String {
     use rmcp::ServiceExt;
-    use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-    let Some((url, token)) = server else {
-        return "no MCP server".to_owned();
+    use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+    let connected = match server {
+        None => return "no MCP server".to_owned(),
+        Some(McpServer::Http(url, token)) => {
+            let config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(token);
+            ().serve(StreamableHttpClientTransport::from_config(config))
+                .await
+        }
+        Some(McpServer::Stdio(program, args, env)) => {
+            let mut command = tokio::process::Command::new(program);
+            command.args(args).envs(env);
+            match TokioChildProcess::new(command) {
+                Ok(transport) => ().serve(transport).await,
+                Err(err) => return format!("MCP bridge did not start: {err}"),
+            }
+        }
     };
-    let config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(token);
-    let transport = StreamableHttpClientTransport::from_config(config);
-    let client = match ().serve(transport).await {
+    let client = match connected {
         Ok(client) => client,
         Err(err) => return format!("MCP connect failed: {err}"),
     };
@@ -380,7 +420,7 @@ async fn main() -> Result<(), Error> {
                     state.next += 1;
                     let id = format!("fake-{}-{}", std::process::id(), state.next);
                     state.dirs.insert(id.clone(), dirs_of(&request.additional_directories));
-                    state.mcp.insert(id.clone(), http_servers(&request.mcp_servers));
+                    state.mcp.insert(id.clone(), mcp_servers(&request.mcp_servers));
                     state.settings.insert(id.clone(), Settings::default());
                     id
                 };

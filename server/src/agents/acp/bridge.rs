@@ -9,11 +9,11 @@ use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     AuthenticateRequest, CancelNotification, ClientCapabilities, CloseSessionRequest, ContentBlock,
-    CreateElicitationRequest, CreateElicitationResponse, HttpHeader, Implementation,
+    CreateElicitationRequest, CreateElicitationResponse, EnvVariable, HttpHeader, Implementation,
     InitializeRequest, InitializeResponse, LoadSessionRequest, McpServer, McpServerHttp,
-    NewSessionRequest, PermissionOptionKind, PromptRequest, RequestPermissionOutcome,
-    RequestPermissionRequest, RequestPermissionResponse, ResumeSessionRequest,
-    SelectedPermissionOutcome, SessionConfigOptionValue, SessionNotification,
+    McpServerStdio, NewSessionRequest, PermissionOptionKind, PromptRequest,
+    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+    ResumeSessionRequest, SelectedPermissionOutcome, SessionConfigOptionValue, SessionNotification,
     SetSessionConfigOptionRequest, SetSessionModeRequest, TextContent,
 };
 use agent_client_protocol::{Agent, ByteStreams, Client};
@@ -818,7 +818,23 @@ impl Bridge {
                     format!("Bearer {token}"),
                 )]),
             )],
-            _ => Vec::new(),
+            // Stdio, which every agent takes: this binary's bridge to the
+            // same endpoint, with the token in its environment.
+            Some((url, token)) => match std::env::current_exe() {
+                Ok(me) => vec![McpServer::Stdio(
+                    McpServerStdio::new("tether", me)
+                        .args(vec!["mcp-stdio".into(), "--url".into(), url.clone()])
+                        .env(vec![EnvVariable::new(
+                            crate::agents::mcp_stdio::TOKEN_ENV,
+                            token.clone(),
+                        )]),
+                )],
+                Err(err) => {
+                    tracing::warn!(error = %err, "the MCP bridge cannot be offered: this program's path is unknown");
+                    Vec::new()
+                }
+            },
+            None => Vec::new(),
         };
         let (session, resumed, settings) = match &open.mode {
             OpenMode::New => {

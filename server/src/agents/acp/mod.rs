@@ -204,7 +204,8 @@ pub struct OpenRequest {
     /// New or reopened.
     pub mode: OpenMode,
     /// The session's MCP endpoint `(url, bearer token)`, passed in
-    /// `mcpServers` when the agent takes MCP over HTTP.
+    /// `mcpServers`: over HTTP when the agent takes it, else as the stdio
+    /// bridge (`tether mcp-stdio`).
     pub mcp: Option<(String, String)>,
     /// The session's configuration `{schema, values}` as recorded: the
     /// agent is moved to these values once it has opened the session, and

@@ -116,12 +116,7 @@ impl SessionActor {
             }
             _ => OpenMode::New,
         };
-        let mcp = spec
-            .acp_capabilities()
-            .is_some_and(|c| c.mcp_http)
-            .then(|| self.ctx.mcp.endpoint(&self.engine(), &self.id))
-            .flatten()
-            .map(|e| (e.url, e.token));
+        let mcp = self.ctx.mcp.endpoint(&self.id).map(|e| (e.url, e.token));
         let open = OpenRequest {
             session_uri: self.uri.clone(),
             session_id: self.id.clone(),
