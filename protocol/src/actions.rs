@@ -37,6 +37,10 @@ pub const CONFIG_CATEGORIES_META: &str = "tether/configCategories";
 /// The key of the session state's `_meta` holding the latest usage the
 /// agent reported: `{used, size, cost?: {amount, currency}}`.
 pub const USAGE_META: &str = "tether/usage";
+/// The key of the session state's `_meta` holding the agent's current plan
+/// as structured state: `{chat, turnId, entries: [{content, priority,
+/// status}]}` (ACP's plan entries; each report replaces the whole plan).
+pub const PLAN_META: &str = "tether/plan";
 
 /// The prefix AHP reserves for extensions.
 pub const EXTENSION_PREFIX: &str = "x-";

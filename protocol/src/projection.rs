@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 
 use crate::actions::{
     AGENT_OPENED, COMMANDS_ADVERTISED, COMMANDS_META, CONTEXT_SHARED, DOCUMENT_EDITED,
-    SESSION_SETTLED, USAGE_META, action_type,
+    PLAN_META, SESSION_SETTLED, USAGE_META, action_type,
 };
 
 /// How many characters of the first turn's text make a derived title.
@@ -98,6 +98,39 @@ pub struct Projection {
     /// latest context figures and its cost.
     #[serde(default)]
     pub usage: UsageTotals,
+    /// The agent's current plan, as it last reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Plan>,
+}
+
+/// An agent's plan: what it means to do, step by step (ACP's plan,
+/// replaced whole at each report).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    /// The chat whose turn made it, when it was made in a turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat: Option<String>,
+    /// The turn that made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// Its steps, in order.
+    #[serde(default)]
+    pub entries: Vec<PlanEntry>,
+}
+
+/// One step of a plan.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanEntry {
+    /// What the step is.
+    pub content: String,
+    /// `high`, `medium` or `low`.
+    #[serde(default)]
+    pub priority: String,
+    /// `pending`, `in_progress` or `completed`.
+    #[serde(default)]
+    pub status: String,
 }
 
 /// Usage the agent reported over a session.
@@ -257,6 +290,9 @@ impl Projection {
                 }
                 if let Some(usage) = meta.and_then(|m| m.get(USAGE_META)) {
                     self.usage.reported(usage);
+                }
+                if let Some(plan) = meta.and_then(|m| m.get(PLAN_META)) {
+                    self.plan = serde_json::from_value(plan.clone()).ok();
                 }
             }
             "chat/usage" => {

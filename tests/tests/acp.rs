@@ -271,11 +271,21 @@ async fn a_streamed_turn_is_recorded_in_order_and_seen_live(db: TestDb) {
     api.turn("s1", "t4", "title Fixing the build").await;
     api.turn("s1", "t5", "plan").await;
     let transcript = api.until("s1", "t5's end", ended("t5")).await;
-    assert!(
-        answer(&transcript, "t5").contains("- [x] look"),
-        "{transcript:?}"
+    // The plan is structured state (the session's `_meta`), not text.
+    let plan = transcript
+        .iter()
+        .find_map(|(_, a)| a["_meta"].get("tether/plan"))
+        .expect("the plan is recorded");
+    assert_eq!(plan["turnId"], "t5");
+    assert_eq!(plan["chat"], "ahp-chat:/s1.main");
+    assert_eq!(
+        plan["entries"][0],
+        json!({"content": "look", "priority": "high", "status": "completed"})
     );
+    assert_eq!(plan["entries"][1]["status"], "pending");
+    assert!(!answer(&transcript, "t5").contains("look"), "no markdown copy");
     let view = api.view("s1").await;
+    assert_eq!(view["projection"]["plan"], *plan);
     assert_eq!(view["title"], "Fixing the build");
     assert_eq!(view["projection"]["commands"][0]["name"], "test");
     assert_eq!(view["projection"]["commands"][0]["inputHint"], "filter");

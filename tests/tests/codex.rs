@@ -314,12 +314,18 @@ async fn codex_logs_in_shows_its_settings_and_runs_real_turns(db: TestDb) {
         Reply::Text("planned".into()),
     ]);
     let planned = turn(&base, "cx", "t3", "make a plan").await;
-    let text = text_of(&planned);
-    assert!(
-        text.contains("look around") && text.contains("fix it"),
-        "{text}"
-    );
-    assert!(text.contains("planned"), "{text}");
+    assert!(text_of(&planned).contains("planned"), "{planned:?}");
+    let view: Value = reqwest::get(format!("{base}/v1/sessions/cx"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let entries = &view["projection"]["plan"]["entries"];
+    assert_eq!(entries[0]["content"], "look around", "{view}");
+    assert_eq!(entries[0]["status"], "completed");
+    assert_eq!(entries[1]["content"], "fix it");
+    assert_eq!(entries[1]["status"], "in_progress");
 
     // Its commands and settings over AHP; the mode changed from a client.
     let mut ws = tether_tests::raw_at(&server.ws_url()).await;

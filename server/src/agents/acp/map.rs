@@ -14,7 +14,7 @@ use agent_client_protocol::v1::schema::{
 };
 use serde_json::{Map, Value, json};
 use tether_protocol::actions::{
-    COMMANDS_META, CONFIG_CATEGORIES_META, CONFIG_SCHEMA_CHANGED, USAGE_META,
+    COMMANDS_META, CONFIG_CATEGORIES_META, CONFIG_SCHEMA_CHANGED, PLAN_META, USAGE_META,
 };
 
 use super::config::AgentConfig;
@@ -229,29 +229,25 @@ impl TurnMap {
                 actions
             }
             SessionUpdate::Plan(plan) => {
-                let Some(turn) = self.turn.clone() else {
-                    return Vec::new();
+                // Structured state clients render (and update in place):
+                // each report replaces the whole plan, in the session's
+                // `_meta`, with the turn it was made in.
+                let entries: Vec<Value> = plan
+                    .entries
+                    .iter()
+                    .map(|entry| {
+                        json!({"content": entry.content, "priority": entry.priority,
+                               "status": entry.status})
+                    })
+                    .collect();
+                let (chat, turn_id) = match &self.turn {
+                    Some(turn) => (json!(turn.chat), json!(turn.turn_id)),
+                    None => (Value::Null, Value::Null),
                 };
-                let mut text = String::from("**Plan**\n");
-                for entry in &plan.entries {
-                    let mark = match serde_json::to_value(&entry.status)
-                        .ok()
-                        .as_ref()
-                        .and_then(Value::as_str)
-                    {
-                        Some("completed") => "x",
-                        Some("in_progress") => "~",
-                        _ => " ",
-                    };
-                    text.push_str(&format!("- [{mark}] {}\n", entry.content));
-                }
-                self.stream = None;
-                self.parts += 1;
-                let id = format!("{}.plan{}", turn.turn_id, self.parts);
                 vec![(
-                    turn.chat.clone(),
-                    json!({"type": "chat/responsePart", "turnId": turn.turn_id,
-                           "part": {"kind": "markdown", "id": id, "content": text}}),
+                    self.session_uri.clone(),
+                    json!({"type": "session/metaChanged", "_meta": {PLAN_META: {
+                        "chat": chat, "turnId": turn_id, "entries": entries}}}),
                 )]
             }
             SessionUpdate::CurrentModeUpdate(update) => {
