@@ -6,6 +6,8 @@ use crate::ids::{NameError, validate_name};
 pub const ROOT: &str = "ahp-root://";
 const SESSION_PREFIX: &str = "ahp-session:/";
 const CHAT_PREFIX: &str = "ahp-chat:/";
+const CHANGESET_PREFIX: &str = "ahp-changeset:/";
+const TERMINAL_PREFIX: &str = "ahp-terminal:/";
 
 /// A parsed channel URI.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -16,13 +18,31 @@ pub enum Channel {
     Session(String),
     /// `ahp-chat:/<id>`
     Chat(String),
+    /// `ahp-changeset:/<session>/<name>`: one of a session's changesets
+    /// (a turn's changes are `<name>` = the turn id).
+    Changeset {
+        /// The session it belongs to.
+        session: String,
+        /// Its name within the session.
+        name: String,
+    },
+    /// `ahp-terminal:/<session>/<name>`: one of a session's terminals.
+    Terminal {
+        /// The session it belongs to.
+        session: String,
+        /// Its name within the session.
+        name: String,
+    },
 }
 
 /// Why a channel URI was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ChannelError {
-    /// Not one of the three channel kinds Tether serves.
-    #[error("unknown channel {0:?}: expected ahp-root://, ahp-session:/<id> or ahp-chat:/<id>")]
+    /// Not one of the channel kinds Tether serves.
+    #[error(
+        "unknown channel {0:?}: expected ahp-root://, ahp-session:/<id>, ahp-chat:/<id>, \
+         ahp-changeset:/<session>/<name> or ahp-terminal:/<session>/<name>"
+    )]
     Unknown(String),
     /// The id part breaks the identifier rule.
     #[error("invalid channel {uri:?}: {error}")]
@@ -39,6 +59,27 @@ impl Channel {
     pub fn parse(uri: &str) -> Result<Self, ChannelError> {
         if uri == ROOT {
             return Ok(Channel::Root);
+        }
+        for (prefix, kind) in [
+            (CHANGESET_PREFIX, "changeset name"),
+            (TERMINAL_PREFIX, "terminal name"),
+        ] {
+            let Some(rest) = uri.strip_prefix(prefix) else {
+                continue;
+            };
+            let bad = |error| ChannelError::BadId {
+                uri: uri.to_owned(),
+                error,
+            };
+            let (session, name) = rest.split_once('/').unwrap_or((rest, ""));
+            validate_name("session id", session).map_err(bad)?;
+            validate_name(kind, name).map_err(bad)?;
+            let (session, name) = (session.to_owned(), name.to_owned());
+            return Ok(if prefix == CHANGESET_PREFIX {
+                Channel::Changeset { session, name }
+            } else {
+                Channel::Terminal { session, name }
+            });
         }
         let (kind, id): (&str, &str) = if let Some(id) = uri.strip_prefix(SESSION_PREFIX) {
             ("session id", id)
@@ -68,6 +109,33 @@ impl Channel {
         format!("{CHAT_PREFIX}{id}")
     }
 
+    /// The URI of one of a session's changesets.
+    pub fn changeset_uri(session: &str, name: &str) -> String {
+        format!("{CHANGESET_PREFIX}{session}/{name}")
+    }
+
+    /// The URI template of a session's per-turn changesets (AHP
+    /// `Changeset.uriTemplate`, expanded with a turn id).
+    pub fn turn_changesets_template(session: &str) -> String {
+        format!("{CHANGESET_PREFIX}{session}/{{turnId}}")
+    }
+
+    /// The URI of one of a session's terminals.
+    pub fn terminal_uri(session: &str, name: &str) -> String {
+        format!("{TERMINAL_PREFIX}{session}/{name}")
+    }
+
+    /// The session a channel belongs to, when its URI says (every kind but
+    /// the root and chats, whose session the store knows).
+    pub fn named_session(&self) -> Option<&str> {
+        match self {
+            Channel::Session(id)
+            | Channel::Changeset { session: id, .. }
+            | Channel::Terminal { session: id, .. } => Some(id),
+            Channel::Root | Channel::Chat(_) => None,
+        }
+    }
+
     /// What a session's default chat id adds to the session id.
     pub const DEFAULT_CHAT_SUFFIX: &str = ".main";
 
@@ -84,12 +152,26 @@ impl Channel {
         chat.ends_with(Self::DEFAULT_CHAT_SUFFIX)
     }
 
+    /// The channel kind's name, as AHP action types spell their scope
+    /// (`chat` for `chat/turnStarted`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Channel::Root => "root",
+            Channel::Session(_) => "session",
+            Channel::Chat(_) => "chat",
+            Channel::Changeset { .. } => "changeset",
+            Channel::Terminal { .. } => "terminal",
+        }
+    }
+
     /// The channel's URI.
     pub fn uri(&self) -> String {
         match self {
             Channel::Root => ROOT.to_owned(),
             Channel::Session(id) => Self::session_uri(id),
             Channel::Chat(id) => Self::chat_uri(id),
+            Channel::Changeset { session, name } => Self::changeset_uri(session, name),
+            Channel::Terminal { session, name } => Self::terminal_uri(session, name),
         }
     }
 }
@@ -110,8 +192,27 @@ mod tests {
             Ok(Channel::Chat("c.1".into()))
         );
         assert!(matches!(
-            Channel::parse("ahp-terminal:/t"),
+            Channel::parse("ahp-canvas:/t"),
             Err(ChannelError::Unknown(_))
+        ));
+        assert!(matches!(
+            Channel::parse("ahp-terminal:/t"),
+            Err(ChannelError::BadId { .. })
+        ));
+        assert_eq!(
+            Channel::parse("ahp-changeset:/s-1/t1"),
+            Ok(Channel::Changeset {
+                session: "s-1".into(),
+                name: "t1".into()
+            })
+        );
+        assert_eq!(
+            Channel::parse("ahp-terminal:/s-1/term.1").unwrap().uri(),
+            "ahp-terminal:/s-1/term.1"
+        );
+        assert!(matches!(
+            Channel::parse("ahp-changeset:/s-1/a/b"),
+            Err(ChannelError::BadId { .. })
         ));
         assert!(matches!(
             Channel::parse("ahp-session:/"),

@@ -7,9 +7,15 @@
 
 use std::collections::BTreeMap;
 
-use ahp::reducers::{ReduceOutcome, apply_action_to_chat, apply_action_to_session};
+use ahp::reducers::{
+    ReduceOutcome, apply_action_to_changeset, apply_action_to_chat, apply_action_to_session,
+    apply_action_to_terminal,
+};
 use ahp_types::actions::StateAction;
-use ahp_types::state::{ChatState, SessionState};
+use ahp_types::state::{
+    ChangesetState, ChangesetStatus, ChatState, SessionState, TerminalLifecycleState,
+    TerminalRunningLifecycleState, TerminalState,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -72,6 +78,14 @@ pub struct SessionModel {
     pub session: SessionState,
     /// Each chat's AHP state, by chat URI.
     pub chats: BTreeMap<String, ChatState>,
+    /// Each changeset's AHP state, by its URI (`ahp-changeset:/<id>/<name>`):
+    /// one comes to be with the first action on it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub changesets: BTreeMap<String, ChangesetState>,
+    /// Each terminal's AHP state, by its URI (`ahp-terminal:/<id>/<name>`):
+    /// one comes to be when it is first claimed (`terminal/claimed`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub terminals: BTreeMap<String, TerminalState>,
     /// What the transcript says about the session.
     pub projection: Projection,
     /// The seq of the last envelope folded in.
@@ -150,6 +164,8 @@ impl SessionModel {
             created,
             session,
             chats,
+            changesets: BTreeMap::new(),
+            terminals: BTreeMap::new(),
             projection,
             last_seq: seq,
             windows: BTreeMap::new(),
@@ -174,7 +190,8 @@ impl SessionModel {
         Channel::session_uri(&self.id)
     }
 
-    /// Folds one action on `channel` (this session or one of its chats) and
+    /// Folds one action on `channel` (this session, one of its chats,
+    /// changesets or terminals) and
     /// reports the reducer's outcome. `Applied` and `NoOp` change (or keep)
     /// the state and the projection; `OutOfScope` and `Invalid` leave both
     /// untouched.
@@ -213,6 +230,18 @@ impl SessionModel {
             let mut chat = chat.clone();
             let outcome = apply_action_to_chat(&mut chat, typed);
             (outcome, Target::Chat(channel.to_owned(), Box::new(chat)))
+        } else if let Some(mut changeset) = self.changeset(channel) {
+            let outcome = apply_action_to_changeset(&mut changeset, typed);
+            (
+                outcome,
+                Target::Changeset(channel.to_owned(), Box::new(changeset)),
+            )
+        } else if let Some(mut terminal) = self.terminal(channel, typed) {
+            let outcome = apply_action_to_terminal(&mut terminal, typed);
+            (
+                outcome,
+                Target::Terminal(channel.to_owned(), Box::new(terminal)),
+            )
         } else {
             (ReduceOutcome::OutOfScope, Target::Extension)
         };
@@ -255,6 +284,12 @@ impl SessionModel {
                 }
                 self.chats.insert(uri, *chat);
             }
+            Target::Changeset(uri, changeset) => {
+                self.changesets.insert(uri, *changeset);
+            }
+            Target::Terminal(uri, terminal) => {
+                self.terminals.insert(uri, *terminal);
+            }
             Target::Extension => {
                 if action_type(action) == Some(CONFIG_SCHEMA_CHANGED) {
                     // AHP has no action for a config's shape; this is
@@ -267,6 +302,49 @@ impl SessionModel {
             }
         }
         self.projection.observe(action);
+    }
+
+    /// A copy of the changeset `channel` names, if it is one of this
+    /// session's: the one there is, or a new, empty one.
+    fn changeset(&self, channel: &str) -> Option<ChangesetState> {
+        if let Some(existing) = self.changesets.get(channel) {
+            return Some(existing.clone());
+        }
+        match Channel::parse(channel) {
+            Ok(Channel::Changeset { session, .. }) if session == self.id => Some(ChangesetState {
+                status: ChangesetStatus::Ready,
+                error: None,
+                files: Vec::new(),
+                operations: None,
+            }),
+            _ => None,
+        }
+    }
+
+    /// A copy of the terminal `channel` names, if it is one of this
+    /// session's: the one there is, or, for the claim that makes it, a new
+    /// one, running, titled by its name.
+    fn terminal(&self, channel: &str, typed: &StateAction) -> Option<TerminalState> {
+        if let Some(existing) = self.terminals.get(channel) {
+            return Some(existing.clone());
+        }
+        let StateAction::TerminalClaimed(claimed) = typed else {
+            return None;
+        };
+        match Channel::parse(channel) {
+            Ok(Channel::Terminal { session, name }) if session == self.id => Some(TerminalState {
+                title: name,
+                cwd: None,
+                cols: None,
+                rows: None,
+                content: Vec::new(),
+                lifecycle: TerminalLifecycleState::Running(TerminalRunningLifecycleState {}),
+                claim: claimed.claim.clone(),
+                supports_command_detection: None,
+                is_pty: Some(false),
+            }),
+            _ => None,
+        }
     }
 
     /// Keeps a chat state for every chat in the session's catalogue.
@@ -366,6 +444,8 @@ impl Trial {
 enum Target {
     Session(Box<SessionState>),
     Chat(String, Box<ChatState>),
+    Changeset(String, Box<ChangesetState>),
+    Terminal(String, Box<TerminalState>),
     Extension,
 }
 

@@ -10,8 +10,8 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use crate::actions::{
-    AGENT_OPENED, COMMANDS_ADVERTISED, COMMANDS_META, CONTEXT_SHARED, DOCUMENT_EDITED,
-    PLAN_META, SESSION_SETTLED, USAGE_META, action_type,
+    AGENT_OPENED, COMMANDS_ADVERTISED, COMMANDS_META, CONTEXT_SHARED, DOCUMENT_EDITED, PLAN_META,
+    SESSION_SETTLED, USAGE_META, action_type,
 };
 
 /// How many characters of the first turn's text make a derived title.

@@ -283,7 +283,10 @@ async fn a_streamed_turn_is_recorded_in_order_and_seen_live(db: TestDb) {
         json!({"content": "look", "priority": "high", "status": "completed"})
     );
     assert_eq!(plan["entries"][1]["status"], "pending");
-    assert!(!answer(&transcript, "t5").contains("look"), "no markdown copy");
+    assert!(
+        !answer(&transcript, "t5").contains("look"),
+        "no markdown copy"
+    );
     let view = api.view("s1").await;
     assert_eq!(view["projection"]["plan"], *plan);
     assert_eq!(view["title"], "Fixing the build");

@@ -5,6 +5,7 @@
 //! Side effects must be idempotent: a retried dispatch (same origin) may run
 //! its side effect again before the store recognises the retry.
 
+pub mod files;
 mod roots;
 
 use std::time::Duration;

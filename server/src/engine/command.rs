@@ -39,6 +39,21 @@ pub struct Dispatch {
     pub directed: Option<crate::store::Directed>,
 }
 
+/// What a client asks of a session's host beyond an action (AHP
+/// commands): its effects are recorded by the actions it causes.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum Operation {
+    /// `invokeChangesetOperation` `revert`: a changeset's files (or one,
+    /// `resource`) are written back as they were before.
+    Revert {
+        /// The changeset's URI.
+        changeset: String,
+        /// The one file to revert (its URI); `None`: every file.
+        resource: Option<String>,
+    },
+}
+
 /// A message to a session actor.
 // `Dispatch` is the hot path, one per action: boxing it would allocate for
 // every action to make the rare commands smaller.
@@ -117,6 +132,14 @@ pub enum Command {
         /// Told when the records are committed.
         reply: oneshot::Sender<()>,
     },
+    /// Runs an operation a client asked for (forwarded to the session's
+    /// holder like a write).
+    Operate {
+        /// What to do.
+        operation: Operation,
+        /// Its result, or why it was refused.
+        reply: oneshot::Sender<Result<Value, EngineError>>,
+    },
     /// The session's view.
     View {
         /// `None` when the session does not exist.
@@ -167,6 +190,9 @@ impl Command {
             }
             Command::CallTool { reply, .. } => {
                 let _ = reply.send(Err(err.to_string()));
+            }
+            Command::Operate { reply, .. } => {
+                let _ = reply.send(Err(err));
             }
         }
     }

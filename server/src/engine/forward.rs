@@ -11,7 +11,7 @@ use tether_protocol::model::{SessionCreated, SessionModel};
 use tether_protocol::view::SessionView;
 use tokio::sync::{mpsc, oneshot};
 
-use super::command::{Command, Dispatch, DispatchOutcome};
+use super::command::{Command, Dispatch, DispatchOutcome, Operation};
 use super::fanout::Published;
 use super::{Ctx, Engine, EngineError, Refusal, RefusalKind};
 use crate::auth::Principal;
@@ -44,6 +44,9 @@ pub(super) enum Request {
         chat: String,
         cursor: Option<String>,
     },
+    Operate {
+        operation: Operation,
+    },
 }
 
 /// The holder's answer to a forwarded command.
@@ -69,6 +72,9 @@ enum Answer {
     Loaded {
         seq: Option<u64>,
     },
+    Result {
+        value: Value,
+    },
     Failed {
         error: String,
         message: String,
@@ -83,6 +89,7 @@ pub(super) enum ReplyTo {
     Unit(oneshot::Sender<Result<(), EngineError>>),
     Bool(oneshot::Sender<Result<bool, EngineError>>),
     Seq(oneshot::Sender<Result<Option<u64>, EngineError>>),
+    Value(oneshot::Sender<Result<Value, EngineError>>),
 }
 
 /// Splits a write command into what is forwarded and where its answer
@@ -112,6 +119,9 @@ pub(super) fn split(command: Command) -> Result<(Request, ReplyTo), Box<Command>
             cursor,
             reply,
         } => (Request::FetchTurns { chat, cursor }, ReplyTo::Seq(reply)),
+        Command::Operate { operation, reply } => {
+            (Request::Operate { operation }, ReplyTo::Value(reply))
+        }
         // Presence is per host: a proxy copy has no client calls to fail.
         read @ (Command::View { .. }
         | Command::Snapshot { .. }
@@ -156,6 +166,9 @@ pub(super) fn join(request: Request, reply: ReplyTo) -> Command {
             cursor,
             reply,
         },
+        (Request::Operate { operation }, ReplyTo::Value(reply)) => {
+            Command::Operate { operation, reply }
+        }
         // `split` never pairs them otherwise.
         (_, reply) => {
             reply.fail(EngineError::Unavailable(
@@ -181,6 +194,7 @@ impl ReplyTo {
             ReplyTo::Unit(reply) => drop(reply.send(Err(err))),
             ReplyTo::Bool(reply) => drop(reply.send(Err(err))),
             ReplyTo::Seq(reply) => drop(reply.send(Err(err))),
+            ReplyTo::Value(reply) => drop(reply.send(Err(err))),
         }
     }
 
@@ -219,6 +233,7 @@ impl ReplyTo {
             (ReplyTo::Unit(reply), Answer::Done) => drop(reply.send(Ok(()))),
             (ReplyTo::Bool(reply), Answer::Swept { swept }) => drop(reply.send(Ok(swept))),
             (ReplyTo::Seq(reply), Answer::Loaded { seq }) => drop(reply.send(Ok(seq))),
+            (ReplyTo::Value(reply), Answer::Result { value }) => drop(reply.send(Ok(value))),
             (reply, _) => reply.fail(garbled()),
         }
     }
@@ -589,6 +604,15 @@ impl Engine {
                     .await
                 {
                     Ok(seq) => Answer::Loaded { seq },
+                    Err(err) => failed(err),
+                }
+            }
+            Request::Operate { operation } => {
+                match self
+                    .ask(session, |reply| Command::Operate { operation, reply })
+                    .await
+                {
+                    Ok(value) => Answer::Result { value },
                     Err(err) => failed(err),
                 }
             }

@@ -20,6 +20,7 @@ pub mod fanout;
 mod forward;
 pub mod host_tools;
 pub mod mcp;
+mod operations;
 pub mod rebuild;
 mod root;
 mod rules;
@@ -443,12 +444,12 @@ impl Engine {
         Ok(found)
     }
 
-    /// The session a session or chat channel belongs to.
+    /// The session a channel belongs to (none for the root).
     pub async fn session_of(&self, channel: &Channel) -> Result<Option<String>, EngineError> {
         match channel {
             Channel::Root => Ok(None),
-            Channel::Session(id) => Ok(Some(id.clone())),
             Channel::Chat(_) => self.chat_session(&channel.uri()).await,
+            named => Ok(named.named_session().map(str::to_owned)),
         }
     }
 

@@ -13,15 +13,6 @@ use tether_protocol::workdir::canonical_file_uri;
 
 use crate::agents::WorkdirCapability;
 
-/// The channel kind's name as action types spell it.
-fn scope_of(channel: &Channel) -> &'static str {
-    match channel {
-        Channel::Root => "root",
-        Channel::Session(_) => "session",
-        Channel::Chat(_) => "chat",
-    }
-}
-
 /// Most messages one chat may hold queued: each starts a turn of its own
 /// when the one before ends, so the queue is work promised to an agent.
 pub const MAX_QUEUED: usize = 64;
@@ -74,7 +65,7 @@ pub fn check_dispatchable<'a>(
         return Ok(kind);
     }
     match action_scope(kind) {
-        Some(scope) if scope == scope_of(channel) => {}
+        Some(scope) if scope == channel.kind() => {}
         Some(scope) => {
             return Err(format!(
                 "Action {kind} belongs on a {scope} channel, not on {}.",

@@ -356,7 +356,9 @@ pub async fn dispatch(
     // like a foreign session channel, not a 404: the session in the path
     // exists; it is the body that names something else.
     match Channel::parse(&channel) {
-        Ok(Channel::Session(id)) if id == path.id => {}
+        Ok(
+            parsed @ (Channel::Session(_) | Channel::Changeset { .. } | Channel::Terminal { .. }),
+        ) if parsed.named_session() == Some(path.id.as_str()) => {}
         Ok(parsed @ Channel::Chat(_)) => {
             if state.engine.session_of(&parsed).await?.as_deref() != Some(path.id.as_str()) {
                 return Err(ApiError::invalid(format!(
@@ -367,7 +369,7 @@ pub async fn dispatch(
         }
         _ => {
             return Err(ApiError::invalid(format!(
-                "channel must be this session ({}) or one of its chats.",
+                "channel must be this session ({}) or one of its chats, changesets or terminals.",
                 view.resource
             )));
         }

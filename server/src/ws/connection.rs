@@ -34,13 +34,12 @@ use crate::store::Origin;
 /// The optional AHP 1.0 commands Tether does not offer. Each is gated by a
 /// capability Tether does not advertise, and the specification answers a
 /// command outside every advertised capability with JSON-RPC -32601.
-pub(super) const NOT_OFFERED: [&str; 19] = [
+pub(super) const NOT_OFFERED: [&str; 18] = [
     "authenticate",
     "createTerminal",
     "disposeTerminal",
     "disposeChat",
     "moveChat",
-    "invokeChangesetOperation",
     "resourceRead",
     "resourceWrite",
     "resourceList",
@@ -123,12 +122,7 @@ pub(super) struct Subscription {
 impl Subscription {
     /// A subscription of `channel` at these seqs, counted in `metrics`.
     pub(super) fn new(channel: &str, after: u64, routed_at: u64, metrics: &Metrics) -> Self {
-        let kind = match tether_protocol::channel::Channel::parse(channel) {
-            Ok(tether_protocol::channel::Channel::Root) => "root",
-            Ok(tether_protocol::channel::Channel::Session(_)) => "session",
-            Ok(tether_protocol::channel::Channel::Chat(_)) => "chat",
-            Err(_) => "other",
-        };
+        let kind = tether_protocol::channel::Channel::parse(channel).map_or("other", |c| c.kind());
         let gauge = metrics
             .subscriptions
             .get_or_create(&[("kind", kind)])
@@ -578,6 +572,7 @@ impl Connection {
             "resolveSessionConfig" => self.resolve_session_config(params).await,
             "sessionConfigCompletions" => self.session_config_completions(params).await,
             "completions" => self.completions(params).await,
+            "invokeChangesetOperation" => self.invoke_changeset_operation(params).await,
             "ping" => Ok(Value::Null),
             other if NOT_OFFERED.contains(&other) => Err(RpcError::new(
                 json_rpc_error_codes::METHOD_NOT_FOUND,

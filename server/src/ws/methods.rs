@@ -462,6 +462,25 @@ impl Connection {
         Ok(Value::Null)
     }
 
+    /// `invokeChangesetOperation`: runs one of a changeset's operations
+    /// (Tether offers `revert`); its effects come as `changeset/*` actions.
+    pub(super) async fn invoke_changeset_operation(
+        &mut self,
+        params: Value,
+    ) -> Result<Value, RpcError> {
+        let channel = channel_param(&params)?;
+        let operation = params
+            .get("operationId")
+            .and_then(Value::as_str)
+            .ok_or_else(|| {
+                RpcError::invalid("params.operationId (a changeset operation's id) is required.")
+            })?;
+        self.engine
+            .invoke_changeset_operation(&self.principal, &channel, operation, params.get("target"))
+            .await
+            .map_err(RpcError::from)
+    }
+
     /// `fetchTurns`: loads older turns of a chat into its window. The
     /// `chat/turnsLoaded` is committed, and delivered to this connection
     /// when it subscribes to the chat, before the (empty) result.

@@ -18,6 +18,7 @@ use tether_protocol::actions::{
 };
 
 use super::config::AgentConfig;
+use super::edits::TurnEdits;
 
 /// Where a tool call is in its AHP life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,9 +74,12 @@ pub struct TurnMap {
     /// The session's configuration as clients know it (the AHP
     /// `{schema, values}` last recorded), to tell them only what changed.
     pub known_config: Option<Value>,
-    /// The bytes of images and files the agent sent, to store before the
-    /// actions that refer to them are recorded (taken by the bridge).
+    /// The bytes of images and files the agent sent, and both sides of
+    /// its file edits, to store before the actions that refer to them are
+    /// recorded (taken by the bridge).
     pub stored: Vec<crate::store::Attachment>,
+    /// The current turn's file edits (its changeset).
+    edits: TurnEdits,
 }
 
 /// The actions that tell clients a session's configuration went from
@@ -141,7 +145,32 @@ impl TurnMap {
             config: AgentConfig::default(),
             known_config: None,
             stored: Vec::new(),
+            edits: TurnEdits::default(),
         }
+    }
+
+    /// The session's id.
+    fn session_id(&self) -> &str {
+        self.session_uri
+            .strip_prefix("ahp-session:/")
+            .unwrap_or(&self.session_uri)
+    }
+
+    /// `path` went from `old` to `new` (a `Diff`, or a write the host
+    /// served): its `FileEdit`, and the turn's changeset actions (the
+    /// texts are kept in `stored`).
+    pub fn file_edited(
+        &mut self,
+        path: &std::path::Path,
+        old: Option<&str>,
+        new: &str,
+    ) -> (Value, Actions) {
+        let session = self.session_id().to_owned();
+        let edit = self
+            .edits
+            .edit(&session, self.turn.as_ref(), path, old, Some(new));
+        self.stored.extend(edit.stored);
+        (edit.content, edit.actions)
     }
 
     /// What changed in the agent's settings since clients last heard:
@@ -173,6 +202,7 @@ impl TurnMap {
         self.parts = 0;
         self.tools.clear();
         self.updates = 0;
+        self.edits.begin();
     }
 
     /// The turn was cancelled (by a client): later updates for it are
@@ -501,12 +531,8 @@ impl TurnMap {
         let Some(bytes) = bytes else {
             return Vec::new();
         };
-        let session = self
-            .session_uri
-            .strip_prefix("ahp-session:/")
-            .unwrap_or(&self.session_uri);
         let size = bytes.len();
-        let stored = crate::store::Attachment::new(session, media, bytes);
+        let stored = crate::store::Attachment::new(self.session_id(), media, bytes);
         let uri = stored.uri();
         self.stored.push(stored);
         self.stream = None;
@@ -581,16 +607,19 @@ impl TurnMap {
         let Some(turn) = &self.turn else {
             return actions;
         };
+        let turn = turn.clone();
         if self
             .tools
             .get(id)
             .is_some_and(|t| t.phase == ToolPhase::Running)
         {
+            let (parts, changes) = self.result_content(content);
             actions.push((
                 turn.chat.clone(),
                 json!({"type": "chat/toolCallContentChanged", "turnId": turn.turn_id,
-                       "toolCallId": id, "content": result_content(content)}),
+                       "toolCallId": id, "content": parts}),
             ));
+            actions.extend(changes);
         }
         actions
     }
@@ -613,21 +642,25 @@ impl TurnMap {
             }
             ToolCallStatus::Completed | ToolCallStatus::Failed | _ => {
                 let mut actions = self.ready(id);
-                let Some(turn) = &self.turn else {
+                let Some(turn) = self.turn.clone() else {
                     return actions;
                 };
-                let Some(tool) = self.tools.get_mut(id) else {
-                    return actions;
-                };
-                if tool.phase != ToolPhase::Running {
+                if self
+                    .tools
+                    .get(id)
+                    .is_none_or(|t| t.phase != ToolPhase::Running)
+                {
                     // Pending (never answered) or already done: the reducer
                     // would not move it, so nothing is recorded.
                     return actions;
                 }
+                let (mut parts, changes) = self.result_content(content);
+                let Some(tool) = self.tools.get_mut(id) else {
+                    return actions;
+                };
                 tool.phase = ToolPhase::Done;
                 let success = status == ToolCallStatus::Completed;
                 let mut result = json!({"success": success, "pastTenseMessage": tool.title});
-                let mut parts = result_content(content);
                 if parts.is_empty()
                     && let Some(output) = output
                 {
@@ -639,37 +672,47 @@ impl TurnMap {
                 if !success {
                     result["error"] = json!({"message": format!("{} failed", tool.title)});
                 }
+                // The changeset's actions after the tool call's: its
+                // content names the files first.
                 actions.push((
                     turn.chat.clone(),
                     json!({"type": "chat/toolCallComplete", "turnId": turn.turn_id,
                            "toolCallId": id, "result": result}),
                 ));
+                actions.extend(changes);
                 actions
             }
         }
     }
-}
 
-/// ACP tool-call content as AHP tool result content (text only; diffs as
-/// a unified summary, terminals by id).
-fn result_content(content: &[ToolCallContent]) -> Vec<Value> {
-    content
-        .iter()
-        .filter_map(|c| match c {
-            ToolCallContent::Content(c) => match &c.content {
-                ContentBlock::Text(text) => Some(json!({"type": "text", "text": text.text})),
-                ContentBlock::ResourceLink(link) => {
-                    Some(json!({"type": "text", "text": format!("[{}]({})", link.name, link.uri)}))
+    /// ACP tool-call content as AHP tool result content: text, diffs as
+    /// `fileEdit` (both sides stored, the turn's changeset told), terminals
+    /// by id; and the changeset's actions.
+    fn result_content(&mut self, content: &[ToolCallContent]) -> (Vec<Value>, Actions) {
+        let mut changes = Vec::new();
+        let parts = content
+            .iter()
+            .filter_map(|c| match c {
+                ToolCallContent::Content(c) => match &c.content {
+                    ContentBlock::Text(text) => Some(json!({"type": "text", "text": text.text})),
+                    ContentBlock::ResourceLink(link) => Some(
+                        json!({"type": "text", "text": format!("[{}]({})", link.name, link.uri)}),
+                    ),
+                    _ => None,
+                },
+                ToolCallContent::Diff(diff) => {
+                    let (edit, actions) =
+                        self.file_edited(&diff.path, diff.old_text.as_deref(), &diff.new_text);
+                    changes.extend(actions);
+                    Some(edit)
                 }
+                ToolCallContent::Terminal(terminal) => Some(json!({"type": "text",
+                    "text": format!("terminal {}", terminal.terminal_id)})),
                 _ => None,
-            },
-            ToolCallContent::Diff(diff) => Some(json!({"type": "text",
-                "text": format!("edited {}", diff.path.display())})),
-            ToolCallContent::Terminal(terminal) => Some(json!({"type": "text",
-                "text": format!("terminal {}", terminal.terminal_id)})),
-            _ => None,
-        })
-        .collect()
+            })
+            .collect();
+        (parts, changes)
+    }
 }
 
 #[cfg(test)]

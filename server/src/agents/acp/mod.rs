@@ -18,6 +18,7 @@
 
 mod bridge;
 pub mod config;
+pub mod edits;
 pub mod elicit;
 mod lines;
 pub mod map;

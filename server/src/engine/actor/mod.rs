@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use super::command::{Command, Dispatch, DispatchOutcome};
 mod agent;
+mod changesets;
 mod lifecycle;
 mod tools;
 
@@ -348,6 +349,15 @@ impl SessionActor {
                 reply,
             } => {
                 let _ = reply.send(self.fetch_turns(chat, cursor).await);
+            }
+            Command::Operate { operation, reply } => {
+                let answer = match operation {
+                    super::command::Operation::Revert {
+                        changeset,
+                        resource,
+                    } => self.revert(&changeset, resource.as_deref()).await,
+                };
+                let _ = reply.send(answer);
             }
             Command::CallTool {
                 name,
@@ -792,8 +802,20 @@ impl SessionActor {
 pub(super) fn channel_state(model: &SessionModel, channel: &str) -> Option<(Value, u64)> {
     let state = if channel == Channel::session_uri(&model.id) {
         serde_json::to_value(&model.session).ok()?
+    } else if let Some(chat) = model.chats.get(channel) {
+        serde_json::to_value(chat).ok()?
+    } else if let Some(terminal) = model.terminals.get(channel) {
+        serde_json::to_value(terminal).ok()?
     } else {
-        serde_json::to_value(model.chats.get(channel)?).ok()?
+        match (model.changesets.get(channel), Channel::parse(channel)) {
+            (Some(changeset), _) => serde_json::to_value(changeset).ok()?,
+            // A changeset of the session with nothing in it yet (a turn
+            // that changed no file): empty, and computed.
+            (None, Ok(Channel::Changeset { session, .. })) if session == model.id => {
+                serde_json::json!({"status": "ready", "files": []})
+            }
+            _ => return None,
+        }
     };
     Some((state, model.last_seq))
 }
