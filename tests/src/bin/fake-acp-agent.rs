@@ -22,7 +22,9 @@
 //!   elicitation: where to deploy, how many replicas, a note; it says the
 //!   answer it got),
 //!   `child-read PATH` (`cat` in a child process; each says `ok` or the
-//!   error); anything else is echoed back.
+//!   error), `edit PATH TEXT` (it writes the file and reports a tool call
+//!   with the diff), `fs-write PATH TEXT` / `fs-read PATH` (through the
+//!   client's `fs/*`; it says the answer); anything else is echoed back.
 //!
 //! `session/load` replays one old exchange (which a host must not record
 //! again); `session/resume` refuses a directory whose path contains
@@ -37,10 +39,11 @@ use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     AuthenticateRequest, AuthenticateResponse, CancelNotification, CloseSessionRequest,
     CloseSessionResponse, CreateElicitationRequest, LoadSessionRequest, LoadSessionResponse,
-    NewSessionRequest, NewSessionResponse, PromptRequest, PromptResponse, RequestPermissionOutcome,
-    RequestPermissionRequest, ResumeSessionRequest, ResumeSessionResponse, SessionNotification,
-    SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse,
-    SetSessionModeRequest, SetSessionModeResponse, StopReason,
+    NewSessionRequest, NewSessionResponse, PromptRequest, PromptResponse, ReadTextFileRequest,
+    RequestPermissionOutcome, RequestPermissionRequest, ResumeSessionRequest,
+    ResumeSessionResponse, SessionNotification, SessionUpdate, SetSessionConfigOptionRequest,
+    SetSessionConfigOptionResponse, SetSessionModeRequest, SetSessionModeResponse, StopReason,
+    WriteTextFileRequest,
 };
 use agent_client_protocol::{Agent, ByteStreams, Client, Error};
 use serde_json::{Value, json};
@@ -879,6 +882,63 @@ async fn run(
                 Ok(()) => format!("write {path}: ok"),
                 Err(e) => format!("write {path}: error {:?} {e}", e.kind()),
             })?;
+        }
+        "edit" => {
+            // Edits a file itself and reports it as a tool call's diff:
+            // `edit PATH TEXT...` (the text's `\n` are line breaks).
+            let path = rest.first().copied().unwrap_or_default();
+            let new = rest
+                .get(1..)
+                .map(|r| r.join(" "))
+                .unwrap_or_default()
+                .replace("\\n", "\n");
+            let old = std::fs::read_to_string(path).ok();
+            if let Err(e) = std::fs::write(path, &new) {
+                say(&format!("edit {path}: error {e}"))?;
+                return Ok(StopReason::EndTurn);
+            }
+            let id = format!("edit-{}", path.len() + new.len());
+            cx.send_notification(update(
+                session,
+                json!({"sessionUpdate": "tool_call", "toolCallId": id, "title": format!("Edit {path}"),
+                       "kind": "edit", "status": "in_progress"}),
+            ))?;
+            cx.send_notification(update(
+                session,
+                json!({"sessionUpdate": "tool_call_update", "toolCallId": id, "status": "completed",
+                       "content": [{"type": "diff", "path": path, "oldText": old, "newText": new}]}),
+            ))?;
+            say("edited")?;
+        }
+        "fs-write" | "fs-read" => {
+            // Through the client's file system: `fs-write PATH TEXT...`,
+            // `fs-read PATH`; says what the client answered.
+            let path = rest.first().copied().unwrap_or_default();
+            let said = if command == "fs-write" {
+                let content = rest.get(1..).map(|r| r.join(" ")).unwrap_or_default();
+                let request: WriteTextFileRequest = serde_json::from_value(json!({
+                    "sessionId": session, "path": path, "content": content}))
+                .expect("a write request");
+                match cx.send_request(request).block_task().await {
+                    Ok(_) => format!("fs-write {path}: ok"),
+                    Err(e) => format!(
+                        "fs-write {path}: error {}",
+                        e.data.map(|d| d.to_string()).unwrap_or(e.message)
+                    ),
+                }
+            } else {
+                let request: ReadTextFileRequest =
+                    serde_json::from_value(json!({"sessionId": session, "path": path}))
+                        .expect("a read request");
+                match cx.send_request(request).block_task().await {
+                    Ok(read) => format!("fs-read {path}: {}", read.content),
+                    Err(e) => format!(
+                        "fs-read {path}: error {}",
+                        e.data.map(|d| d.to_string()).unwrap_or(e.message)
+                    ),
+                }
+            };
+            say(&said)?;
         }
         "child-read" => {
             // A process the agent starts, reading a file: it inherits the

@@ -11,10 +11,11 @@ use agent_client_protocol::v1::schema::{
     AuthenticateRequest, CancelNotification, ClientCapabilities, CloseSessionRequest, ContentBlock,
     CreateElicitationRequest, CreateElicitationResponse, EnvVariable, HttpHeader, Implementation,
     InitializeRequest, InitializeResponse, LoadSessionRequest, McpServer, McpServerHttp,
-    McpServerStdio, NewSessionRequest, PermissionOptionKind, PromptRequest,
-    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
-    ResumeSessionRequest, SelectedPermissionOutcome, SessionConfigOptionValue, SessionNotification,
-    SetSessionConfigOptionRequest, SetSessionModeRequest, TextContent,
+    McpServerStdio, NewSessionRequest, PermissionOptionKind, PromptRequest, ReadTextFileRequest,
+    ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest,
+    RequestPermissionResponse, ResumeSessionRequest, SelectedPermissionOutcome,
+    SessionConfigOptionValue, SessionNotification, SetSessionConfigOptionRequest,
+    SetSessionModeRequest, TextContent, WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::{Agent, ByteStreams, Client};
 use serde_json::Value;
@@ -32,6 +33,7 @@ use super::{
 };
 use crate::agents::AgentCommand;
 use crate::agents::sandbox::{Launch, Sandbox};
+use crate::effects::files::SessionFiles;
 use crate::store::now_ms;
 
 /// Events buffered between the agent and the actor: beyond this the agent's
@@ -238,10 +240,13 @@ async fn initialize(
     timeout: std::time::Duration,
 ) -> Result<(InitializeResponse, Value), String> {
     // What Tether answers besides permissions: questions (form and URL
-    // elicitations, shown to AHP clients as chat input requests).
-    let capabilities: ClientCapabilities =
-        serde_json::from_value(serde_json::json!({"elicitation": {"form": {}, "url": {}}}))
-            .unwrap_or_default();
+    // elicitations, shown to AHP clients as chat input requests) and text
+    // files in the session's directories (each write a `FileEdit`).
+    let capabilities: ClientCapabilities = serde_json::from_value(serde_json::json!({
+        "elicitation": {"form": {}, "url": {}},
+        "fs": {"readTextFile": true, "writeTextFile": true},
+    }))
+    .unwrap_or_default();
     let request = InitializeRequest::new(ProtocolVersion::V1)
         .client_capabilities(capabilities)
         .client_info(Implementation::new("tether", env!("CARGO_PKG_VERSION")).title("Tether"));
@@ -539,6 +544,18 @@ impl Bridge {
             self.store.clone(),
         );
         let limit = self.limits.max_updates_per_turn;
+        // The host's file access for the agent: the session's directories
+        // (or the scratch directory it runs in when it has none).
+        let mut dirs = open.dirs.clone();
+        dirs.push(cwd.clone());
+        let files = SessionFiles::new(&dirs);
+        let reading = files.clone();
+        let writing = (
+            files,
+            self.events.clone(),
+            self.map.clone(),
+            self.store.clone(),
+        );
         let ask = (self.events.clone(), self.map.clone());
         let question = (self.events.clone(), self.map.clone());
         let result = Client
@@ -684,6 +701,61 @@ impl Bridge {
                         responder.respond(response)
                     })?;
                     Ok(())
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_request(
+                async move |request: ReadTextFileRequest, responder, _cx| {
+                    let files = reading.clone();
+                    let read = tokio::task::spawn_blocking(move || {
+                        files.read_text(&request.path, request.line, request.limit)
+                    })
+                    .await
+                    .unwrap_or_else(|_| Err("the read was interrupted".to_owned()));
+                    match read {
+                        Ok(text) => responder.respond(ReadTextFileResponse::new(text)),
+                        Err(reason) => responder.respond_with_error(
+                            agent_client_protocol::Error::invalid_params().data(serde_json::json!(reason)),
+                        ),
+                    }
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_request(
+                async move |request: WriteTextFileRequest, responder, _cx| {
+                    let (files, events, map, store) = &writing;
+                    let (files, path, content) =
+                        (files.clone(), request.path.clone(), request.content.clone());
+                    let written = tokio::task::spawn_blocking(move || files.write_text(&path, &content))
+                        .await
+                        .unwrap_or_else(|_| Err("the write was interrupted".to_owned()));
+                    let old = match written {
+                        Ok(old) => old,
+                        Err(reason) => {
+                            return responder.respond_with_error(
+                                agent_client_protocol::Error::invalid_params()
+                                    .data(serde_json::json!(reason)),
+                            );
+                        }
+                    };
+                    // The write is a `FileEdit` in the turn's changeset.
+                    let (actions, stored) = match map.lock() {
+                        Ok(mut m) => {
+                            let (_, actions) =
+                                m.file_edited(&request.path, old.as_deref(), &request.content);
+                            (actions, std::mem::take(&mut m.stored))
+                        }
+                        Err(_) => (Vec::new(), Vec::new()),
+                    };
+                    for attachment in &stored {
+                        if let Err(err) = store.put_attachment(attachment).await {
+                            tracing::warn!(error = %err, "a written file's text could not be stored");
+                        }
+                    }
+                    if !actions.is_empty() {
+                        let _ = events.send(AgentEvent::Actions(actions)).await;
+                    }
+                    responder.respond(WriteTextFileResponse::new())
                 },
                 agent_client_protocol::on_receive_request!(),
             )

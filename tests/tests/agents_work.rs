@@ -1,0 +1,232 @@
+//! What an agent does to files, as AHP clients see it, through the real
+//! binary on both backends: the scripted agent edits a file (an ACP
+//! `Diff`) and writes one through the host's `fs/write_text_file`; each
+//! is a `FileEdit` with both sides stored once, in the turn's changeset
+//! (`ahp-changeset:/<session>/<turn>`); reads and writes outside the
+//! session's directories are refused; a client reverts a changeset, and a
+//! file changed since is left alone.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+use tether_tests::ahp_raw::Ahp;
+use tether_tests::{ServerProcess, TestDb, backend_tests};
+
+backend_tests!(
+    file_edits_are_changesets_with_both_sides_and_clients_revert_them,
+    the_hosts_file_access_stays_in_the_sessions_directories,
+);
+
+const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
+
+async fn start(db: &TestDb, ahp_id: &str, session: &str, dir: &Path) -> (ServerProcess, Ahp) {
+    let spec = format!("fake={FAKE}");
+    let server = ServerProcess::start(db, &["--agent", &spec]).await;
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/sessions", server.base_url()))
+        .json(&json!({"id": session, "provider": "fake", "workingDirectories": [dir]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 201);
+    let mut ahp = Ahp::connect(&server.ws_url(), ahp_id).await;
+    for channel in [
+        format!("ahp-session:/{session}"),
+        format!("ahp-chat:/{session}.main"),
+    ] {
+        ahp.call("subscribe", json!({"channel": channel}))
+            .await
+            .unwrap();
+    }
+    (server, ahp)
+}
+
+async fn stored(base: &str, session: &str, uri: &Value) -> String {
+    let digest = uri
+        .as_str()
+        .and_then(|u| u.strip_prefix("tether-attachment:"))
+        .unwrap_or_else(|| panic!("{uri} is a stored attachment"));
+    reqwest::get(format!("{base}/v1/sessions/{session}/attachments/{digest}"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+fn file_uri(path: &Path) -> String {
+    format!("file://{}", path.display())
+}
+
+async fn file_edits_are_changesets_with_both_sides_and_clients_revert_them(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().canonicalize().unwrap();
+    let a = work.join("a.txt");
+    std::fs::write(&a, "one\ntwo\n").unwrap();
+    let (server, mut ahp) = start(&db, "reviewer", "ed", &work).await;
+    let base = server.base_url();
+    let chat = "ahp-chat:/ed.main";
+
+    // The agent edits a.txt itself and reports the diff.
+    let said = ahp
+        .ask(
+            chat,
+            "t1",
+            &format!("edit {} one\\nTWO\\nthree\\n", a.display()),
+            None,
+        )
+        .await;
+    assert_eq!(said, "edited");
+    let done = ahp
+        .action("chat/toolCallComplete", |a| a["turnId"] == "t1")
+        .await;
+    let edit = &done["result"]["content"][0];
+    assert_eq!(edit["type"], "fileEdit", "{done}");
+    assert_eq!(edit["before"]["uri"], file_uri(&a));
+    assert_eq!(edit["after"]["uri"], file_uri(&a));
+    assert_eq!(edit["diff"], json!({"added": 2, "removed": 1}));
+    assert_eq!(
+        stored(&base, "ed", &edit["before"]["content"]["uri"]).await,
+        "one\ntwo\n"
+    );
+    assert_eq!(
+        stored(&base, "ed", &edit["after"]["content"]["uri"]).await,
+        "one\nTWO\nthree\n"
+    );
+    let catalogue = ahp
+        .action("session/changesetsChanged", |_| true)
+        .await;
+    assert_eq!(
+        catalogue["changesets"][0]["uriTemplate"],
+        "ahp-changeset:/ed/{turnId}"
+    );
+    assert_eq!(catalogue["changesets"][0]["changeKind"], "turn");
+    let snapshot = ahp
+        .call("subscribe", json!({"channel": "ahp-changeset:/ed/t1"}))
+        .await
+        .unwrap();
+    let changeset = &snapshot["snapshot"]["state"];
+    assert_eq!(changeset["status"], "ready");
+    assert_eq!(changeset["files"][0]["id"], file_uri(&a), "{changeset}");
+    assert_eq!(changeset["files"][0]["edit"]["diff"]["added"], 2);
+    assert_eq!(changeset["operations"][0]["id"], "revert");
+    let session: Value = reqwest::get(format!("{base}/v1/sessions/ed"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(session["turns"], 1);
+
+    // A write through the host's fs/write_text_file is a FileEdit too: a
+    // created file has no before side.
+    let b = work.join("sub/b.txt");
+    let said = ahp
+        .ask(
+            chat,
+            "t2",
+            &format!("fs-write {} hello there", b.display()),
+            None,
+        )
+        .await;
+    assert_eq!(said, format!("fs-write {}: ok", b.display()));
+    assert_eq!(std::fs::read_to_string(&b).unwrap(), "hello there");
+    let t2 = ahp
+        .call("subscribe", json!({"channel": "ahp-changeset:/ed/t2"}))
+        .await
+        .unwrap();
+    let created = &t2["snapshot"]["state"]["files"][0];
+    assert_eq!(created["id"], file_uri(&b), "{t2}");
+    assert!(created["edit"].get("before").is_none(), "{created}");
+    assert_eq!(created["edit"]["diff"]["added"], 1);
+    let said = ahp
+        .ask(chat, "t3", &format!("fs-read {}", b.display()), None)
+        .await;
+    assert_eq!(said, format!("fs-read {}: hello there", b.display()));
+
+    // A revert is refused while the file differs from the agent's edit,
+    // and leaves it alone.
+    std::fs::write(&a, "someone else's\n").unwrap();
+    let refused = ahp
+        .call(
+            "invokeChangesetOperation",
+            json!({"channel": "ahp-changeset:/ed/t1", "operationId": "revert"}),
+        )
+        .await
+        .unwrap_err();
+    assert!(refused.contains("changed since"), "{refused}");
+    assert_eq!(std::fs::read_to_string(&a).unwrap(), "someone else's\n");
+    let unknown = ahp
+        .call(
+            "invokeChangesetOperation",
+            json!({"channel": "ahp-changeset:/ed/t1", "operationId": "stage"}),
+        )
+        .await
+        .unwrap_err();
+    assert!(unknown.contains("not offered"), "{unknown}");
+
+    // Put back as the agent left it: the revert writes the old text.
+    std::fs::write(&a, "one\nTWO\nthree\n").unwrap();
+    let reverted = ahp
+        .call(
+            "invokeChangesetOperation",
+            json!({"channel": "ahp-changeset:/ed/t1", "operationId": "revert",
+                   "target": {"kind": "resource", "resource": file_uri(&a)}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reverted["message"], "Reverted 1 file.");
+    assert_eq!(std::fs::read_to_string(&a).unwrap(), "one\ntwo\n");
+    ahp.action("changeset/fileRemoved", |x| x["fileId"] == file_uri(&a))
+        .await;
+    // The whole of t2: the file it created is removed.
+    ahp.call(
+        "invokeChangesetOperation",
+        json!({"channel": "ahp-changeset:/ed/t2", "operationId": "revert"}),
+    )
+    .await
+    .unwrap();
+    assert!(!b.exists());
+
+    // After a restart the changesets are as they were left.
+    drop(ahp);
+    let mut server = server;
+    server.restart().await;
+    let mut ahp = Ahp::connect(&server.ws_url(), "later").await;
+    let snapshot = ahp
+        .call("subscribe", json!({"channel": "ahp-changeset:/ed/t1"}))
+        .await
+        .unwrap();
+    assert_eq!(snapshot["snapshot"]["state"]["files"], json!([]));
+    let other = ahp
+        .call("subscribe", json!({"channel": "ahp-changeset:/nobody/t1"}))
+        .await;
+    assert!(other.is_err(), "{other:?}");
+}
+
+async fn the_hosts_file_access_stays_in_the_sessions_directories(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let work = dir.path().canonicalize().unwrap();
+    let secret = outside.path().canonicalize().unwrap().join("secret");
+    std::fs::write(&secret, "no").unwrap();
+    std::os::unix::fs::symlink(outside.path(), work.join("link")).unwrap();
+    let (_server, mut ahp) = start(&db, "watcher", "fs", &work).await;
+    let chat = "ahp-chat:/fs.main";
+    for (turn, script) in [
+        ("t1", format!("fs-read {}", secret.display())),
+        ("t2", format!("fs-read {}/link/secret", work.display())),
+        ("t3", format!("fs-write {} overwritten", secret.display())),
+        ("t4", format!("fs-write {}/../escape yes", work.display())),
+    ] {
+        let said = ahp.ask(chat, turn, &script, None).await;
+        assert!(said.contains(": error "), "{script}: {said}");
+    }
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "no");
+    assert!(!work.parent().unwrap().join("escape").exists());
+    let view = ahp
+        .call("subscribe", json!({"channel": "ahp-changeset:/fs/t3"}))
+        .await
+        .unwrap();
+    assert_eq!(view["snapshot"]["state"]["files"], json!([]));
+}
