@@ -351,6 +351,16 @@ pub struct ServeArgs {
     #[arg(long, env = "TETHER_INPUT_TIMEOUT_SECS", default_value_t = 600)]
     pub input_timeout_secs: u64,
 
+    /// Seconds a terminal command (an agent's `terminal/create`, or a
+    /// client's `createTerminal`) may run before its processes are killed.
+    #[arg(long, env = "TETHER_TERMINAL_TIMEOUT_SECS", default_value_t = 600)]
+    pub terminal_timeout_secs: u64,
+
+    /// Most bytes of a terminal's output recorded for clients (and kept
+    /// for the agent); past it, output is dropped with a note.
+    #[arg(long, env = "TETHER_TERMINAL_OUTPUT_BYTES", default_value_t = 1024 * 1024)]
+    pub terminal_output_bytes: usize,
+
     /// Milliseconds a client that lost its last connection stays among a
     /// session's active clients (its tools kept, its calls waiting).
     #[arg(long, env = "TETHER_CLIENT_GRACE_MS", default_value_t = 30_000)]
@@ -578,6 +588,10 @@ impl ServeArgs {
                 acp: crate::agents::acp::AcpLimits {
                     init_timeout: Duration::from_millis(self.agent_init_timeout_ms.max(100)),
                     max_updates_per_turn: self.agent_max_updates.max(1),
+                    terminals: crate::agents::terminals::TerminalLimits {
+                        output_bytes: self.terminal_output_bytes.max(1024),
+                        timeout: Duration::from_secs(self.terminal_timeout_secs.max(1)),
+                    },
                     ..crate::agents::acp::AcpLimits::default()
                 },
                 ..EngineConfig::default()

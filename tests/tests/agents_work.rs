@@ -15,13 +15,26 @@ use tether_tests::{ServerProcess, TestDb, backend_tests};
 backend_tests!(
     file_edits_are_changesets_with_both_sides_and_clients_revert_them,
     the_hosts_file_access_stays_in_the_sessions_directories,
+    terminals_run_confined_stream_their_output_and_end_at_their_limit,
 );
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
 
 async fn start(db: &TestDb, ahp_id: &str, session: &str, dir: &Path) -> (ServerProcess, Ahp) {
+    start_with(db, ahp_id, session, dir, &[]).await
+}
+
+async fn start_with(
+    db: &TestDb,
+    ahp_id: &str,
+    session: &str,
+    dir: &Path,
+    flags: &[&str],
+) -> (ServerProcess, Ahp) {
     let spec = format!("fake={FAKE}");
-    let server = ServerProcess::start(db, &["--agent", &spec]).await;
+    let mut args = vec!["--agent", spec.as_str()];
+    args.extend_from_slice(flags);
+    let server = ServerProcess::start(db, &args).await;
     let response = reqwest::Client::new()
         .post(format!("{}/v1/sessions", server.base_url()))
         .json(&json!({"id": session, "provider": "fake", "workingDirectories": [dir]}))
@@ -93,9 +106,7 @@ async fn file_edits_are_changesets_with_both_sides_and_clients_revert_them(db: T
         stored(&base, "ed", &edit["after"]["content"]["uri"]).await,
         "one\nTWO\nthree\n"
     );
-    let catalogue = ahp
-        .action("session/changesetsChanged", |_| true)
-        .await;
+    let catalogue = ahp.action("session/changesetsChanged", |_| true).await;
     assert_eq!(
         catalogue["changesets"][0]["uriTemplate"],
         "ahp-changeset:/ed/{turnId}"
@@ -229,4 +240,125 @@ async fn the_hosts_file_access_stays_in_the_sessions_directories(db: TestDb) {
         .await
         .unwrap();
     assert_eq!(view["snapshot"]["state"]["files"], json!([]));
+}
+
+async fn terminals_run_confined_stream_their_output_and_end_at_their_limit(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let work = dir.path().canonicalize().unwrap();
+    let flags = [
+        "--agent-confinement",
+        "require",
+        "--terminal-timeout-secs",
+        "2",
+    ];
+    let (server, mut ahp) = start_with(&db, "ops", "tm", &work, &flags).await;
+    let chat = "ahp-chat:/tm.main";
+
+    // The agent runs a command; its tool call shows the terminal, whose
+    // state has the output and the exit.
+    let said = ahp
+        .ask(chat, "t1", "term sh -c pwd;echo${IFS}hello", None)
+        .await;
+    assert_eq!(said, format!("exit 0: {}\nhello", work.display()));
+    let started = ahp
+        .action("chat/toolCallStart", |a| a["turnId"] == "t1")
+        .await;
+    let done = ahp
+        .action("chat/toolCallContentChanged", |a| a["turnId"] == "t1")
+        .await;
+    let content = &done["content"][0];
+    assert_eq!(content["type"], "terminal", "{done}");
+    assert_eq!(content["title"], "sh -c pwd;echo${IFS}hello");
+    let terminal = content["resource"].as_str().unwrap().to_owned();
+    assert!(terminal.starts_with("ahp-terminal:/tm/t-"), "{terminal}");
+    assert_eq!(started["toolName"], "execute");
+    let state = ahp
+        .call("subscribe", json!({"channel": terminal}))
+        .await
+        .unwrap()["snapshot"]["state"]
+        .clone();
+    let output: String = state["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["value"].as_str())
+        .collect();
+    assert_eq!(output, format!("{}\nhello\n", work.display()), "{state}");
+    assert_eq!(
+        state["lifecycle"],
+        json!({"status": "exited", "exitCode": 0})
+    );
+    assert_eq!(state["claim"]["kind"], "session");
+    assert_eq!(state["claim"]["turnId"], "t1");
+
+    // Past the time limit it is killed, and says so.
+    let said = ahp.ask(chat, "t2", "term sleep 30", None).await;
+    assert!(said.starts_with("signal"), "{said}");
+    assert!(said.contains("time limit of 2 s"), "{said}");
+
+    // Confined: it cannot write outside the session, nor start elsewhere.
+    let target = outside.path().join("escaped");
+    let said = ahp
+        .ask(
+            chat,
+            "t3",
+            &format!("term touch {}", target.display()),
+            None,
+        )
+        .await;
+    assert!(said.starts_with("exit 1"), "{said}");
+    assert!(!target.exists());
+    let said = ahp
+        .ask(
+            chat,
+            "t4",
+            &format!("term cwd={} pwd", outside.path().display()),
+            None,
+        )
+        .await;
+    assert!(said.contains("not a directory of this session"), "{said}");
+
+    // An operator's own shell on the session: what it types runs there.
+    let shell = "ahp-terminal:/tm/console-1";
+    ahp.call(
+        "createTerminal",
+        json!({"channel": shell, "claim": {"kind": "client", "clientId": "ops"}, "name": "Console"}),
+    )
+    .await
+    .unwrap();
+    ahp.call("subscribe", json!({"channel": shell}))
+        .await
+        .unwrap();
+    let typed = json!({"type": "terminal/input", "data": "echo from-the-console; pwd\n"});
+    assert_eq!(ahp.dispatch(shell, typed).await, None);
+    let mut seen = String::new();
+    while !seen.contains(&work.display().to_string()) {
+        let data = ahp
+            .action("terminal/data", |a| {
+                !a["data"].as_str().unwrap_or_default().is_empty()
+            })
+            .await;
+        seen.push_str(data["data"].as_str().unwrap());
+        ahp.seen.retain(|m| m["params"]["action"] != data);
+    }
+    assert!(seen.starts_with("from-the-console\n"), "{seen}");
+    let again = ahp
+        .call(
+            "createTerminal",
+            json!({"channel": shell, "claim": {"kind": "client", "clientId": "ops"}}),
+        )
+        .await
+        .unwrap_err();
+    assert!(again.contains("exists already"), "{again}");
+    ahp.call("disposeTerminal", json!({"channel": shell}))
+        .await
+        .unwrap();
+    let exited = ahp.action("terminal/exited", |_| true).await;
+    assert!(exited.get("exitCode").is_none(), "killed: {exited}");
+    let refused = ahp
+        .dispatch(shell, json!({"type": "terminal/input", "data": "ls\n"}))
+        .await;
+    assert!(refused.is_some_and(|r| r.contains("not running")));
+    drop(server);
 }

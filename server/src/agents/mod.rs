@@ -7,6 +7,7 @@ pub mod acp;
 pub mod config;
 pub mod mcp_stdio;
 pub mod sandbox;
+pub mod terminals;
 
 use serde_json::{Value, json};
 

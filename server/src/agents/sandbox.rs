@@ -209,6 +209,23 @@ pub struct Launch<'a> {
     pub dirs: &'a [PathBuf],
 }
 
+/// What every start shares: the scratch directory, the environment and
+/// the policy.
+type Prepared = (PathBuf, Vec<(String, String)>, Policy);
+
+/// A command run on an agent's behalf.
+#[derive(Debug)]
+pub struct Run<'a> {
+    /// The program.
+    pub program: &'a str,
+    /// Its arguments.
+    pub args: &'a [String],
+    /// Variables on top of the agent's environment.
+    pub env: &'a [(String, String)],
+    /// Where it runs; `None`: the session's primary directory.
+    pub cwd: Option<&'a Path>,
+}
+
 /// A started agent process.
 #[derive(Debug)]
 pub struct Started {
@@ -288,6 +305,58 @@ impl Sandbox {
     /// agent would be given reaches a protected file.
     pub fn launch(&self, launch: &Launch<'_>) -> Result<Started, String> {
         let command = launch.command;
+        let (scratch, env, policy) = self.prepare(launch)?;
+        let cwd = launch
+            .dirs
+            .first()
+            .cloned()
+            .unwrap_or_else(|| scratch.clone());
+        let mut process = tokio::process::Command::new(&command.program);
+        process.args(&command.args).env_clear().envs(env);
+        let child = self.spawn(process, &cwd, policy).map_err(|e| {
+            format!(
+                "cannot start agent {} ({}): {e}",
+                command.name,
+                command.display()
+            )
+        })?;
+        Ok(Started { child, cwd })
+    }
+
+    /// Starts a command on an agent's behalf (a terminal): with the
+    /// agent's environment (and `run.env` on top) and its confinement, in
+    /// `run.cwd`, which must be inside the session's directories or its
+    /// scratch directory.
+    pub fn run(&self, launch: &Launch<'_>, run: &Run<'_>) -> Result<Child, String> {
+        let (scratch, mut env, policy) = self.prepare(launch)?;
+        let mut places = launch.dirs.to_vec();
+        places.push(scratch.clone());
+        let cwd = match run.cwd {
+            None => launch.dirs.first().cloned().unwrap_or(scratch),
+            Some(cwd) => {
+                let resolved = std::fs::canonicalize(cwd)
+                    .map_err(|e| format!("{} cannot be used: {e}", cwd.display()))?;
+                if !places.iter().any(|p| resolved.starts_with(p)) || !resolved.is_dir() {
+                    return Err(format!(
+                        "{} is not a directory of this session; commands run in the session's \
+                         working directories",
+                        cwd.display()
+                    ));
+                }
+                resolved
+            }
+        };
+        env.extend(run.env.iter().cloned());
+        let mut process = tokio::process::Command::new(run.program);
+        process.args(run.args).env_clear().envs(env);
+        self.spawn(process, &cwd, policy)
+            .map_err(|e| format!("cannot run {}: {e}", run.program))
+    }
+
+    /// What every start shares: the refusal when confinement is required
+    /// and missing, the scratch directory, the environment, and the
+    /// policy (checked against the protected files).
+    fn prepare(&self, launch: &Launch<'_>) -> Result<Prepared, String> {
         if self.mode == ConfinementMode::Require && !self.support.enforced() {
             return Err(format!(
                 "agent confinement is required (--agent-confinement require) but not available: \
@@ -296,36 +365,30 @@ impl Sandbox {
             ));
         }
         let scratch = self.scratch_dir(launch.scratch)?;
-        let cwd = launch
-            .dirs
-            .first()
-            .cloned()
-            .unwrap_or_else(|| scratch.clone());
-        let env = environment(command, &scratch)?;
-        let policy = Policy::of(command, &env, launch.dirs, &scratch);
+        let env = environment(launch.command, &scratch)?;
+        let policy = Policy::of(launch.command, &env, launch.dirs, &scratch);
         self.check_protected(&policy)?;
-        let mut process = tokio::process::Command::new(&command.program);
+        Ok((scratch, env, policy))
+    }
+
+    /// Spawns `process` in `cwd` with its stdio piped, in its own process
+    /// group (stopping it stops what it started: `npx` runs the agent as a
+    /// grandchild), confined to `policy` when confinement is on.
+    fn spawn(
+        &self,
+        mut process: tokio::process::Command,
+        cwd: &Path,
+        policy: Policy,
+    ) -> Result<Child, String> {
         process
-            .args(&command.args)
-            .env_clear()
-            .envs(env)
-            .current_dir(&cwd)
+            .current_dir(cwd)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
-            // Its own process group, so stopping it stops what it started
-            // (`npx` runs the agent as a grandchild).
             .process_group(0);
         let confined = self.confines().then_some(policy);
-        let child = spawn_on_confined_thread(process, confined).map_err(|e| {
-            format!(
-                "cannot start agent {} ({}): {e}",
-                command.name,
-                command.display()
-            )
-        })?;
-        Ok(Started { child, cwd })
+        spawn_on_confined_thread(process, confined)
     }
 
     /// The scratch directory `name` (made, private to this user, if new).
@@ -517,6 +580,17 @@ fn own_files(path: &Path) -> PathBuf {
         .last()
         .and_then(Path::parent)
         .map_or(resolved.clone(), Path::to_path_buf)
+}
+
+/// Sends `signal` to the process group `pid` leads (every process started
+/// through the sandbox leads its own).
+pub fn signal_group(pid: Option<u32>, signal: rustix::process::Signal) {
+    if let Some(pid) = pid
+        .and_then(|p| i32::try_from(p).ok())
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(pid, signal);
+    }
 }
 
 /// Spawns `process` from a new thread that first confines itself to

@@ -52,6 +52,23 @@ pub enum Operation {
         /// The one file to revert (its URI); `None`: every file.
         resource: Option<String>,
     },
+    /// `createTerminal`: a shell in the session's directories, confined as
+    /// its agent would be, fed by `terminal/input`.
+    CreateTerminal {
+        /// The terminal's URI (`ahp-terminal:/<session>/<name>`).
+        terminal: String,
+        /// Who holds it (AHP `TerminalClaim`).
+        claim: Value,
+        /// Its title.
+        title: String,
+        /// Where it starts (a `file:` URI); `None`: the primary directory.
+        cwd: Option<String>,
+    },
+    /// `disposeTerminal`: its process is killed and it is forgotten.
+    DisposeTerminal {
+        /// The terminal's URI.
+        terminal: String,
+    },
 }
 
 /// A message to a session actor.

@@ -209,6 +209,8 @@ pub(crate) struct Ctx {
     clients: clients::Presence,
     /// The per-session MCP endpoints agents reach client tools through.
     mcp: mcp::McpHub,
+    /// This host's terminals (agents' and clients').
+    terminals: crate::agents::terminals::Terminals,
     chats: Mutex<HashMap<String, String>>,
     root: tokio::sync::Mutex<RootModel>,
 }
@@ -343,6 +345,7 @@ impl Engine {
             agent_slots,
             clients: clients::Presence::default(),
             mcp: mcp::McpHub::default(),
+            terminals: crate::agents::terminals::Terminals::default(),
             chats: Mutex::new(HashMap::new()),
             root: tokio::sync::Mutex::new(root),
         });

@@ -238,6 +238,20 @@ pub(super) async fn check_dispatch(
             })?;
             follow.extend(moved);
         }
+    } else if d.origin.is_some() && kind == "terminal/input" {
+        // What a client types goes to the terminal's process, which must
+        // run on this host (the session's holder) to take it.
+        let data = d.action["data"].as_str().unwrap_or_default();
+        let terminal = ctx.terminals.get(&d.channel).ok_or_else(|| {
+            Refusal::new(
+                RefusalKind::Conflict,
+                format!("Terminal {} is not running; it takes no input.", d.channel),
+            )
+        })?;
+        terminal
+            .input(data)
+            .await
+            .map_err(|reason| Refusal::new(RefusalKind::Conflict, reason))?;
     } else if let Some(origin) = &d.origin {
         let request = EffectRequest {
             channel: &d.channel,

@@ -34,10 +34,8 @@ use crate::store::Origin;
 /// The optional AHP 1.0 commands Tether does not offer. Each is gated by a
 /// capability Tether does not advertise, and the specification answers a
 /// command outside every advertised capability with JSON-RPC -32601.
-pub(super) const NOT_OFFERED: [&str; 18] = [
+pub(super) const NOT_OFFERED: [&str; 16] = [
     "authenticate",
-    "createTerminal",
-    "disposeTerminal",
     "disposeChat",
     "moveChat",
     "resourceRead",
@@ -573,6 +571,20 @@ impl Connection {
             "sessionConfigCompletions" => self.session_config_completions(params).await,
             "completions" => self.completions(params).await,
             "invokeChangesetOperation" => self.invoke_changeset_operation(params).await,
+            "createTerminal" => {
+                let channel = super::rpc::channel_param(&params)?;
+                self.engine
+                    .create_terminal(&self.principal, &channel, &params)
+                    .await
+                    .map_err(RpcError::from)
+            }
+            "disposeTerminal" => {
+                let channel = super::rpc::channel_param(&params)?;
+                self.engine
+                    .dispose_terminal(&self.principal, &channel)
+                    .await
+                    .map_err(RpcError::from)
+            }
             "ping" => Ok(Value::Null),
             other if NOT_OFFERED.contains(&other) => Err(RpcError::new(
                 json_rpc_error_codes::METHOD_NOT_FOUND,

@@ -24,7 +24,9 @@
 //!   `child-read PATH` (`cat` in a child process; each says `ok` or the
 //!   error), `edit PATH TEXT` (it writes the file and reports a tool call
 //!   with the diff), `fs-write PATH TEXT` / `fs-read PATH` (through the
-//!   client's `fs/*`; it says the answer); anything else is echoed back.
+//!   client's `fs/*`; it says the answer), `term [cwd=DIR] CMD ARGS` (in a
+//!   host terminal: it says how it ended and the output); anything else is
+//!   echoed back.
 //!
 //! `session/load` replays one old exchange (which a host must not record
 //! again); `session/resume` refuses a directory whose path contains
@@ -44,6 +46,10 @@ use agent_client_protocol::v1::schema::{
     ResumeSessionResponse, SessionNotification, SessionUpdate, SetSessionConfigOptionRequest,
     SetSessionConfigOptionResponse, SetSessionModeRequest, SetSessionModeResponse, StopReason,
     WriteTextFileRequest,
+};
+use agent_client_protocol::v1::schema::{
+    CreateTerminalRequest, ReleaseTerminalRequest, TerminalOutputRequest,
+    WaitForTerminalExitRequest,
 };
 use agent_client_protocol::{Agent, ByteStreams, Client, Error};
 use serde_json::{Value, json};
@@ -939,6 +945,59 @@ async fn run(
                 }
             };
             say(&said)?;
+        }
+        "term" => {
+            // Runs a command in a host terminal: `term [cwd=DIR] CMD ARGS...`;
+            // says how it ended and its output.
+            let mut words = rest.clone();
+            let cwd = words
+                .first()
+                .and_then(|w| w.strip_prefix("cwd="))
+                .map(str::to_owned);
+            if cwd.is_some() {
+                words.remove(0);
+            }
+            let mut request = json!({"sessionId": session, "command": words.first().copied().unwrap_or("true"),
+                "args": words.get(1..).unwrap_or_default(), "outputByteLimit": 4096});
+            if let Some(cwd) = cwd {
+                request["cwd"] = json!(cwd);
+            }
+            let request: CreateTerminalRequest =
+                serde_json::from_value(request).expect("a terminal request");
+            let created = match cx.send_request(request).block_task().await {
+                Ok(created) => created,
+                Err(e) => {
+                    say(&format!(
+                        "term: error {}",
+                        e.data.map(|d| d.to_string()).unwrap_or(e.message)
+                    ))?;
+                    return Ok(StopReason::EndTurn);
+                }
+            };
+            let id = created.terminal_id.to_string();
+            cx.send_notification(update(
+                session,
+                json!({"sessionUpdate": "tool_call", "toolCallId": format!("run-{id}"), "title": "Run a command",
+                       "kind": "execute", "status": "in_progress", "content": [{"type": "terminal", "terminalId": id}]}),
+            ))?;
+            let ids = || json!({"sessionId": session, "terminalId": id});
+            let waited: WaitForTerminalExitRequest = serde_json::from_value(ids()).expect("wait");
+            let exit = cx.send_request(waited).block_task().await?;
+            let output: TerminalOutputRequest = serde_json::from_value(ids()).expect("output");
+            let output = cx.send_request(output).block_task().await?;
+            cx.send_notification(update(
+                session,
+                json!({"sessionUpdate": "tool_call_update", "toolCallId": format!("run-{id}"), "status": "completed"}),
+            ))?;
+            let released: ReleaseTerminalRequest = serde_json::from_value(ids()).expect("release");
+            cx.send_request(released).block_task().await?;
+            let status = &exit.exit_status;
+            let ended = match (status.exit_code, &status.signal) {
+                (Some(code), _) => format!("exit {code}"),
+                (None, Some(signal)) => format!("signal {signal}"),
+                _ => "ended".to_owned(),
+            };
+            say(&format!("{ended}: {}", output.output.trim()))?;
         }
         "child-read" => {
             // A process the agent starts, reading a file: it inherits the

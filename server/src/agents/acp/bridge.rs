@@ -17,6 +17,11 @@ use agent_client_protocol::v1::schema::{
     SessionConfigOptionValue, SessionNotification, SetSessionConfigOptionRequest,
     SetSessionModeRequest, TextContent, WriteTextFileRequest, WriteTextFileResponse,
 };
+use agent_client_protocol::v1::schema::{
+    CreateTerminalRequest, CreateTerminalResponse, KillTerminalRequest, KillTerminalResponse,
+    ReleaseTerminalRequest, ReleaseTerminalResponse, TerminalOutputRequest, TerminalOutputResponse,
+    WaitForTerminalExitRequest, WaitForTerminalExitResponse,
+};
 use agent_client_protocol::{Agent, ByteStreams, Client};
 use serde_json::Value;
 use tokio::io::AsyncBufReadExt;
@@ -32,7 +37,8 @@ use super::{
     ToAgent,
 };
 use crate::agents::AgentCommand;
-use crate::agents::sandbox::{Launch, Sandbox};
+use crate::agents::sandbox::{Launch, Run, Sandbox, signal_group};
+use crate::agents::terminals::{NewTerminal, Terminals};
 use crate::effects::files::SessionFiles;
 use crate::store::now_ms;
 
@@ -52,6 +58,7 @@ pub fn spawn(
     limits: AcpLimits,
     sandbox: &Sandbox,
     store: Arc<dyn crate::store::Store>,
+    terminals: Terminals,
 ) -> Result<AgentProcess, String> {
     let (mut child, cwd) = start(command, &open.session_id, &open.dirs, sandbox)?;
     let group = child.id();
@@ -60,12 +67,15 @@ pub fn spawn(
     let (stop, stopped) = oneshot::channel();
     let name = command.name.clone();
     let agent = command.clone();
+    let sandbox = sandbox.clone();
     tokio::spawn(async move {
         let pid = child.id();
         let verdict = Verdict::default();
         let map = Arc::new(Mutex::new(TurnMap::new(&open.session_uri)));
         let bridge = Bridge {
             command: agent,
+            sandbox: sandbox.clone(),
+            terminals,
             store,
             session_id: open.session_id.clone(),
             events: events_tx.clone(),
@@ -75,7 +85,20 @@ pub fn spawn(
             closes: std::sync::atomic::AtomicBool::new(false),
             titles: std::sync::atomic::AtomicBool::new(false),
         };
+        let (map, terminals, session_id) = (
+            bridge.map.clone(),
+            bridge.terminals.clone(),
+            bridge.session_id.clone(),
+        );
         let result = bridge.run(&mut child, open, cwd, commands, stopped).await;
+        // Its terminals end with it.
+        let opened = map.lock().map(|m| m.terminal_ids()).unwrap_or_default();
+        for id in opened {
+            terminals.release(&tether_protocol::channel::Channel::terminal_uri(
+                &session_id,
+                &id,
+            ));
+        }
         let reason = match (verdict.lock().ok().and_then(|v| v.clone()), result) {
             (Some(reason), _) => Some(reason),
             (None, Err(err)) => Some(err),
@@ -214,15 +237,6 @@ async fn stop_child(child: &mut Child, pid: Option<u32>, limits: &AcpLimits) -> 
     status.map(describe)
 }
 
-pub(super) fn signal_group(pid: Option<u32>, signal: rustix::process::Signal) {
-    if let Some(pid) = pid
-        .and_then(|p| i32::try_from(p).ok())
-        .and_then(rustix::process::Pid::from_raw)
-    {
-        let _ = rustix::process::kill_process_group(pid, signal);
-    }
-}
-
 fn describe(status: std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
@@ -240,11 +254,13 @@ async fn initialize(
     timeout: std::time::Duration,
 ) -> Result<(InitializeResponse, Value), String> {
     // What Tether answers besides permissions: questions (form and URL
-    // elicitations, shown to AHP clients as chat input requests) and text
-    // files in the session's directories (each write a `FileEdit`).
+    // elicitations, shown to AHP clients as chat input requests), text
+    // files in the session's directories (each write a `FileEdit`) and
+    // terminals (confined as the agent is, streamed as `terminal/*`).
     let capabilities: ClientCapabilities = serde_json::from_value(serde_json::json!({
         "elicitation": {"form": {}, "url": {}},
         "fs": {"readTextFile": true, "writeTextFile": true},
+        "terminal": true,
     }))
     .unwrap_or_default();
     let request = InitializeRequest::new(ProtocolVersion::V1)
@@ -466,6 +482,10 @@ enum Stop {
 struct Bridge {
     /// The agent's configuration (its own environment, for logins).
     command: AgentCommand,
+    /// How its terminals are started (confined as it is).
+    sandbox: Sandbox,
+    /// This host's terminals.
+    terminals: Terminals,
     events: mpsc::Sender<AgentEvent>,
     /// Where a message's stored attachments are read from.
     store: Arc<dyn crate::store::Store>,
@@ -480,6 +500,115 @@ struct Bridge {
     /// `initialize`; a capability of the schema's unstable part, read from
     /// the agent's own words).
     titles: std::sync::atomic::AtomicBool,
+}
+
+/// The agent's side of this host's terminals: ACP terminal ids are the
+/// names in `ahp-terminal:/<session>/<id>`.
+#[derive(Clone)]
+struct AgentTerminals {
+    session_id: String,
+    command: AgentCommand,
+    sandbox: Sandbox,
+    dirs: Vec<PathBuf>,
+    terminals: Terminals,
+    limits: crate::agents::terminals::TerminalLimits,
+    map: Arc<Mutex<TurnMap>>,
+    record: mpsc::Sender<super::map::Actions>,
+}
+
+impl AgentTerminals {
+    fn uri(&self, id: &str) -> String {
+        tether_protocol::channel::Channel::terminal_uri(&self.session_id, id)
+    }
+
+    fn get(&self, id: &str) -> Option<Arc<crate::agents::terminals::Terminal>> {
+        self.terminals.get(&self.uri(id))
+    }
+
+    fn release(&self, id: &str) -> bool {
+        self.terminals.release(&self.uri(id)).is_some()
+    }
+
+    /// `terminal/create`: runs the command confined, in the session's
+    /// directories; the new terminal's id.
+    fn create(&self, request: &CreateTerminalRequest) -> Result<String, String> {
+        let id = format!("t-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let env: Vec<(String, String)> = request
+            .env
+            .iter()
+            .map(|v| (v.name.clone(), v.value.clone()))
+            .collect();
+        let scratch = self.session_id.clone();
+        let child = self.sandbox.run(
+            &Launch {
+                command: &self.command,
+                scratch: &scratch,
+                dirs: &self.dirs,
+            },
+            &Run {
+                program: &request.command,
+                args: &request.args,
+                env: &env,
+                cwd: request.cwd.as_deref(),
+            },
+        )?;
+        let title = std::iter::once(request.command.as_str())
+            .chain(request.args.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let (chat, turn_id) = match self.map.lock() {
+            Ok(mut m) => {
+                m.terminal_opened(&id, &title);
+                match m.turn() {
+                    Some(turn) => (turn.chat.clone(), Some(turn.turn_id.clone())),
+                    None => (
+                        tether_protocol::channel::Channel::default_chat_uri(&self.session_id),
+                        None,
+                    ),
+                }
+            }
+            Err(_) => return Err("the session is stopping".to_owned()),
+        };
+        let mut claim = serde_json::json!({"kind": "session",
+            "session": tether_protocol::channel::Channel::session_uri(&self.session_id), "chat": chat});
+        if let Some(turn_id) = turn_id {
+            claim["turnId"] = serde_json::json!(turn_id);
+        }
+        let keep = request
+            .output_byte_limit
+            .and_then(|l| usize::try_from(l).ok())
+            .unwrap_or(self.limits.output_bytes);
+        let cwd = request
+            .cwd
+            .clone()
+            .or_else(|| self.dirs.first().cloned())
+            .map(|d| crate::agents::acp::edits::file_uri(&d));
+        self.terminals.start(
+            NewTerminal {
+                uri: self.uri(&id),
+                claim,
+                title,
+                cwd,
+                keep_bytes: keep,
+                interactive: false,
+            },
+            child,
+            self.limits,
+            self.record.clone(),
+        )?;
+        Ok(id)
+    }
+}
+
+/// ACP's `TerminalExitStatus` of an exit.
+fn exit_status(exit: &crate::agents::terminals::Exit) -> Value {
+    serde_json::json!({"exitCode": exit.code.and_then(|c| u32::try_from(c).ok()), "signal": exit.signal})
+}
+
+fn unknown_terminal(id: &impl std::fmt::Display) -> agent_client_protocol::Error {
+    agent_client_protocol::Error::invalid_params().data(serde_json::json!(format!(
+        "No terminal {id} in this session."
+    )))
 }
 
 struct Queued {
@@ -556,6 +685,31 @@ impl Bridge {
             self.map.clone(),
             self.store.clone(),
         );
+        // The agent's terminals, their actions recorded as the agent's.
+        let (record, mut recorded) = mpsc::channel::<super::map::Actions>(16);
+        let forward = self.events.clone();
+        tokio::spawn(async move {
+            while let Some(actions) = recorded.recv().await {
+                if forward.send(AgentEvent::Actions(actions)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let agent_terminals = AgentTerminals {
+            session_id: self.session_id.clone(),
+            command: self.command.clone(),
+            sandbox: self.sandbox.clone(),
+            dirs: open.dirs.clone(),
+            terminals: self.terminals.clone(),
+            limits: self.limits.terminals,
+            map: self.map.clone(),
+            record,
+        };
+        let self_terminals = agent_terminals.clone();
+        let output_terminals = agent_terminals.clone();
+        let wait_terminals = agent_terminals.clone();
+        let kill_terminals = agent_terminals.clone();
+        let release_terminals = agent_terminals;
         let ask = (self.events.clone(), self.map.clone());
         let question = (self.events.clone(), self.map.clone());
         let result = Client
@@ -756,6 +910,71 @@ impl Bridge {
                         let _ = events.send(AgentEvent::Actions(actions)).await;
                     }
                     responder.respond(WriteTextFileResponse::new())
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_request(
+                async move |request: CreateTerminalRequest, responder, _cx| {
+                    let answer = self_terminals.create(&request);
+                    match answer {
+                        Ok(id) => responder.respond(CreateTerminalResponse::new(id)),
+                        Err(reason) => responder.respond_with_error(
+                            agent_client_protocol::Error::invalid_params().data(serde_json::json!(reason)),
+                        ),
+                    }
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_request(
+                async move |request: TerminalOutputRequest, responder, _cx| {
+                    match output_terminals.get(&request.terminal_id.to_string()) {
+                        Some(terminal) => {
+                            let (output, truncated, exit) = terminal.output();
+                            let mut answer = serde_json::json!({"output": output, "truncated": truncated});
+                            if let Some(exit) = exit {
+                                answer["exitStatus"] = exit_status(&exit);
+                            }
+                            responder.respond(serde_json::from_value::<TerminalOutputResponse>(answer)
+                                .map_err(|e| agent_client_protocol::Error::internal_error().data(serde_json::json!(e.to_string())))?)
+                        }
+                        None => responder.respond_with_error(unknown_terminal(&request.terminal_id)),
+                    }
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_request(
+                async move |request: WaitForTerminalExitRequest, responder, cx| {
+                    let Some(terminal) = wait_terminals.get(&request.terminal_id.to_string()) else {
+                        return responder.respond_with_error(unknown_terminal(&request.terminal_id));
+                    };
+                    // Waiting must not hold the agent's other messages.
+                    cx.spawn(async move {
+                        let exit = terminal.wait().await;
+                        let status = serde_json::from_value(exit_status(&exit)).unwrap_or_default();
+                        responder.respond(WaitForTerminalExitResponse::new(status))
+                    })?;
+                    Ok(())
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_request(
+                async move |request: KillTerminalRequest, responder, _cx| {
+                    match kill_terminals.get(&request.terminal_id.to_string()) {
+                        Some(terminal) => {
+                            terminal.kill();
+                            responder.respond(KillTerminalResponse::default())
+                        }
+                        None => responder.respond_with_error(unknown_terminal(&request.terminal_id)),
+                    }
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_request(
+                async move |request: ReleaseTerminalRequest, responder, _cx| {
+                    match release_terminals.release(&request.terminal_id.to_string()) {
+                        true => responder.respond(ReleaseTerminalResponse::default()),
+                        false => responder.respond_with_error(unknown_terminal(&request.terminal_id)),
+                    }
                 },
                 agent_client_protocol::on_receive_request!(),
             )

@@ -17,6 +17,8 @@ use tether_protocol::actions::{
     COMMANDS_META, CONFIG_CATEGORIES_META, CONFIG_SCHEMA_CHANGED, PLAN_META, USAGE_META,
 };
 
+use tether_protocol::channel::Channel;
+
 use super::config::AgentConfig;
 use super::edits::TurnEdits;
 
@@ -80,6 +82,8 @@ pub struct TurnMap {
     pub stored: Vec<crate::store::Attachment>,
     /// The current turn's file edits (its changeset).
     edits: TurnEdits,
+    /// The titles of the terminals the agent opened, by id.
+    terminals: HashMap<String, String>,
 }
 
 /// The actions that tell clients a session's configuration went from
@@ -146,7 +150,18 @@ impl TurnMap {
             known_config: None,
             stored: Vec::new(),
             edits: TurnEdits::default(),
+            terminals: HashMap::new(),
         }
+    }
+
+    /// The ids of the terminals the agent opened.
+    pub fn terminal_ids(&self) -> Vec<String> {
+        self.terminals.keys().cloned().collect()
+    }
+
+    /// The agent opened terminal `id` running `title`.
+    pub fn terminal_opened(&mut self, id: &str, title: &str) {
+        self.terminals.insert(id.to_owned(), title.to_owned());
     }
 
     /// The session's id.
@@ -706,8 +721,16 @@ impl TurnMap {
                     changes.extend(actions);
                     Some(edit)
                 }
-                ToolCallContent::Terminal(terminal) => Some(json!({"type": "text",
-                    "text": format!("terminal {}", terminal.terminal_id)})),
+                ToolCallContent::Terminal(terminal) => {
+                    let id = terminal.terminal_id.to_string();
+                    let title = self
+                        .terminals
+                        .get(&id)
+                        .cloned()
+                        .unwrap_or_else(|| id.clone());
+                    Some(json!({"type": "terminal", "title": title, "isPty": false,
+                        "resource": Channel::terminal_uri(self.session_id(), &id)}))
+                }
                 _ => None,
             })
             .collect();

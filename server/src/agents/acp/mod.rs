@@ -168,6 +168,8 @@ pub struct AcpLimits {
     pub max_updates_per_turn: u64,
     /// How long a stopped agent gets to exit before it is killed.
     pub stop_grace: Duration,
+    /// The bounds of the terminals it (and clients) open.
+    pub terminals: crate::agents::terminals::TerminalLimits,
 }
 
 impl Default for AcpLimits {
@@ -177,6 +179,7 @@ impl Default for AcpLimits {
             max_line_bytes: 8 * 1024 * 1024,
             max_updates_per_turn: 100_000,
             stop_grace: Duration::from_secs(2),
+            terminals: crate::agents::terminals::TerminalLimits::default(),
         }
     }
 }
@@ -345,7 +348,7 @@ impl Drop for AgentProcess {
     /// EOF, or a wrapper's grandchild (`npx`), goes too. The bridge reaps
     /// the child.
     fn drop(&mut self) {
-        bridge::signal_group(self.group, rustix::process::Signal::KILL);
+        crate::agents::sandbox::signal_group(self.group, rustix::process::Signal::KILL);
     }
 }
 

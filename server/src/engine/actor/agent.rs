@@ -135,6 +135,7 @@ impl SessionActor {
             self.ctx.config.acp.clone(),
             &self.ctx.config.sandbox,
             self.ctx.store.clone(),
+            self.ctx.terminals.clone(),
         )?;
         tracing::info!(session = %self.id, agent = %spec.provider, "agent process started");
         self.running = Some(Running {

@@ -21,6 +21,7 @@ pub use super::command::{Command, Dispatch, DispatchOutcome};
 mod agent;
 mod changesets;
 mod lifecycle;
+mod terminals;
 mod tools;
 
 use super::commit::CommitOutcome;
@@ -356,6 +357,15 @@ impl SessionActor {
                         changeset,
                         resource,
                     } => self.revert(&changeset, resource.as_deref()).await,
+                    super::command::Operation::CreateTerminal {
+                        terminal,
+                        claim,
+                        title,
+                        cwd,
+                    } => self.create_terminal(&terminal, claim, title, cwd.as_deref()),
+                    super::command::Operation::DisposeTerminal { terminal } => {
+                        self.dispose_terminal(&terminal)
+                    }
                 };
                 let _ = reply.send(answer);
             }
