@@ -523,8 +523,6 @@ async fn optional_commands_answer_method_not_found(db: TestDb) {
     let server = TestServer::start(&db).await;
     let client = server.initialized("curious").await;
     for method in [
-        "createTerminal",
-        "disposeTerminal",
         "resourceRead",
         "resourceList",
         "createResourceWatch",

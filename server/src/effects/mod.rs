@@ -8,6 +8,7 @@
 pub mod files;
 mod roots;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,8 +17,17 @@ use tether_protocol::actions::action_type;
 
 pub use roots::Roots;
 
+/// A session's running agent, as a side-effect backend reaches it (an ACP
+/// agent's process; the `agent` backend asks it to apply working-directory
+/// changes).
+#[async_trait]
+pub trait SessionAgent: Send + Sync {
+    /// Moves the agent's session to `cwd` and exactly `additional` other
+    /// directories (ACP `session/resume`); why it refused.
+    async fn resume(&self, cwd: PathBuf, additional: Vec<PathBuf>) -> Result<(), String>;
+}
+
 /// What a side effect is asked to apply.
-#[derive(Debug)]
 pub struct EffectRequest<'a> {
     /// The channel the action is aimed at.
     pub channel: &'a str,
@@ -28,6 +38,21 @@ pub struct EffectRequest<'a> {
     pub state: &'a ahp_types::state::SessionState,
     /// `(clientId, clientSeq)` of the dispatch, if client-originated.
     pub origin: Option<(&'a str, u64)>,
+    /// The session's state as the action would leave it.
+    pub after: Option<&'a ahp_types::state::SessionState>,
+    /// The session's running agent, if one runs.
+    pub agent: Option<&'a dyn SessionAgent>,
+}
+
+impl std::fmt::Debug for EffectRequest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EffectRequest")
+            .field("channel", &self.channel)
+            .field("action", &self.action)
+            .field("origin", &self.origin)
+            .field("agent", &self.agent.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why a side effect did not happen.
@@ -59,13 +84,6 @@ pub trait Effects: Send + Sync + std::fmt::Debug {
 
     /// Checks the working directories of a session about to be created.
     async fn check_directories(&self, directories: &[String]) -> Result<(), EffectError>;
-
-    /// Whether the session's own agent applies working-directory changes
-    /// (the `agent` backend): an ACP agent's session then gets them through
-    /// `session/resume` before they are committed.
-    fn delegates_to_agent(&self) -> bool {
-        false
-    }
 }
 
 /// The directories an action would add.
@@ -198,9 +216,12 @@ impl Effects for WebhookEffects {
     }
 }
 
-/// `agent`: the session's agent applies the side effect. The built-in echo
-/// agent has nothing to apply and accepts; an ACP agent's running process
-/// is asked with `session/resume` (by the session's actor, which holds it).
+/// `agent`: the session's agent applies the side effect. An ACP agent's
+/// running process is asked with `session/resume` (the same `cwd` and the
+/// complete new list of directories) before a working-directory change is
+/// committed; its refusal refuses the change. The built-in echo agent, or
+/// an ACP agent not running now (it gets the list when it next opens the
+/// session), has nothing to apply and accepts.
 #[derive(Debug, Clone, Default)]
 pub struct AgentEffects;
 
@@ -210,15 +231,29 @@ impl Effects for AgentEffects {
         "agent"
     }
 
-    async fn apply(&self, _request: &EffectRequest<'_>) -> Result<(), EffectError> {
-        Ok(())
+    async fn apply(&self, request: &EffectRequest<'_>) -> Result<(), EffectError> {
+        let workdirs = action_type(request.action)
+            .is_some_and(tether_protocol::actions::is_session_workdir_action);
+        let (true, Some(agent), Some(after)) = (workdirs, request.agent, request.after) else {
+            return Ok(());
+        };
+        let dirs: Vec<PathBuf> = after
+            .working_directories
+            .iter()
+            .flatten()
+            .filter_map(|uri| tether_protocol::workdir::file_uri_path(uri).ok())
+            .map(PathBuf::from)
+            .collect();
+        let cwd = dirs.first().cloned().unwrap_or_else(|| "/".into());
+        let additional = dirs.into_iter().skip(1).collect();
+        agent.resume(cwd, additional).await.map_err(|reason| {
+            EffectError::Refused(format!(
+                "The agent did not accept the working directories: {reason}."
+            ))
+        })
     }
 
     async fn check_directories(&self, _directories: &[String]) -> Result<(), EffectError> {
         Ok(())
-    }
-
-    fn delegates_to_agent(&self) -> bool {
-        true
     }
 }

@@ -198,31 +198,7 @@ pub(super) async fn check_dispatch(
                 .map_err(|reason| Refusal::new(RefusalKind::Invalid, reason))?;
         }
     }
-    let through_agent = ctx.effects.delegates_to_agent()
-        && agent.is_some_and(|a| a.acp_command().is_some())
-        && tether_protocol::actions::is_session_workdir_action(&kind);
-    if d.origin.is_some() && through_agent {
-        // The ACP agent applies it: `session/resume` with the same cwd and
-        // the complete new list. An agent not running now gets the list
-        // when it next opens the session.
-        if let (Some(process), Some(after)) = (process, trial.session_state()) {
-            let dirs: Vec<std::path::PathBuf> = after
-                .working_directories
-                .iter()
-                .flatten()
-                .filter_map(|uri| tether_protocol::workdir::file_uri_path(uri).ok())
-                .map(std::path::PathBuf::from)
-                .collect();
-            let cwd = dirs.first().cloned().unwrap_or_else(|| "/".into());
-            let additional = dirs.into_iter().skip(1).collect();
-            process.resume(cwd, additional).await.map_err(|reason| {
-                Refusal::new(
-                    RefusalKind::Invalid,
-                    format!("The agent did not accept the working directories: {reason}."),
-                )
-            })?;
-        }
-    } else if d.origin.is_some() && kind == "session/configChanged" && process.is_some() {
+    if d.origin.is_some() && kind == "session/configChanged" && process.is_some() {
         // The agent's settings: a running ACP agent is moved to the values
         // before they are recorded (its refusal refuses the change); one
         // not running gets them when it next opens the session.
@@ -258,6 +234,11 @@ pub(super) async fn check_dispatch(
             action: &d.action,
             state: &model.session,
             origin: Some((&origin.client_id, origin.client_seq)),
+            after: trial.session_state(),
+            // Only an ACP agent applies changes; a running echo has none.
+            agent: process
+                .filter(|_| agent.is_some_and(|a| a.acp_command().is_some()))
+                .map(|p| p as &dyn crate::effects::SessionAgent),
         };
         let timeout = ctx.config.effect_timeout;
         let backend = [("backend", ctx.effects.backend())];

@@ -432,3 +432,10 @@ impl AgentProcess {
             .unwrap_or_else(|_| Err("the agent's process has stopped".to_owned()))
     }
 }
+
+#[async_trait::async_trait]
+impl crate::effects::SessionAgent for AgentProcess {
+    async fn resume(&self, cwd: PathBuf, additional: Vec<PathBuf>) -> Result<(), String> {
+        AgentProcess::resume(self, cwd, additional).await
+    }
+}
