@@ -397,6 +397,70 @@ async fn root_state_lists_and_notifications_cover_every_host() {
     assert_eq!(counts, [1, 1]);
 }
 
+/// Root writes (each creation's `root/sessionAdded` and count) queue on the
+/// host before they take the cluster's root lock: many creations at once on
+/// a small pool never leave the lock's holder without a connection to
+/// commit with (they once waited on the lock holding every pooled
+/// connection, and timed the pool out with 503s). And the count of active
+/// sessions is computed under the lock, so none is lost to a race.
+#[tokio::test]
+async fn many_sessions_created_at_once_on_a_small_pool_all_commit_and_count() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let args = ["--lease-ttl-ms", "1500", "--database-max-connections", "3"];
+    let servers = [
+        ServerProcess::start(&db, &args).await,
+        ServerProcess::start(&db, &args).await,
+    ];
+    creation_burst(&servers, 16).await;
+}
+
+/// The same burst on one SQLite host: the count of active sessions loses
+/// none of them.
+#[tokio::test]
+async fn many_sessions_created_at_once_on_sqlite_are_all_counted() {
+    let db = TestDb::sqlite();
+    let servers = [ServerProcess::start(&db, &[]).await];
+    creation_burst(&servers, 32).await;
+}
+
+/// Creates `per_host` sessions at once on each server; each must commit
+/// well within the pool's timeout, and every host must count them all.
+async fn creation_burst(servers: &[ServerProcess], per_host: usize) {
+    let creations = servers.iter().enumerate().flat_map(|(h, server)| {
+        (0..per_host).map(move |i| async move {
+            let started = std::time::Instant::now();
+            let made = server
+                .client()
+                .create_session(&CreateSessionRequest {
+                    id: Some(format!("burst-{h}-{i}")),
+                    project: Some("p".into()),
+                    provider: None,
+                    working_directories: Vec::new(),
+                    title: None,
+                    config: None,
+                })
+                .await;
+            (made.map(|_| ()), started.elapsed())
+        })
+    });
+    let results = futures_util::future::join_all(creations).await;
+    for (made, took) in &results {
+        assert!(made.is_ok(), "a creation failed: {made:?}");
+        assert!(
+            *took < Duration::from_secs(4),
+            "a creation waited {took:?} (the pool's timeout is 5 s)"
+        );
+    }
+    let expected = (servers.len() * per_host) as u64;
+    let counts = futures_util::future::join_all(servers.iter().map(root_active_sessions)).await;
+    assert!(
+        counts.iter().all(|&c| c == expected),
+        "every host counts {expected} active sessions: {counts:?}"
+    );
+}
+
 async fn root_active_sessions(server: &ServerProcess) -> u64 {
     // The root state, fetched by subscribing to it.
     let mut ws = raw_at(&server.ws_url()).await;

@@ -16,7 +16,7 @@ use super::seed_session;
 use crate::Ctx;
 use crate::cli::ListArgs;
 use crate::error::{Error, Result};
-use crate::measure::{CpuWindow, Latency, Progress};
+use crate::measure::{CpuWindow, Latency, Progress, rss_kib};
 use crate::report::{Phase, Report};
 
 /// Runs the scenario.
@@ -36,8 +36,15 @@ pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<Report> {
             format!("creating sessions: {}/{n}", created.load(Ordering::Relaxed))
         })
     };
+    let pid = ctx.target.server_pids.first().copied();
+    let rss_before = pid.map(|p| rss_kib(Some(p))).transpose()?;
     let cpu = CpuWindow::start(&ctx.target.server_pids)?;
     let started = Instant::now();
+    // When each tenth of the sessions was done: whether creating one costs
+    // the same however many exist.
+    let tenth = (args.sessions / 10).max(1);
+    let mut tenths: Vec<f64> = Vec::new();
+    let mut done = 0usize;
     let mut creates = futures_util::stream::iter(0..args.sessions)
         .map(|i| {
             let created = created.clone();
@@ -50,25 +57,47 @@ pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<Report> {
         .buffer_unordered(args.concurrency.max(1));
     while let Some(result) = creates.next().await {
         result?;
+        done += 1;
+        if done % tenth == 0 {
+            tenths.push(started.elapsed().as_secs_f64());
+        }
     }
     drop(creates);
     let seconds = started.elapsed().as_secs_f64();
     let share = cpu.finish()?;
+    let rss_after = pid.map(|p| rss_kib(Some(p))).transpose()?;
     progress.finish().await;
-    report.phases.push(
-        Phase::new(
-            format!(
-                "creating {} sessions over REST, {} at a time",
-                args.sessions, args.concurrency
-            ),
-            share,
-        )
-        .figure(
-            "sessions created/s",
-            args.sessions as f64 / seconds.max(1e-9),
-            "sessions/s",
+    let rate = |i: usize| {
+        let start = if i == 0 { 0.0 } else { tenths[i - 1] };
+        tenth as f64 / (tenths[i] - start).max(1e-9)
+    };
+    let mut creating = Phase::new(
+        format!(
+            "creating {} sessions over REST, {} at a time",
+            args.sessions, args.concurrency
         ),
+        share,
+    )
+    .figure(
+        "sessions created/s",
+        args.sessions as f64 / seconds.max(1e-9),
+        "sessions/s",
     );
+    if tenths.len() >= 2 {
+        let (first, last) = (rate(0), rate(tenths.len() - 1));
+        creating = creating
+            .figure("first tenth", first, "sessions/s")
+            .figure("last tenth", last, "sessions/s")
+            .figure("last tenth / first tenth", last / first.max(1e-9), "x");
+    }
+    if let (Some(before), Some(after)) = (rss_before, rss_after) {
+        creating = creating.figure(
+            "server RSS per session created",
+            after.saturating_sub(before) as f64 / args.sessions.max(1) as f64,
+            "KiB",
+        );
+    }
+    report.phases.push(creating);
 
     let big_id = ctx.id("list-big", 0);
     let (_, seeding) = seed_session(ctx, &big_id, args.envelopes, args.seed_in_flight).await?;

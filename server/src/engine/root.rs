@@ -58,17 +58,34 @@ impl Engine {
         action: Value,
         origin: Option<Origin>,
     ) -> Result<DispatchOutcome, Refusal> {
+        self.commit_root_from(move |_| action, origin).await
+    }
+
+    /// As [`Engine::commit_root`], with the action computed from the root
+    /// state under the lock (and, with several hosts, after catching up),
+    /// so two writers never compute it from the same old state.
+    async fn commit_root_from(
+        &self,
+        action: impl FnOnce(&RootState) -> Value,
+        origin: Option<Origin>,
+    ) -> Result<DispatchOutcome, Refusal> {
         let unavailable = || Refusal::new(RefusalKind::Unavailable, STORAGE_UNAVAILABLE);
+        // The host's own lock first: only one task per host then waits on
+        // the cluster's lock, holding one pooled connection. Waiting on the
+        // cluster's lock first, each concurrent root write held a connection
+        // while it waited, and enough of them left the holder none to
+        // commit with (sessions created 32 at a time timed the pool out).
+        let mut root = self.ctx.root.lock().await;
         let cluster_lock = match &self.ctx.cluster {
             Some(cluster) => Some(cluster.lock_root().await.map_err(|_| unavailable())?),
             None => None,
         };
-        let mut root = self.ctx.root.lock().await;
         if cluster_lock.is_some() {
             catch_up_root(self.ctx.store.as_ref(), &mut root)
                 .await
                 .map_err(|_| unavailable())?;
         }
+        let action = action(&root.state);
         let outcome = self.commit_root_locked(&mut root, action, origin).await;
         drop(root);
         if let Some(lock) = cluster_lock {
@@ -144,16 +161,11 @@ impl Engine {
     }
 
     pub(super) async fn change_active_sessions(&self, delta: i64) {
-        let current = self
-            .ctx
-            .root
-            .lock()
-            .await
-            .state
-            .active_sessions
-            .unwrap_or(0);
-        let action = json!({"type": "root/activeSessionsChanged", "activeSessions": (current + delta).max(0)});
-        if let Err(err) = self.commit_root(action, None).await {
+        let action = move |state: &RootState| {
+            let current = state.active_sessions.unwrap_or(0);
+            json!({"type": "root/activeSessionsChanged", "activeSessions": (current + delta).max(0)})
+        };
+        if let Err(err) = self.commit_root_from(action, None).await {
             tracing::warn!(error = %err.reason, "active session count not recorded");
         }
     }

@@ -54,6 +54,11 @@ impl PostgresStore {
         };
         let connect: PgConnectOptions =
             url.parse().map_err(|e: sqlx::Error| fail(e.to_string()))?;
+        // No JIT: every query here is a short indexed read or write, and the
+        // planner's cost estimate for a session's transcript read (the
+        // lateral join over its chats) crossed jit_above_cost as the log
+        // grew, so each session load paid 15-30 ms compiling the query.
+        let connect = connect.options([("jit", "off")]);
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections.max(2))
             .acquire_timeout(options.connect_timeout)
