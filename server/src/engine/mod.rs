@@ -213,6 +213,8 @@ pub(crate) struct Ctx {
     terminals: crate::agents::terminals::Terminals,
     chats: Mutex<HashMap<String, String>>,
     root: tokio::sync::Mutex<RootModel>,
+    /// Root writes waiting for the next batch (see `root`).
+    root_queue: Mutex<Vec<root::QueuedRoot>>,
 }
 
 impl std::fmt::Debug for Ctx {
@@ -348,6 +350,7 @@ impl Engine {
             terminals: crate::agents::terminals::Terminals::default(),
             chats: Mutex::new(HashMap::new()),
             root: tokio::sync::Mutex::new(root),
+            root_queue: Mutex::new(Vec::new()),
         });
         let engine = Self { ctx };
         delivery.start_tailer();

@@ -9,16 +9,26 @@ use tether_protocol::actions::{SESSION_CREATED, SESSION_SETTLED, action_type};
 use tether_protocol::channel::{Channel, ROOT};
 use tether_protocol::model::typed_action;
 use tether_protocol::view::SessionView;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::commit::CommitOutcome;
 use super::{DispatchOutcome, Engine, Refusal, RefusalKind, STORAGE_UNAVAILABLE, rules, validate};
 use crate::store::{NewEnvelope, Origin, Snapshot, Store, StoreError, StoredEnvelope, now_ms};
 
+/// A root write waiting for the next batch: its action, computed from the
+/// state the writes before it leave, and where its outcome goes.
+pub(super) struct QueuedRoot {
+    action: Box<dyn FnOnce(&RootState) -> Value + Send>,
+    origin: Option<Origin>,
+    answer: oneshot::Sender<Result<DispatchOutcome, Refusal>>,
+}
+
 /// The root state with the seq it includes.
 pub(super) struct RootModel {
     pub(super) state: RootState,
     pub(super) last_seq: u64,
+    /// Root envelopes this host wrote since its last root snapshot.
+    since_snapshot: u32,
 }
 
 impl Engine {
@@ -64,84 +74,147 @@ impl Engine {
     /// As [`Engine::commit_root`], with the action computed from the root
     /// state under the lock (and, with several hosts, after catching up),
     /// so two writers never compute it from the same old state.
+    ///
+    /// Root writes are group-committed: each queues, and whichever writer
+    /// gets the host's lock commits every queued write in one batch, under
+    /// one take of the cluster's lock. Every session's creation and end
+    /// writes the root's count, so one lock, catch-up and commit per write
+    /// capped how fast sessions could be created at about one fsync each.
     async fn commit_root_from(
         &self,
-        action: impl FnOnce(&RootState) -> Value,
+        action: impl FnOnce(&RootState) -> Value + Send + 'static,
         origin: Option<Origin>,
     ) -> Result<DispatchOutcome, Refusal> {
-        let unavailable = || Refusal::new(RefusalKind::Unavailable, STORAGE_UNAVAILABLE);
+        let (answer, mut answered) = oneshot::channel();
+        if let Ok(mut queued) = self.ctx.root_queue.lock() {
+            queued.push(QueuedRoot {
+                action: Box::new(action),
+                origin,
+                answer,
+            });
+        }
         // The host's own lock first: only one task per host then waits on
         // the cluster's lock, holding one pooled connection. Waiting on the
         // cluster's lock first, each concurrent root write held a connection
         // while it waited, and enough of them left the holder none to
         // commit with (sessions created 32 at a time timed the pool out).
         let mut root = self.ctx.root.lock().await;
-        let cluster_lock = match &self.ctx.cluster {
-            Some(cluster) => Some(cluster.lock_root().await.map_err(|_| unavailable())?),
-            None => None,
+        if let Ok(done) = answered.try_recv() {
+            // Committed in another writer's batch.
+            return done;
+        }
+        let batch = match self.ctx.root_queue.lock() {
+            Ok(mut queued) => std::mem::take(&mut *queued),
+            Err(_) => Vec::new(),
         };
-        if cluster_lock.is_some() {
-            catch_up_root(self.ctx.store.as_ref(), &mut root)
-                .await
-                .map_err(|_| unavailable())?;
-        }
-        let action = action(&root.state);
-        let outcome = self.commit_root_locked(&mut root, action, origin).await;
+        self.commit_root_batch(&mut root, batch).await;
         drop(root);
-        if let Some(lock) = cluster_lock {
-            lock.release().await;
-        }
-        outcome
+        answered
+            .try_recv()
+            .unwrap_or_else(|_| Err(Refusal::new(RefusalKind::Unavailable, STORAGE_UNAVAILABLE)))
     }
 
-    async fn commit_root_locked(
-        &self,
-        root: &mut RootModel,
-        action: Value,
-        origin: Option<Origin>,
-    ) -> Result<DispatchOutcome, Refusal> {
-        let typed = typed_action(&action);
+    /// Commits `batch` in order, each action computed from the state the
+    /// ones before it leave, and answers each.
+    async fn commit_root_batch(&self, root: &mut RootModel, batch: Vec<QueuedRoot>) {
+        let unavailable = || Refusal::new(RefusalKind::Unavailable, STORAGE_UNAVAILABLE);
+        let fail_all = |batch: Vec<QueuedRoot>| {
+            for queued in batch {
+                let _ = queued.answer.send(Err(unavailable()));
+            }
+        };
+        let cluster_lock = match &self.ctx.cluster {
+            Some(cluster) => match cluster.lock_root().await {
+                Ok(lock) => Some(lock),
+                Err(_) => return fail_all(batch),
+            },
+            None => None,
+        };
+        if cluster_lock.is_some()
+            && catch_up_root(self.ctx.store.as_ref(), root).await.is_err()
+        {
+            return fail_all(batch);
+        }
         let mut trial = root.state.clone();
-        match apply_action_to_root(&mut trial, &typed) {
-            ReduceOutcome::Applied | ReduceOutcome::NoOp => {}
-            other => {
-                return Err(Refusal::from(format!(
-                    "Action {} does not apply to the root channel ({other:?}).",
-                    tether_protocol::actions::action_type(&action).unwrap_or("?")
-                )));
+        let mut writes = Vec::with_capacity(batch.len());
+        for queued in batch {
+            let action = (queued.action)(&trial);
+            match apply_action_to_root(&mut trial, &typed_action(&action)) {
+                ReduceOutcome::Applied | ReduceOutcome::NoOp => {
+                    writes.push((action, queued.origin, queued.answer));
+                }
+                other => {
+                    let _ = queued.answer.send(Err(Refusal::from(format!(
+                        "Action {} does not apply to the root channel ({other:?}).",
+                        action_type(&action).unwrap_or("?")
+                    ))));
+                }
             }
         }
-        let outcome = self
-            .ctx
-            .committer
-            .append(vec![NewEnvelope {
+        let envelopes = writes
+            .iter()
+            .map(|(action, origin, _)| NewEnvelope {
                 channel: ROOT.to_owned(),
                 session_id: None,
                 action: action.to_string(),
-                origin,
+                origin: origin.clone(),
                 session: None,
                 chats: Vec::new(),
                 turns: Vec::new(),
                 directed: None,
                 owner: None,
-            }])
-            .await
-            .map_err(|err| super::storage_unavailable(&err))?;
-        match outcome.into_iter().next() {
-            Some(CommitOutcome::Committed(published)) => {
-                root.state = trial;
-                root.last_seq = published.seq;
-                if published.seq % 64 == 0 {
+            })
+            .collect::<Vec<_>>();
+        let outcomes = if envelopes.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.ctx.committer.append(envelopes).await
+        };
+        match outcomes {
+            Ok(outcomes) if outcomes.len() == writes.len() => {
+                let all_committed = outcomes
+                    .iter()
+                    .all(|o| matches!(o, CommitOutcome::Committed(_)));
+                for ((action, _, answer), outcome) in writes.into_iter().zip(outcomes) {
+                    let answered = match outcome {
+                        CommitOutcome::Committed(published) => {
+                            root.since_snapshot += 1;
+                            root.last_seq = root.last_seq.max(published.seq);
+                            Ok(DispatchOutcome::Accepted(published))
+                        }
+                        CommitOutcome::Duplicate(known) => {
+                            Ok(validate::retry_outcome(&known, ROOT, &action))
+                        }
+                        CommitOutcome::Fenced => Err(unavailable()),
+                    };
+                    let _ = answer.send(answered);
+                }
+                if all_committed {
+                    root.state = trial;
+                } else if let Ok(fresh) = load_root(self.ctx.store.as_ref()).await {
+                    // Some were not written: the trial state assumed they
+                    // were, so the state is read back from the store.
+                    *root = fresh;
+                }
+                if root.since_snapshot >= 64 {
+                    root.since_snapshot = 0;
                     self.snapshot_root(root).await;
                 }
-                Ok(DispatchOutcome::Accepted(published))
             }
-            Some(CommitOutcome::Duplicate(known)) => {
-                Ok(validate::retry_outcome(&known, ROOT, &action))
+            Ok(_) => {
+                for (_, _, answer) in writes {
+                    let _ = answer.send(Err(unavailable()));
+                }
             }
-            Some(CommitOutcome::Fenced) | None => {
-                Err(Refusal::new(RefusalKind::Unavailable, STORAGE_UNAVAILABLE))
+            Err(err) => {
+                let reason = super::storage_unavailable(&err);
+                for (_, _, answer) in writes {
+                    let _ = answer.send(Err(Refusal::from(reason.clone())));
+                }
             }
+        }
+        if let Some(lock) = cluster_lock {
+            lock.release().await;
         }
     }
 
@@ -177,11 +250,13 @@ pub(super) async fn load_root(store: &dyn Store) -> Result<RootModel, StoreError
             state: serde_json::from_str(&snapshot.state)
                 .map_err(|e| StoreError::Corrupt(format!("root snapshot: {e}")))?,
             last_seq: snapshot.seq,
+            since_snapshot: 0,
         },
         None => RootModel {
             state: serde_json::from_value(json!({"agents": [], "activeSessions": 0}))
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?,
             last_seq: 0,
+            since_snapshot: 0,
         },
     };
     catch_up_root(store, &mut root).await?;
