@@ -93,6 +93,7 @@ impl DatabaseArgs {
         StoreOptions {
             connect_timeout: Duration::from_secs(self.database_connect_timeout_secs),
             max_connections: self.database_max_connections,
+            host_id: None,
         }
     }
 }
@@ -280,6 +281,14 @@ pub struct ServeArgs {
     /// long at most; hosts renew every third of it.
     #[arg(long, env = "TETHER_LEASE_TTL_MS", default_value_t = 10_000)]
     pub lease_ttl_ms: u64,
+
+    /// Several hosts on one Postgres: this host's identity, kept across
+    /// restarts (letters, digits, `.`, `_`, `-`; at most 64). A restarted
+    /// host takes its own sessions' leases back at once instead of waiting
+    /// them out; a second live process claiming the same identity is
+    /// refused at start. Without it each start is a new host (a UUID).
+    #[arg(long, env = "TETHER_HOST_ID")]
+    pub host_id: Option<String>,
 
     /// An ACP agent sessions can run: `NAME=COMMAND` (repeatable). The
     /// command is split as a shell would, without a shell; leading

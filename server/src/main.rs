@@ -96,8 +96,11 @@ async fn run_serve(args: ServeArgs) -> ExitCode {
              this port can read and drive every session"
         );
     }
-    let store = match store::open(&args.database.database_url, &args.database.store_options()).await
-    {
+    let options = store::StoreOptions {
+        host_id: args.host_id.clone(),
+        ..args.database.store_options()
+    };
+    let store = match store::open(&args.database.database_url, &options).await {
         Ok(store) => store,
         Err(err) => return fail(err.to_string()),
     };

@@ -583,6 +583,66 @@ async fn a_second_host_on_one_sqlite_file_is_refused_at_start() {
     );
 }
 
+/// A host with a configured identity (`--host-id`) killed without warning
+/// and started again takes its own sessions back at once, not after the
+/// lease time; while it lives, a second process claiming its identity is
+/// refused at start.
+#[tokio::test]
+async fn a_host_keeps_its_identity_across_a_crash_and_it_is_claimed_once() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    // A lease far longer than the test's patience for the take-back.
+    let args = ["--lease-ttl-ms", "60000", "--host-id", "host-a"];
+    let mut a = ServerProcess::start(&db, &args).await;
+    create(&a, "kept", &[]).await;
+    let before = titles(&a, "kept", "a", 5).await;
+
+    // A second live process with the same identity is refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let twin = tokio::process::Command::new(tether_tests::tether_bin())
+        .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .args(["--database-url", db.url()])
+        .args(args)
+        .env_remove("TETHER_DATABASE_URL")
+        .output();
+    let twin = tokio::time::timeout(Duration::from_secs(30), twin)
+        .await
+        .expect("the twin exits at once")
+        .expect("run tether serve");
+    assert!(!twin.status.success(), "the twin is refused");
+    let stderr = String::from_utf8_lossy(&twin.stderr);
+    assert!(
+        stderr.contains("host id \"host-a\" is claimed by another live process"),
+        "{stderr}"
+    );
+    // The refused twin took nothing from the live host.
+    titles(&a, "kept", "a2", 1).await;
+
+    // Killed, then started again under the same identity: the session is
+    // writable at once, though its lease has most of a minute to run.
+    a.kill().await;
+    let started = tokio::time::Instant::now();
+    a.restart().await;
+    let after = titles(&a, "kept", "b", 5).await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "the restarted host wrote its own session after {took:?} (lease 60 s)"
+    );
+    let stored = transcript(&a, "kept").await;
+    for seq in before.iter().chain(after.iter()) {
+        assert_eq!(
+            stored.iter().filter(|(s, _)| s == seq).count(),
+            1,
+            "seq {seq} stored once"
+        );
+    }
+}
+
 #[tokio::test]
 async fn an_append_for_a_session_another_host_holds_writes_nothing() {
     let Some(db) = TestDb::postgres().await else {

@@ -58,7 +58,7 @@ pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<Report> {
     while let Some(result) = creates.next().await {
         result?;
         done += 1;
-        if done % tenth == 0 {
+        if done.is_multiple_of(tenth) {
             tenths.push(started.elapsed().as_secs_f64());
         }
     }

@@ -130,9 +130,7 @@ impl Engine {
             },
             None => None,
         };
-        if cluster_lock.is_some()
-            && catch_up_root(self.ctx.store.as_ref(), root).await.is_err()
-        {
+        if cluster_lock.is_some() && catch_up_root(self.ctx.store.as_ref(), root).await.is_err() {
             return fail_all(batch);
         }
         let mut trial = root.state.clone();

@@ -167,6 +167,7 @@ pub async fn run(args: &MigrateArgs) -> Result<Summary, MigrateError> {
     let options = StoreOptions {
         connect_timeout: Duration::from_secs(args.connect_timeout_secs),
         max_connections: 4,
+        host_id: None,
     };
     let source = Source::open(path).await?;
     let host = source.host().await?;

@@ -16,6 +16,7 @@
 //! * A session's read-model row is written in the same transaction as the log
 //!   row it summarises.
 
+pub mod identity;
 mod plan;
 pub(crate) mod postgres;
 mod rows;
@@ -556,6 +557,9 @@ pub struct StoreOptions {
     pub connect_timeout: Duration,
     /// Largest read pool size.
     pub max_connections: u32,
+    /// Postgres: the host identity to write as and claim (see
+    /// `ServeArgs::host_id`); a fresh UUID when unset.
+    pub host_id: Option<String>,
 }
 
 impl Default for StoreOptions {
@@ -563,6 +567,7 @@ impl Default for StoreOptions {
         Self {
             connect_timeout: Duration::from_secs(5),
             max_connections: 8,
+            host_id: None,
         }
     }
 }

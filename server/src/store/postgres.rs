@@ -37,8 +37,11 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/pos
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
-    /// The host id this store writes as (a UUID per process).
+    /// The host id this store writes as: `--host-id`, or a UUID per
+    /// process.
     host: String,
+    /// The claim on a configured host id, held while the store lives.
+    _claim: Option<Arc<super::identity::HostClaim>>,
     /// Whether appends fence on leases: from when an engine joined the
     /// cluster through this store. A store used on its own (tests, tools
     /// run with the servers stopped) holds no leases and is not fenced.
@@ -59,6 +62,12 @@ impl PostgresStore {
         // lateral join over its chats) crossed jit_above_cost as the log
         // grew, so each session load paid 15-30 ms compiling the query.
         let connect = connect.options([("jit", "off")]);
+        let claim = match &options.host_id {
+            Some(id) => Some(Arc::new(
+                super::identity::claim(&connect, id).await.map_err(fail)?,
+            )),
+            None => None,
+        };
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections.max(2))
             .acquire_timeout(options.connect_timeout)
@@ -80,7 +89,11 @@ impl PostgresStore {
         .map_err(|e| fail(e.to_string()))?;
         Ok(Self {
             pool,
-            host: Uuid::new_v4().to_string(),
+            host: options
+                .host_id
+                .clone()
+                .unwrap_or_else(|| Uuid::new_v4().to_string()),
+            _claim: claim,
             fencing: Arc::new(AtomicBool::new(false)),
         })
     }
