@@ -3,9 +3,10 @@
 //! they reach each other.
 //!
 //! * **Leases** make one host a session's single writer: the host running
-//!   the session's actor holds its lease and renews all its leases together;
-//!   another host takes a lease only once it has expired by the database's
-//!   clock. Every append fences on the leases of the sessions it writes
+//!   the session's actor holds its lease; a lease lives as long as its
+//!   holder's row in `cluster_hosts`, which the host renews (one row, however
+//!   many sessions it holds); another host takes a lease only once it was
+//!   released or its holder's row expired by the database's clock. Every append fences on the leases of the sessions it writes
 //!   (see `store/postgres.rs`), so a host that lost a lease cannot write.
 //! * **Forwards** carry a write that reached a host which does not hold the
 //!   session's lease to the host that does ([`forward`] has the protocol).
@@ -22,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -34,6 +35,13 @@ pub const LOG_CHANNEL: &str = "tether_log";
 pub const FORWARD_CHANNEL: &str = "tether_forward";
 /// The channel that wakes a host whose forwarded writes were answered.
 pub const ANSWER_CHANNEL: &str = "tether_answer";
+
+/// When a lease row is held: not released, and either renewed by its
+/// holder's row in `cluster_hosts` (expiry 'infinity', this version) or
+/// still within an expiry an older version set and renews itself.
+const LIVE: &str = "(leases.expires_at >= now() AND (leases.expires_at < 'infinity' \
+     OR EXISTS (SELECT 1 FROM cluster_hosts h \
+                WHERE h.id = leases.holder AND h.expires_at >= now())))";
 
 /// Advisory-lock key that serialises root-channel writes across hosts.
 const ROOT_LOCK: i64 = 0x7465_7468_6572_0001;
@@ -74,6 +82,9 @@ pub struct Cluster {
     /// expiry (it runs the statement after it was sent), so no other host
     /// can take the lease before this passes.
     held: Mutex<HashMap<String, Instant>>,
+    /// Until when this host's row (and so each of its leases) is certainly
+    /// live: the last renewal's moment plus the lease time.
+    renewed_until: Mutex<Option<Instant>>,
     /// The listener's wake-ups.
     pub wake: Wakeups,
     /// The newest seq this host committed, for the coalescing notifier.
@@ -94,17 +105,24 @@ impl Cluster {
         ttl: Duration,
     ) -> Result<std::sync::Arc<Self>, StoreError> {
         let ttl = ttl.max(Duration::from_millis(500));
+        // Rows of hosts gone for a day are of no use to anyone: their
+        // leases are not live either way.
+        sqlx::query("DELETE FROM cluster_hosts WHERE expires_at < now() - interval '1 day'")
+            .execute(&pool)
+            .await?;
         let (committed, _) = watch::channel(0);
         let cluster = std::sync::Arc::new(Self {
             pool,
             host,
             ttl,
             held: Mutex::new(HashMap::new()),
+            renewed_until: Mutex::new(None),
             wake: Wakeups::default(),
             committed,
             announced: std::sync::atomic::AtomicU64::new(0),
             stop: CancellationToken::new(),
         });
+        cluster.renew().await?;
         listen::start(&cluster).await?;
         tokio::spawn(
             cluster
@@ -168,25 +186,33 @@ impl Cluster {
         sqlx::query("SELECT last_seq FROM host WHERE id = 1 FOR UPDATE")
             .execute(&mut *tx)
             .await?;
-        let taken: Option<(Option<String>,)> = sqlx::query_as(
+        // The lease lives as long as this host's row: until the last
+        // renewal's moment plus the lease time (see `renewed_until`).
+        let statement = format!(
             "WITH old AS (SELECT holder FROM leases WHERE session_id = $1) \
              INSERT INTO leases (session_id, holder, expires_at) \
-             VALUES ($1, $2, now() + make_interval(secs => $3)) \
+             VALUES ($1, $2, 'infinity') \
              ON CONFLICT (session_id) DO UPDATE \
                  SET holder = excluded.holder, expires_at = excluded.expires_at \
-                 WHERE leases.holder = excluded.holder OR leases.expires_at < now() \
-             RETURNING (SELECT holder FROM old)",
-        )
-        .bind(session)
-        .bind(&self.host)
-        .bind(self.ttl.as_secs_f64())
-        .fetch_optional(&mut *tx)
-        .await?;
+                 WHERE leases.holder = excluded.holder OR NOT {LIVE} \
+             RETURNING (SELECT holder FROM old)"
+        );
+        let taken: Option<(Option<String>,)> = sqlx::query_as(AssertSqlSafe(statement))
+            .bind(session)
+            .bind(&self.host)
+            .fetch_optional(&mut *tx)
+            .await?;
         tx.commit().await?;
         match taken {
             Some((previous,)) => {
+                let until = self
+                    .renewed_until
+                    .lock()
+                    .ok()
+                    .and_then(|u| *u)
+                    .map_or(sent, |renewed| renewed.min(sent + self.ttl));
                 if let Ok(mut held) = self.held.lock() {
-                    held.insert(session.to_owned(), sent + self.ttl);
+                    held.insert(session.to_owned(), until);
                 }
                 Ok(Lease::Mine {
                     from: previous.filter(|p| p != &self.host),
@@ -217,9 +243,9 @@ impl Cluster {
     /// Who holds the session's lease now, if anyone does (an expired or
     /// released lease counts as nobody's).
     pub async fn holder(&self, session: &str) -> Result<Option<String>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT holder FROM leases WHERE session_id = $1 AND expires_at >= now()",
-        )
+        Ok(sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT holder FROM leases WHERE session_id = $1 AND {LIVE}"
+        )))
         .bind(session)
         .fetch_optional(&self.pool)
         .await?)
@@ -267,17 +293,48 @@ impl Cluster {
         if let Err(err) = released {
             tracing::warn!(error = %err, "leases not released; they expire by themselves");
         }
+        let gone = sqlx::query("DELETE FROM cluster_hosts WHERE id = $1")
+            .bind(&self.host)
+            .execute(&self.pool)
+            .await;
+        if let Err(err) = gone {
+            tracing::warn!(error = %err, "host row not removed; it expires by itself");
+        }
     }
 
-    /// Renews every lease this host holds; forgets those it no longer holds.
+    /// Renews every lease this host holds, by renewing its own row; forgets
+    /// the leases it no longer holds.
     async fn renew(&self) -> Result<(), StoreError> {
         let sent = Instant::now();
-        let still: Vec<String> = sqlx::query_scalar(
-            "UPDATE leases SET expires_at = now() + make_interval(secs => $2) \
-             WHERE holder = $1 AND expires_at > '-infinity' RETURNING session_id",
+        let was_alive: bool = sqlx::query_scalar(
+            "WITH old AS (SELECT expires_at >= now() AS alive FROM cluster_hosts WHERE id = $1) \
+             INSERT INTO cluster_hosts (id, expires_at) \
+             VALUES ($1, now() + make_interval(secs => $2)) \
+             ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at \
+             RETURNING COALESCE((SELECT alive FROM old), FALSE)",
         )
         .bind(&self.host)
         .bind(self.ttl.as_secs_f64())
+        .fetch_one(&self.pool)
+        .await?;
+        if let Ok(mut renewed) = self.renewed_until.lock() {
+            *renewed = Some(sent + self.ttl);
+        }
+        if was_alive {
+            // Nobody could take a lease of a live host: all still ours.
+            if let Ok(mut held) = self.held.lock() {
+                for until in held.values_mut() {
+                    *until = (*until).max(sent + self.ttl);
+                }
+            }
+            return Ok(());
+        }
+        // This host's row had run out (a pause longer than the lease, or
+        // its first renewal): other hosts may have taken some of its leases.
+        let still: Vec<String> = sqlx::query_scalar(
+            "SELECT session_id FROM leases WHERE holder = $1 AND expires_at > '-infinity'",
+        )
+        .bind(&self.host)
         .fetch_all(&self.pool)
         .await?;
         let still: HashSet<String> = still.into_iter().collect();
@@ -286,7 +343,7 @@ impl Cluster {
                 if still.contains(session) {
                     *until = sent + self.ttl;
                     true
-                } else if *until > sent + self.ttl {
+                } else if *until >= sent + self.ttl {
                     // Acquired after this renewal was sent.
                     true
                 } else {

@@ -169,13 +169,15 @@ pub(super) const TABLES: &[Table] = &[
 pub(super) const HOST_COLUMNS: &[&str] = &["id", "epoch", "last_seq"];
 
 /// Tables the migration itself and sqlx keep, never copied.
-/// `leases` and `forwards` exist only on Postgres (several hosts) and hold
-/// nothing a copy needs: leases of a stopped server, writes in flight.
+/// `leases`, `forwards` and `cluster_hosts` exist only on Postgres (several
+/// hosts) and hold nothing a copy needs: leases of a stopped server, writes
+/// in flight, hosts' liveness.
 pub(super) const BOOKKEEPING: &[&str] = &[
     "_sqlx_migrations",
     super::target::PROGRESS_TABLE,
     "leases",
     "forwards",
+    "cluster_hosts",
 ];
 
 impl Table {

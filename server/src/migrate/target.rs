@@ -224,10 +224,17 @@ impl Target {
         if tables.is_empty() {
             return Ok(Found::Empty);
         }
-        // `leases` and `forwards` are Postgres-only (several hosts); they
-        // hold nothing to copy.
+        // `leases`, `forwards` and `cluster_hosts` are Postgres-only
+        // (several hosts); they hold nothing to copy.
         let ours = |t: &str| {
-            ["host", "_sqlx_migrations", "leases", "forwards"].contains(&t)
+            [
+                "host",
+                "_sqlx_migrations",
+                "leases",
+                "forwards",
+                "cluster_hosts",
+            ]
+            .contains(&t)
                 || TABLES.iter().any(|x| x.name == t)
         };
         if let Some(foreign) = tables.iter().find(|t| !ours(t)) {
