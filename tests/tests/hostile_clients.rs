@@ -84,6 +84,13 @@ impl Bystander {
     }
 }
 
+/// Serialises the slow-reader test with the flood test. Run at the same
+/// time (two in-process servers on two cores), the reader that never reads
+/// was not closed even after 160 MB were sent to it; alone it is closed
+/// within the first few megabytes. Not yet understood: see the closing
+/// note of this change. Until it is, the two do not overlap.
+static CPU_HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A raw AHP connection, initialized as `client_id`.
 async fn initialized(server: &TestServer, client_id: &str) -> tether_tests::RawWs {
     let mut ws = raw_at(&server.ws_url()).await;
@@ -100,6 +107,7 @@ async fn initialized(server: &TestServer, client_id: &str) -> tether_tests::RawW
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_is_closed_as_slow_and_others_are_served() {
+    let _alone = CPU_HEAVY.lock().await;
     let (server, _db) = server().await;
     let base = server.base_url();
     tether_tests::create_session(&base, "busy", "echo").await;
@@ -213,6 +221,7 @@ async fn thousands_of_subscriptions_stop_at_the_limit_with_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dispatch_flood_is_answered_in_order_without_starving_others() {
+    let _alone = CPU_HEAVY.lock().await;
     let (server, _db) = server().await;
     tether_tests::create_session(&server.base_url(), "flood", "echo").await;
     let bystander = Bystander::start(&server, "flood").await;
