@@ -156,14 +156,7 @@ pub fn read_secret(
     Ok(Some(bytes))
 }
 
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line, for log collectors.
-    Json,
-}
+pub use crate::telemetry::LogFormat;
 
 /// Flags of `tether serve`.
 #[derive(Clone, Args)]

@@ -553,10 +553,9 @@ async fn a_killed_host_s_sessions_move_to_another_within_the_lease() {
     assert!(took < Duration::from_secs(30), "taken over in {took:?}");
 }
 
-#[tokio::test]
-async fn a_second_host_on_one_sqlite_file_is_refused_at_start() {
-    let db = TestDb::sqlite();
-    let _first = ServerProcess::start(&db, &[]).await;
+/// Starts another `tether serve` on `db` with `args`, which must exit at
+/// once with a failure; returns what it wrote to stderr.
+async fn refused_start(db: &TestDb, args: &[&str]) -> String {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
@@ -564,14 +563,22 @@ async fn a_second_host_on_one_sqlite_file_is_refused_at_start() {
     let second = tokio::process::Command::new(tether_tests::tether_bin())
         .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
         .args(["--database-url", db.url()])
+        .args(args)
         .env_remove("TETHER_DATABASE_URL")
         .output();
     let second = tokio::time::timeout(Duration::from_secs(30), second)
         .await
-        .expect("the second host exits at once")
+        .expect("the second process exits at once")
         .expect("run tether serve");
     assert!(!second.status.success(), "refused");
-    let stderr = String::from_utf8_lossy(&second.stderr);
+    String::from_utf8_lossy(&second.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn a_second_host_on_one_sqlite_file_is_refused_at_start() {
+    let db = TestDb::sqlite();
+    let _first = ServerProcess::start(&db, &[]).await;
+    let stderr = refused_start(&db, &[]).await;
     let errors: Vec<&str> = stderr
         .lines()
         .filter(|l| l.starts_with("tether: error:"))
@@ -599,22 +606,7 @@ async fn a_host_keeps_its_identity_across_a_crash_and_it_is_claimed_once() {
     let before = titles(&a, "kept", "a", 5).await;
 
     // A second live process with the same identity is refused.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let twin = tokio::process::Command::new(tether_tests::tether_bin())
-        .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
-        .args(["--database-url", db.url()])
-        .args(args)
-        .env_remove("TETHER_DATABASE_URL")
-        .output();
-    let twin = tokio::time::timeout(Duration::from_secs(30), twin)
-        .await
-        .expect("the twin exits at once")
-        .expect("run tether serve");
-    assert!(!twin.status.success(), "the twin is refused");
-    let stderr = String::from_utf8_lossy(&twin.stderr);
+    let stderr = refused_start(&db, &args).await;
     assert!(
         stderr.contains("host id \"host-a\" is claimed by another live process"),
         "{stderr}"
