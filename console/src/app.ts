@@ -1,101 +1,69 @@
-// The Tether console: a session list that follows the root channel, and a
-// session view that renders the stream of envelopes in order, the
-// projection, working directories, turns with their streamed answers, tool
-// calls and permission prompts. REST for reads that are not streams, AHP
-// over WebSocket for everything live.
+// The Tether console, built on @tether/sdk: a session list that follows the
+// root channel, and a session view that is the conversation (answers as
+// Markdown, tool calls as cards with their diffs and output, permission
+// prompts inline, usage per turn), with the session's details (state,
+// projection, directories, working context, the envelopes in order) in a
+// side panel. Everything updates from the stream in the same frame.
 
-import { AhpConnection, Action, ConnectionState, Envelope, Snapshot } from "./ahp.js";
+import {
+  AhpClient,
+  RestClient,
+  TetherError,
+  jwtClaims,
+  type Action,
+  type ConnectionState,
+  type Envelope,
+  type SessionView,
+} from "../../sdk/src/index.js";
+import { Attachments, Commands, acceptFiles, renderConfig, type SessionConfig } from "./composer.js";
+import { renderQuestion } from "./questions.js";
+import { $, element, lineDiff, renderDiff, renderMarkdown, when } from "./render.js";
+import { applyChat, openQuestions, totals, turnsOf, type EditView, type ToolView, type TurnView } from "./turns.js";
 
 const TOKEN_KEY = "tether-token";
 /** Envelopes kept on the page; older ones are in the transcript (REST). */
 const MAX_ROWS = 2_000;
-
-const $ = <T extends HTMLElement>(selector: string): T => {
-  const found = document.querySelector<T>(selector);
-  if (!found) throw new Error(`missing ${selector}`);
-  return found;
-};
-
-function element<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  attributes: Record<string, string> = {},
-  ...children: (Node | string)[]
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attributes)) node.setAttribute(key, value);
-  node.append(...children);
-  return node;
-}
-
-interface SessionView {
-  id: string;
-  resource: string;
-  project: string;
-  provider: string;
-  title?: string;
-  state: string;
-  cause?: string;
-  resumable: boolean;
-  turns: number;
-  workingDirectories: string[];
-  defaultChat?: string;
-  lastSeq: number;
-  updatedAt: string;
-  projection: {
-    openTurnId?: string;
-    documentRevision: number;
-    commands: { name: string; description: string }[];
-  };
-}
-
-interface ToolView {
-  id: string;
-  name: string;
-  status: string;
-  options: { id: string; label: string; kind: string }[];
-  result?: string;
-}
-
-interface TurnView {
-  id: string;
-  text: string;
-  parts: Map<string, { kind: string; text: string }>;
-  tools: Map<string, ToolView>;
-  state: string;
-  error?: string;
-}
 
 /** A path (or a `file:` URI) as a `file:` URI; the server canonicalises it. */
 function toUri(path: string): string {
   return path.startsWith("file:") ? path : `file://${path.startsWith("/") ? "" : "/"}${encodeURI(path)}`;
 }
 
-/** The caller's role, read from the token (the server checks it). */
-function roleOf(token: string | null): string {
-  if (!token) return "admin";
-  try {
-    const payload = JSON.parse(atob(token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/")));
-    return String(payload.role ?? "viewer");
-  } catch {
-    return "viewer";
-  }
-}
+const pathOf = (uri: string) => decodeURIComponent(uri.replace(/^file:\/\//, ""));
 
 class Console {
   private token = sessionStorage.getItem(TOKEN_KEY);
-  private connection: AhpConnection | null = null;
+  private rest = this.newRest();
+  private client: AhpClient | null = null;
   private current: SessionView | null = null;
   private turns = new Map<string, TurnView>();
   private rows = 0;
-  /** Which form a dispatch came from, to show its refusal beside it. */
-  private sentFrom = new Map<number, HTMLElement>();
   private listTimer: number | undefined;
   private viewTimer: number | undefined;
   private renderQueued = false;
+  /** Stored attachments (file edit sides) already fetched, by URI. */
+  private texts = new Map<string, Promise<string>>();
+  /** The open session's AHP state: its config and active clients. */
+  private sessionState: Record<string, any> = {};
+  /** Drawn turns, kept while they do not change (a form being filled keeps its values). */
+  private drawn = new Map<string, { key: string; node: HTMLElement }>();
+  private queued = new Map<string, string>();
+  private attachments = new Attachments($("#attachments"), (message) => this.showError($("#turn"), message));
+  private commands = new Commands($<HTMLTextAreaElement>("#message"), $("#commands"));
+  /** What needed the person when last drawn (for notifications). */
+  private waiting = 0;
+  private unseen = 0;
 
   /** The forms' listeners are added once, however often `start` runs. */
   constructor() {
     this.bindForms();
+    acceptFiles($("#turn"), $<HTMLTextAreaElement>("#message"), $<HTMLInputElement>("#files"), this.attachments);
+    document.addEventListener("visibilitychange", () => {
+      if (!document.hidden) {
+        this.unseen = 0;
+        this.badge();
+      }
+    });
   }
 
   async start(): Promise<void> {
@@ -106,25 +74,28 @@ class Console {
 
   // ─── REST ───────────────────────────────────────────────────────────
 
-  private async api(path: string, init: RequestInit = {}): Promise<{ status: number; body: any }> {
-    const headers = new Headers(init.headers);
-    if (this.token) headers.set("authorization", `Bearer ${this.token}`);
-    if (init.body) headers.set("content-type", "application/json");
-    const response = await fetch(path, { ...init, headers });
-    const text = await response.text();
-    let body: any = null;
+  private newRest(): RestClient {
+    return new RestClient({ baseUrl: location.origin, token: this.token ?? undefined });
+  }
+
+  /** Runs a REST call; a refused token opens the sign-in dialog; a failure is answered, never thrown. */
+  private async call<T>(run: (rest: RestClient) => Promise<T>): Promise<T | TetherError> {
     try {
-      body = text ? JSON.parse(text) : null;
-    } catch {
-      body = text;
+      return await run(this.rest);
+    } catch (error) {
+      if (error instanceof TetherError) {
+        if (error.status === 401) this.askToken("The server refused the token: it is missing, wrong or expired. Enter a new one.");
+        return error;
+      }
+      // The server cannot be reached (restarting, say): the stream's
+      // indicator already says so, and the next `connected` reloads.
+      return new TetherError(0, { code: "unreachable", detail: `The server cannot be reached: ${(error as Error).message}` });
     }
-    if (response.status === 401) this.askToken("The server refused the token: it is missing, wrong or expired. Enter a new one.");
-    return { status: response.status, body };
   }
 
   private async checkToken(): Promise<boolean> {
-    const { status } = await this.api("/v1/sessions?limit=1");
-    return status !== 401;
+    const answer = await this.call((rest) => rest.sessions({ limit: 1 }));
+    return !(answer instanceof TetherError && answer.status === 401);
   }
 
   private askToken(message: string): void {
@@ -136,28 +107,37 @@ class Console {
   // ─── The connection ─────────────────────────────────────────────────
 
   private connect(): void {
-    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-    this.connection?.stop();
-    // A replaced connection may still report its close: only the current
-    // one speaks to the page.
-    const current = () => this.connection === connection;
-    const connection: AhpConnection = new AhpConnection(`${scheme}//${location.host}/ahp`, this.token, {
-      state: (state) => {
-        if (current()) this.showState(state);
-      },
-      envelope: (envelope) => {
-        if (current()) this.onEnvelope(envelope);
-      },
-      snapshots: (snapshots, reason) => {
-        if (current()) this.onSnapshots(snapshots, reason);
-      },
-      notification: (method) => {
-        if (current() && method.startsWith("root/")) this.scheduleList();
-      },
+    this.client?.close();
+    const client = new AhpClient({
+      url: `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}/ahp`,
+      // Asked at each connection: a token entered after one expired is
+      // used by the next, and the view stays as it is.
+      token: () => this.token ?? "",
+      backoff: { initialMs: 500, maxMs: 10_000 },
     });
-    this.connection = connection;
-    connection.start();
-    void connection.subscribe("ahp-root://").catch(() => undefined);
+    this.client = client;
+    // A replaced client may still report its close: only the current one
+    // speaks to the page.
+    const current = () => this.client === client;
+    client.on("state", (state) => current() && this.showState(state));
+    client.on("envelope", (envelope) => current() && this.onEnvelope(envelope));
+    client.on("resynced", () => {
+      if (!current()) return;
+      $("#notice").textContent = "Re-rendered from snapshots: the gap was too large to replay.";
+      this.turns.clear();
+    });
+    client.on("snapshot", (snapshot) => {
+      if (!current() || !this.current) return;
+      if (snapshot.resource === this.current.defaultChat) {
+        this.turns = turnsOf(snapshot.state as object);
+        this.scheduleTurns();
+      }
+    });
+    client.on("notification", (method) => current() && method.startsWith("root/") && this.scheduleList());
+    void client
+      .connect()
+      .then(() => client.subscribe("ahp-root://"))
+      .catch(() => undefined);
     this.applyRole();
   }
 
@@ -176,8 +156,8 @@ class Console {
       case "reconnecting":
         indicator.textContent = `Reconnecting in ${(state.inMs / 1000).toFixed(1)} s (${state.reason})`;
         break;
-      case "offline":
-        indicator.textContent = `Offline (${state.reason})`;
+      case "closed":
+        indicator.textContent = "Offline";
         break;
       case "unauthorized":
         indicator.textContent = "Not signed in";
@@ -186,21 +166,37 @@ class Console {
     }
   }
 
+  /** What the token may do: a viewer sees everything, and every control that writes is disabled, with the reason. */
   private applyRole(): void {
-    // What a viewer may not do is not offered (the server refuses it anyway).
-    document.body.classList.toggle("viewer", roleOf(this.token) === "viewer");
+    const role = this.token ? String(jwtClaims(this.token)?.role ?? "viewer") : "admin";
+    const viewer = role === "viewer";
+    document.body.classList.toggle("viewer", viewer);
+    $("#role-note").hidden = !viewer;
+    for (const control of document.querySelectorAll<HTMLButtonElement | HTMLInputElement | HTMLTextAreaElement | HTMLSelectElement>(
+      "[data-writes] button, [data-writes] input, [data-writes] textarea, [data-writes] select, button[data-writes]",
+    )) {
+      if (viewer) {
+        control.disabled = true;
+        control.title = "Your token is a viewer's: it can read this session but not change it.";
+      } else if (control.title.startsWith("Your token")) {
+        control.disabled = false;
+        control.title = "";
+      }
+    }
+    if (!viewer) this.updateCancel();
   }
 
   // ─── The session list ───────────────────────────────────────────────
 
   private async loadAgents(): Promise<void> {
-    const { status, body } = await this.api("/v1/agents");
-    if (status !== 200) return;
-    const select = $<HTMLSelectElement>("#create-provider");
-    select.replaceChildren(
-      ...body.agents.map((agent: { provider: string; displayName: string }) =>
-        element("option", { value: agent.provider }, `${agent.displayName} (${agent.provider})`),
-      ),
+    const answer = await this.call((rest) => rest.agents());
+    if (answer instanceof TetherError) return;
+    $<HTMLSelectElement>("#create-provider").replaceChildren(
+      ...answer.agents.map((agent) => element("option", { value: agent.provider }, `${agent.displayName} (${agent.provider})`)),
+    );
+    $<HTMLSelectElement>("#agent-filter").replaceChildren(
+      element("option", { value: "" }, "any"),
+      ...answer.agents.map((agent) => element("option", { value: agent.provider }, agent.displayName)),
     );
   }
 
@@ -211,72 +207,140 @@ class Console {
 
   private async loadSessions(): Promise<void> {
     const filters = new FormData($<HTMLFormElement>("#filters"));
-    const query = new URLSearchParams({ limit: "200" });
-    for (const key of ["project", "state"]) {
-      const value = String(filters.get(key) ?? "");
-      if (value) query.set(key, value);
-    }
-    const { status, body } = await this.api(`/v1/sessions?${query}`);
-    if (status !== 200) return;
+    const project = String(filters.get("project") ?? "") || undefined;
+    const state = (String(filters.get("state") ?? "") || undefined) as SessionView["state"] | undefined;
+    const search = String(filters.get("q") ?? "").trim().toLowerCase();
+    const answer = await this.call((rest) => rest.sessions({ limit: 200, project, state }));
+    if (answer instanceof TetherError) return;
+    const agent = String(filters.get("agent") ?? "");
+    const items = answer.items.filter((s) => (!search || `${s.title ?? ""} ${s.id}`.toLowerCase().includes(search)) && (!agent || s.provider === agent));
     const list = $("#session-list");
     list.replaceChildren(
-      ...(body.items as SessionView[]).map((s) => {
+      ...items.map((s) => {
         const button = element(
           "button",
           { type: "button", "data-session": s.id, "aria-current": String(this.current?.id === s.id) },
           element("span", { class: "title" }, s.title || s.id),
           element("span", { class: `badge ${s.state}` }, s.state),
-          element("span", { class: "meta" }, `${s.provider} · ${s.project} · ${s.turns} turns${s.resumable ? " · resumable" : ""} · ${new Date(s.updatedAt).toLocaleString()}`),
+          // AHP's InputNeeded (24): a turn waits for the person (a permission or a question).
+          (s.status & 24) === 24 ? element("span", { class: "badge pending-confirmation" }, "needs input") : "",
+          element("span", { class: "meta" }, `${s.provider} · ${s.project} · ${s.turns} turns · `, when(s.updatedAt)),
         );
         button.addEventListener("click", () => void this.open(s.id));
         return element("li", {}, button);
       }),
     );
-    if (!body.items.length) list.replaceChildren(element("li", { class: "empty" }, "No sessions yet. Create one below."));
+    if (!items.length) list.replaceChildren(element("li", { class: "empty" }, search ? "No session matches." : "No sessions yet. Create one below."));
   }
 
   // ─── One session ────────────────────────────────────────────────────
 
   private async open(id: string): Promise<void> {
-    const connection = this.connection;
-    if (!connection) return;
-    if (this.current) {
-      await connection.unsubscribe(this.current.resource);
-      if (this.current.defaultChat) await connection.unsubscribe(this.current.defaultChat);
-    }
-    const { status, body } = await this.api(`/v1/sessions/${encodeURIComponent(id)}`);
-    if (status !== 200) return;
-    this.current = body as SessionView;
+    const client = this.client;
+    if (!client) return;
+    if (this.current) this.leave(client, this.current);
+    const answer = await this.call((rest) => rest.session(id));
+    if (answer instanceof TetherError) return;
+    this.current = answer;
     this.turns.clear();
+    this.drawn.clear();
+    this.queued.clear();
     this.rows = 0;
     $("#envelopes").replaceChildren();
     $("#notice").textContent = "";
     for (const slot of document.querySelectorAll<HTMLElement>("#session .error")) slot.textContent = "";
     $("#session").hidden = false;
-    const session = await connection.subscribe(this.current.resource);
-    if (this.current.defaultChat) {
-      const chat = await connection.subscribe(this.current.defaultChat);
-      this.loadChat(chat.state);
+    $("#empty").hidden = true;
+    const snapshot = await client.subscribe(answer.resource);
+    this.sessionState = snapshot.state as Record<string, any>;
+    if (answer.defaultChat) await client.subscribe(answer.defaultChat);
+    this.renderConfig();
+    this.renderPresence();
+    if (!this.isViewer()) {
+      // Who is here: this console, as an active client of the session
+      // (the server removes it when the connection has been gone a while).
+      const name = this.token ? String(jwtClaims(this.token)?.sub ?? "console") : "console";
+      void client.dispatch(answer.resource, { type: "session/activeClientSet", activeClient: { clientId: client.clientId, displayName: name, tools: [] } } as Action);
     }
-    this.renderView(session.state);
+    this.renderView();
     this.renderTurns();
     this.scheduleList();
     void this.loadContext();
+    $<HTMLTextAreaElement>("#message").focus();
+  }
+
+  /** Stops following a session, and says this console is no longer in it. */
+  private leave(client: AhpClient, view: SessionView): void {
+    const present = (this.sessionState.activeClients ?? []).some((c: { clientId: string }) => c.clientId === client.clientId);
+    if (present) void client.dispatch(view.resource, { type: "session/activeClientRemoved", clientId: client.clientId } as Action).catch(() => undefined);
+    client.unsubscribe(view.resource);
+    if (view.defaultChat) client.unsubscribe(view.defaultChat);
+  }
+
+  private isViewer(): boolean {
+    return document.body.classList.contains("viewer");
+  }
+
+  /** The agent's settings as pickers; a change is dispatched and shown once committed. */
+  private renderConfig(): void {
+    renderConfig($("#config"), this.sessionState.config as SessionConfig | undefined, (property, value) => {
+      const view = this.current;
+      if (!view) return;
+      void this.send(view.resource, { type: "session/configChanged", config: { [property]: value } } as Action, $("#turn")).then(() => this.renderConfig());
+    });
+    this.applyRole();
+  }
+
+  /** Who else has this session open. */
+  private renderPresence(): void {
+    const me = this.client?.clientId;
+    const others = (this.sessionState.activeClients ?? []).filter((c: { clientId: string }) => c.clientId !== me);
+    $("#presence").textContent = others.length ? `Also here: ${others.map((c: { displayName?: string; clientId: string }) => c.displayName ?? c.clientId).join(", ")}` : "";
+  }
+
+  /** The session channel's own changes: config, presence. */
+  private foldState(action: Record<string, any>): void {
+    const state = this.sessionState;
+    switch (action.type) {
+      case "session/configChanged":
+        state.config = { ...(state.config ?? {}), values: { ...(state.config?.values ?? {}), ...action.config } };
+        this.renderConfig();
+        break;
+      case "session/activeClientSet":
+        state.activeClients = [...(state.activeClients ?? []).filter((c: { clientId: string }) => c.clientId !== action.activeClient.clientId), action.activeClient];
+        this.renderPresence();
+        break;
+      case "session/activeClientRemoved":
+        state.activeClients = (state.activeClients ?? []).filter((c: { clientId: string }) => c.clientId !== action.clientId);
+        this.renderPresence();
+        break;
+      case "chat/pendingMessageSet":
+        this.queued.set(action.id, action.message?.text ?? "");
+        break;
+      case "chat/pendingMessageRemoved":
+        this.queued.delete(action.id);
+        break;
+    }
   }
 
   private async refreshView(): Promise<void> {
     if (!this.current) return;
-    const { status, body } = await this.api(`/v1/sessions/${encodeURIComponent(this.current.id)}`);
-    if (status === 200) {
-      this.current = body;
-      this.renderView(null);
+    const id = this.current.id;
+    const answer = await this.call((rest) => rest.session(id));
+    if (!(answer instanceof TetherError) && this.current?.id === id) {
+      this.current = answer;
+      this.renderView();
     }
   }
 
-  private renderView(state: Record<string, unknown> | null): void {
+  /** The side panel: the session's state, projection and directories. */
+  private renderView(): void {
     const view = this.current;
     if (!view) return;
     $("#session-title").textContent = view.title || view.id;
+    $("#session-state").textContent = view.cause ? `${view.state} (${view.cause})` : view.state;
+    $("#session-state").className = `badge ${view.state}`;
+    const usage = totals(this.turns.values());
     const facts: [string, string][] = [
       ["State", view.cause ? `${view.state} (${view.cause})` : view.state],
       ["Agent", view.provider],
@@ -285,93 +349,93 @@ class Console {
       ["Open turn", view.projection.openTurnId ?? "none"],
       ["Resumable", view.resumable ? "yes" : "no"],
       ["Document revision", String(view.projection.documentRevision)],
-      ["Commands", view.projection.commands.map((c) => c.name).join(", ") || "none"],
+      ["Commands", (view.projection.commands ?? []).map((c) => `/${c.name}`).join(" ") || "none"],
+      ["Tokens", `${usage.input} in · ${usage.output} out`],
     ];
+    if (usage.cost) facts.push(["Cost", `${usage.cost.amount.toFixed(4)} ${usage.cost.currency}`]);
     $("#projection").replaceChildren(...facts.flatMap(([k, v]) => [element("dt", {}, k), element("dd", {}, v)]));
-    const dirs = (state?.workingDirectories as string[] | undefined) ?? view.workingDirectories;
     $("#dirs").replaceChildren(
-      ...dirs.map((uri, index) => {
-        const path = decodeURIComponent(uri.replace(/^file:\/\//, ""));
+      ...view.workingDirectories.map((uri, index) => {
         const remove = element("button", { type: "button", "data-writes": "" }, "Remove");
-        remove.setAttribute("aria-label", `Remove ${path}`);
-        remove.addEventListener("click", () => void this.send(this.current!.resource, { type: "session/workingDirectoryRemoved", directory: uri }, $("#add-dir")));
-        return element("li", {}, element("code", {}, path), index === 0 ? element("span", { class: "meta" }, " primary") : remove);
+        remove.setAttribute("aria-label", `Remove ${pathOf(uri)}`);
+        remove.addEventListener("click", () => void this.send(view.resource, { type: "session/workingDirectoryRemoved", directory: uri }, $("#add-dir")));
+        return element("li", {}, element("code", {}, pathOf(uri)), index === 0 ? element("span", { class: "meta" }, " primary") : remove);
       }),
     );
-    $("#replace-dir").querySelector("select")!.replaceChildren(
-      ...dirs.map((uri) => element("option", { value: uri }, decodeURIComponent(uri.replace(/^file:\/\//, "")))),
-    );
+    $("#replace-dir").querySelector("select")!.replaceChildren(...view.workingDirectories.map((uri) => element("option", { value: uri }, pathOf(uri))));
     $("#resume").hidden = !(view.resumable && ["dormant", "closed"].includes(view.state));
+    this.commands.set(view.projection.commands ?? []);
     this.applyRole();
+  }
+
+  /** What the stream says about the session, applied to the projection at once (REST confirms it a moment later). */
+  private foldSession(envelope: Envelope): void {
+    const view = this.current;
+    if (!view) return;
+    const action = envelope.action as Record<string, any>;
+    switch (action.type) {
+      case "chat/turnStarted":
+        view.turns += 1;
+        view.projection.openTurnId = action.turnId;
+        view.state = "live";
+        view.cause = undefined;
+        break;
+      case "chat/turnComplete":
+      case "chat/turnCancelled":
+      case "chat/error":
+        view.projection.openTurnId = undefined;
+        break;
+      case "session/titleChanged":
+        view.title = action.title;
+        break;
+      case "session/workingDirectorySet":
+        if (!view.workingDirectories.includes(action.directory)) view.workingDirectories.push(action.directory);
+        break;
+      case "session/workingDirectoryRemoved":
+        view.workingDirectories = view.workingDirectories.filter((d) => d !== action.directory);
+        break;
+      case "session/workingDirectoryReplaced":
+        view.workingDirectories = view.workingDirectories.map((d) => (d === action.directory ? action.replacement : d));
+        break;
+      case "x-tether/sessionSettled":
+        view.state = action.state ?? view.state;
+        view.cause = action.cause ?? view.cause;
+        break;
+    }
   }
 
   private async loadContext(): Promise<void> {
     const view = this.current;
     if (!view) return;
-    const { status, body } = await this.api(`/v1/projects/${encodeURIComponent(view.project)}/sessions/${encodeURIComponent(view.id)}/working-context`);
+    const answer = await this.call((rest) => rest.workingContext(view.project, view.id));
     const panel = $("#context");
-    if (status !== 200 || !body.found) {
+    if (answer instanceof TetherError || !answer.found || !answer.working) {
       panel.textContent = "No working context saved for this session.";
       return;
     }
-    const working = body.working;
+    const working = answer.working as Record<string, any>;
     panel.replaceChildren(
       element("p", {}, `Goal: ${working.goal ?? "none"}`),
       element("p", {}, `Decisions: ${(working.decisions ?? []).length}, pending actions: ${(working.pendingActions ?? []).length}`),
     );
   }
 
-  private loadChat(state: Record<string, any>): void {
-    const all = [...((state.turns as any[]) ?? [])];
-    if (state.activeTurn) all.push({ ...state.activeTurn, state: "running" });
-    for (const turn of all) {
-      const view: TurnView = { id: turn.id, text: turn.message?.text ?? "", parts: new Map(), tools: new Map(), state: String(turn.state ?? "complete") };
-      for (const part of turn.responseParts ?? []) this.applyPart(view, part);
-      this.turns.set(turn.id, view);
-    }
-  }
-
-  private applyPart(turn: TurnView, part: any): void {
-    if (part.kind === "markdown" || part.kind === "reasoning") {
-      turn.parts.set(part.id, { kind: part.kind, text: part.content ?? "" });
-    } else if (part.kind === "toolCall") {
-      const call = part.toolCall;
-      turn.tools.set(call.toolCallId, { id: call.toolCallId, name: call.displayName ?? call.toolName, status: call.status, options: call.options ?? [] });
-    }
-  }
-
   private onEnvelope(envelope: Envelope): void {
-    if (envelope.rejectionReason !== undefined) {
-      const form = envelope.origin ? this.sentFrom.get(envelope.origin.clientSeq) : undefined;
-      if (form) this.showError(form, envelope.rejectionReason);
-      return;
-    }
     if (!this.current) return;
     if (envelope.channel !== this.current.resource && envelope.channel !== this.current.defaultChat) return;
     this.appendRow(envelope);
-    if (envelope.channel === this.current.defaultChat) {
-      this.applyChat(envelope.action);
-      this.scheduleTurns();
-    }
-    // The projection (state, turns, open turn) follows, at most ten times a second.
+    this.foldSession(envelope);
+    this.foldState(envelope.action as Record<string, any>);
+    if (envelope.channel === this.current.defaultChat) applyChat(this.turns, envelope.action);
+    // Conversation and details are drawn together, once a frame.
+    this.scheduleTurns();
     window.clearTimeout(this.viewTimer);
-    this.viewTimer = window.setTimeout(() => void this.refreshView(), 100);
-  }
-
-  private onSnapshots(snapshots: Snapshot[], reason: string): void {
-    $("#notice").textContent = `Re-rendered from snapshots: ${reason}.`;
-    this.turns.clear();
-    for (const snapshot of snapshots) {
-      if (snapshot.resource === this.current?.defaultChat) this.loadChat(snapshot.state);
-      if (snapshot.resource === this.current?.resource) this.renderView(snapshot.state);
-    }
-    this.renderTurns();
+    this.viewTimer = window.setTimeout(() => void this.refreshView(), 250);
   }
 
   private appendRow(envelope: Envelope): void {
     const list = $("#envelopes");
-    const row = element("li", { "data-seq": String(envelope.serverSeq) }, element("span", { class: "seq" }, `#${envelope.serverSeq}`), ` ${envelope.action.type}`);
-    list.append(row);
+    list.append(element("li", { "data-seq": String(envelope.serverSeq) }, element("span", { class: "seq" }, `#${envelope.serverSeq}`), ` ${envelope.action.type}`));
     this.rows += 1;
     // Only the newest rows stay in the page; the transcript has the rest.
     while (this.rows > MAX_ROWS && list.firstElementChild) {
@@ -380,118 +444,179 @@ class Console {
     }
   }
 
-  private applyChat(action: Action): void {
-    const id = String(action.turnId ?? "");
-    if (action.type === "chat/turnStarted") {
-      const message = action.message as { text?: string } | undefined;
-      this.turns.set(id, { id, text: message?.text ?? "", parts: new Map(), tools: new Map(), state: "running" });
-      return;
-    }
-    const turn = this.turns.get(id);
-    if (!turn) return;
-    switch (action.type) {
-      case "chat/responsePart":
-        this.applyPart(turn, action.part);
-        break;
-      case "chat/delta":
-      case "chat/reasoning": {
-        const part = turn.parts.get(String(action.partId));
-        if (part) part.text += String(action.content ?? "");
-        break;
-      }
-      case "chat/toolCallStart":
-        turn.tools.set(String(action.toolCallId), { id: String(action.toolCallId), name: String(action.displayName ?? action.toolName), status: "streaming", options: [] });
-        break;
-      case "chat/toolCallReady": {
-        const tool = turn.tools.get(String(action.toolCallId));
-        if (tool) {
-          tool.status = action.confirmed ? "running" : "pending-confirmation";
-          tool.options = (action.options as ToolView["options"]) ?? [];
-        }
-        break;
-      }
-      case "chat/toolCallConfirmed": {
-        const tool = turn.tools.get(String(action.toolCallId));
-        if (tool) tool.status = action.approved ? "running" : "cancelled";
-        break;
-      }
-      case "chat/toolCallComplete": {
-        const tool = turn.tools.get(String(action.toolCallId));
-        const result = action.result as { success?: boolean; content?: { text?: string }[] } | undefined;
-        if (tool) {
-          tool.status = result?.success ? "completed" : "failed";
-          tool.result = (result?.content ?? []).map((c) => c.text ?? "").join("\n");
-        }
-        break;
-      }
-      case "chat/turnComplete":
-        turn.state = "complete";
-        break;
-      case "chat/turnCancelled":
-        turn.state = "cancelled";
-        break;
-      case "chat/error": {
-        turn.state = "error";
-        const part = action.part as { error?: { message?: string } } | undefined;
-        turn.error = part?.error?.message;
-        break;
-      }
-    }
-  }
-
-  /** Renders the conversation at most once a frame, however fast the
-   * deltas come. */
+  /** Draws the conversation and the details at most once a frame, however fast the deltas come. */
   private scheduleTurns(): void {
     if (this.renderQueued) return;
     this.renderQueued = true;
     requestAnimationFrame(() => {
       this.renderQueued = false;
       this.renderTurns();
+      this.renderView();
     });
   }
 
   private renderTurns(): void {
     const list = $("#turns");
-    list.replaceChildren(
-      ...[...this.turns.values()].map((turn) => {
-        const answer = element("div", { class: "answer" });
-        for (const part of turn.parts.values()) {
-          answer.append(element("p", { class: part.kind }, part.text));
-        }
-        for (const tool of turn.tools.values()) {
-          const item = element("div", { class: "tool", "data-status": tool.status }, element("strong", {}, tool.name), ` — ${tool.status}`);
-          if (tool.result) item.append(element("pre", {}, tool.result));
-          if (tool.status === "pending-confirmation") {
-            const options = tool.options.length ? tool.options : [{ id: "", label: "Approve", kind: "approve" }, { id: "", label: "Deny", kind: "deny" }];
-            for (const option of options) {
-              const button = element("button", { type: "button", "data-writes": "" }, option.label);
-              button.addEventListener("click", () => {
-                const action: Action = { type: "chat/toolCallConfirmed", turnId: turn.id, toolCallId: tool.id, approved: option.kind === "approve" };
-                if (option.id) action.selectedOptionId = option.id;
-                void this.send(this.current!.defaultChat!, action, $("#turn"));
-              });
-              item.append(" ", button);
-            }
-          }
-          answer.append(item);
-        }
-        if (turn.error) answer.append(element("p", { class: "error" }, turn.error));
-        return element("li", { "data-turn": turn.id, "data-state": turn.state }, element("p", { class: "user" }, turn.text), answer, element("span", { class: "meta" }, turn.state));
-      }),
-    );
-    const running = [...this.turns.values()].some((t) => t.state === "running");
-    $<HTMLButtonElement>("#cancel").disabled = !running;
+    const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 40;
+    const nodes = [...this.turns.values()].map((turn) => {
+      // A turn is drawn again only when it changed.
+      const key = JSON.stringify([turn.state, turn.error, turn.usage, [...turn.parts.values()], [...turn.tools.values()]]);
+      const drawn = this.drawn.get(turn.id);
+      if (drawn?.key === key) return drawn.node;
+      const node = this.renderTurn(turn);
+      this.drawn.set(turn.id, { key, node });
+      return node;
+    });
+    if (nodes.length !== list.children.length || nodes.some((node, i) => list.children[i] !== node)) list.replaceChildren(...nodes);
+    if (atBottom) list.scrollTop = list.scrollHeight;
+    const queued = [...this.queued.values()];
+    $("#queue").textContent = queued.length ? `Queued after this turn: ${queued.map((t) => `“${t}”`).join(", ")}` : "";
+    this.updateCancel();
     this.applyRole();
+    this.attention();
+  }
+
+  /** A title badge, and a browser notification when the tab is hidden, when the session needs the person or a turn ends. */
+  private attention(): void {
+    const waiting = openQuestions(this.turns.values());
+    const title = this.current?.title || this.current?.id || "";
+    if (waiting > this.waiting) this.notify(`${title} needs you`, "The agent is waiting for an answer.");
+    this.waiting = waiting;
+    const last = [...this.turns.values()].pop();
+    const ended = last && last.state !== "running" ? `${last.id}:${last.state}` : "";
+    if (ended && ended !== this.lastEnded && this.lastEnded !== undefined && document.hidden) {
+      this.notify(`${title}: turn ${last!.state}`, last!.error ?? "The agent finished its turn.");
+    }
+    this.lastEnded = ended;
+    this.badge();
+  }
+
+  private lastEnded: string | undefined;
+
+  private notify(title: string, body: string): void {
+    if (!document.hidden && this.waiting === 0) return;
+    this.unseen += document.hidden ? 1 : 0;
+    if ("Notification" in window && Notification.permission === "granted" && document.hidden) {
+      new Notification(title, { body, tag: `tether-${this.current?.id}` });
+    }
+    this.badge();
+  }
+
+  private badge(): void {
+    const count = this.waiting + this.unseen;
+    document.title = count ? `(${count}) Tether` : "Tether";
+  }
+
+  private renderTurn(turn: TurnView): HTMLElement {
+    const answer = element("div", { class: "answer" });
+    for (const id of turn.order) {
+      const part = turn.parts.get(id);
+      if (part?.kind === "inputRequest") {
+        answer.append(
+          renderQuestion(part.request!, part.response, turn.state === "running", (action) =>
+            void this.send(this.current!.defaultChat!, action as unknown as Action, answer),
+          ),
+        );
+      } else if (part) {
+        const block = element("div", { class: `part ${part.kind}` });
+        if (part.kind === "reasoning") {
+          block.append(element("details", {}, element("summary", {}, "Thinking"), renderMarkdown(part.text)));
+        } else {
+          block.append(renderMarkdown(part.text));
+        }
+        answer.append(block);
+      }
+      const tool = turn.tools.get(id);
+      if (tool) answer.append(this.renderTool(turn, tool));
+    }
+    if (turn.error) answer.append(element("p", { class: "error", role: "alert" }, turn.error));
+    answer.append(element("p", { class: "error", role: "alert" }));
+    const footer = element("p", { class: "meta" }, turn.state);
+    if (turn.usage) {
+      const cost = turn.usage.cost ? ` · ${turn.usage.cost.amount.toFixed(4)} ${turn.usage.cost.currency} so far` : "";
+      footer.append(` · ${turn.usage.input} in / ${turn.usage.output} out tokens${turn.usage.model ? ` · ${turn.usage.model}` : ""}${cost}`);
+    }
+    const user = element("div", { class: "user" }, renderMarkdown(turn.text));
+    if (turn.attachments) user.append(element("p", { class: "meta" }, `${turn.attachments} attachment${turn.attachments > 1 ? "s" : ""}`));
+    return element("li", { "data-turn": turn.id, "data-state": turn.state }, user, answer, footer);
+  }
+
+  private renderTool(turn: TurnView, tool: ToolView): HTMLElement {
+    const card = element("details", { class: "tool", "data-status": tool.status });
+    if (tool.status === "pending-confirmation" || tool.edits.length) card.open = true;
+    card.append(
+      element("summary", {}, element("strong", {}, tool.name), " ", element("span", { class: `badge ${tool.status}` }, tool.status), tool.intention ? ` ${tool.intention}` : ""),
+    );
+    if (tool.input) card.append(element("h4", {}, "Input"), element("pre", {}, tool.input));
+    for (const edit of tool.edits) card.append(this.renderEdit(edit));
+    if (tool.terminal) card.append(element("h4", {}, "Terminal"), element("pre", { class: "terminal" }, tool.terminal));
+    if (tool.result) card.append(element("h4", {}, "Output"), element("pre", {}, tool.result));
+    if (tool.status === "pending-confirmation") {
+      const row = element("div", { class: "row", "data-writes": "" });
+      const options = tool.options.length
+        ? tool.options
+        : [
+            { id: "", label: "Approve", kind: "approve" },
+            { id: "", label: "Deny", kind: "deny" },
+          ];
+      for (const option of options) {
+        const button = element("button", { type: "button", class: option.kind.startsWith("allow") || option.kind === "approve" ? "primary" : "" }, option.label);
+        button.addEventListener("click", () => {
+          const approved = option.kind === "approve" || option.kind.startsWith("allow");
+          const action: Record<string, unknown> = { type: "chat/toolCallConfirmed", turnId: turn.id, toolCallId: tool.id, approved };
+          if (option.id) action.selectedOptionId = option.id;
+          void this.send(this.current!.defaultChat!, action as Action, $("#turn"));
+        });
+        row.append(button);
+      }
+      card.append(row);
+    }
+    return card;
+  }
+
+  /** A file edit: its path and counts, and the diff once both sides are fetched. */
+  private renderEdit(edit: EditView): HTMLElement {
+    const counts = edit.added !== undefined ? ` +${edit.added} −${edit.removed ?? 0}` : "";
+    const box = element("figure", { class: "edit" }, element("figcaption", {}, element("code", {}, edit.path), counts));
+    const fetchText = (uri: string | undefined) => (uri ? this.attachmentText(uri) : Promise.resolve(""));
+    void Promise.all([fetchText(edit.before), fetchText(edit.after)])
+      .then(([before, after]) => box.append(renderDiff(lineDiff(before, after))))
+      .catch((error) => box.append(element("p", { class: "meta" }, `The diff could not be loaded: ${(error as Error).message}`)));
+    return box;
+  }
+
+  /** A stored attachment's text (a file edit's side), fetched once. */
+  private attachmentText(uri: string): Promise<string> {
+    let text = this.texts.get(uri);
+    if (!text) {
+      const digest = uri.replace(/^tether-attachment:/, "").split("/").pop() ?? "";
+      const session = this.current!.id;
+      text = fetch(`/v1/sessions/${encodeURIComponent(session)}/attachments/${encodeURIComponent(digest)}`, {
+        headers: this.token ? { authorization: `Bearer ${this.token}` } : {},
+      }).then((r) => (r.ok ? r.text() : Promise.reject(new Error(`the server answered ${r.status}`))));
+      this.texts.set(uri, text);
+    }
+    return text;
+  }
+
+  private updateCancel(): void {
+    const running = [...this.turns.values()].some((t) => t.state === "running");
+    $<HTMLButtonElement>("#cancel").disabled = !running || document.body.classList.contains("viewer");
   }
 
   // ─── Writing ────────────────────────────────────────────────────────
 
+  /** Dispatches an action and shows its refusal, if any, beside `form`. */
   private async send(channel: string, action: Action, form: HTMLElement): Promise<void> {
-    const connection = this.connection;
-    if (!connection) return;
+    const client = this.client;
+    if (!client) return;
     this.showError(form, "");
-    const seq = await connection.dispatch(channel, action);
-    this.sentFrom.set(seq, form);
+    try {
+      const outcome = await client.dispatch(channel, action);
+      if (!outcome.accepted) this.showError(form, outcome.reason);
+    } catch (error) {
+      this.showError(form, (error as Error).message);
+    }
   }
 
   private showError(form: HTMLElement, message: string): void {
@@ -499,52 +624,69 @@ class Console {
     if (slot) slot.textContent = message;
   }
 
+  /** Sends the message as a turn, or queues it while a turn runs. */
+  private sendTurn(): void {
+    const input = $<HTMLTextAreaElement>("#message");
+    const text = input.value.trim();
+    if (!text || !this.current?.defaultChat) return;
+    if ("Notification" in window && Notification.permission === "default") void Notification.requestPermission();
+    input.value = "";
+    const attachments = this.attachments.take();
+    const message = { text, origin: { kind: "user" }, ...(attachments.length ? { attachments } : {}) };
+    const running = [...this.turns.values()].some((t) => t.state === "running");
+    const action = running
+      ? { type: "chat/pendingMessageSet", kind: "queued", id: crypto.randomUUID(), message }
+      : { type: "chat/turnStarted", turnId: crypto.randomUUID(), startedAt: new Date().toISOString(), message };
+    void this.send(this.current.defaultChat, action as Action, $("#turn"));
+  }
+
   private bindForms(): void {
     $<HTMLFormElement>("#filters").addEventListener("input", () => this.scheduleList());
+    $<HTMLFormElement>("#filters").addEventListener("submit", (event) => event.preventDefault());
     $<HTMLFormElement>("#create").addEventListener("submit", async (event) => {
       event.preventDefault();
       const form = event.currentTarget as HTMLFormElement;
       const data = new FormData(form);
       const dir = String(data.get("dir") ?? "").trim();
-      const { status, body } = await this.api("/v1/sessions", {
-        method: "POST",
-        body: JSON.stringify({ provider: data.get("provider"), workingDirectories: dir ? [dir] : [] }),
-      });
-      if (status === 201) {
-        this.showError(form, "");
-        await this.loadSessions();
-        await this.open(body.id);
-      } else {
-        this.showError(form, body?.detail ?? `The server answered ${status}.`);
+      const title = String(data.get("title") ?? "").trim();
+      const answer = await this.call((rest) =>
+        rest.createSession({ provider: String(data.get("provider") ?? "") || undefined, title: title || undefined, workingDirectories: dir ? [dir] : [] }),
+      );
+      if (answer instanceof TetherError) {
+        this.showError(form, answer.problem.detail ?? answer.message);
+        return;
       }
+      this.showError(form, "");
+      await this.loadSessions();
+      await this.open(answer.id);
     });
     $<HTMLFormElement>("#turn").addEventListener("submit", (event) => {
       event.preventDefault();
-      const form = event.currentTarget as HTMLFormElement;
-      const input = form.elements.namedItem("text") as HTMLTextAreaElement;
-      const text = input.value.trim();
-      if (!text || !this.current?.defaultChat) return;
-      input.value = "";
-      void this.send(this.current.defaultChat, {
-        type: "chat/turnStarted",
-        turnId: crypto.randomUUID(),
-        startedAt: new Date().toISOString(),
-        message: { text, origin: { kind: "user" } },
-      }, form);
+      this.sendTurn();
+    });
+    // Enter sends, Shift+Enter is a new line (as in every chat).
+    $<HTMLTextAreaElement>("#message").addEventListener("keydown", (event) => {
+      if (this.commands.key(event)) {
+        event.preventDefault();
+        return;
+      }
+      if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+        event.preventDefault();
+        this.sendTurn();
+      }
     });
     $<HTMLButtonElement>("#cancel").addEventListener("click", () => {
       const running = [...this.turns.values()].find((t) => t.state === "running");
       if (running && this.current?.defaultChat) {
-        void this.send(this.current.defaultChat, { type: "chat/turnCancelled", turnId: running.id, duration: 0 }, $("#turn"));
+        void this.send(this.current.defaultChat, { type: "chat/turnCancelled", turnId: running.id, duration: 0 } as Action, $("#turn"));
       }
     });
     $<HTMLFormElement>("#add-dir").addEventListener("submit", (event) => {
       event.preventDefault();
       const form = event.currentTarget as HTMLFormElement;
-      const input = form.elements.namedItem("dir") as HTMLInputElement;
-      const path = input.value.trim();
+      const path = (form.elements.namedItem("dir") as HTMLInputElement).value.trim();
       if (!path || !this.current) return;
-      void this.send(this.current.resource, { type: "session/workingDirectorySet", directory: toUri(path) }, form);
+      void this.send(this.current.resource, { type: "session/workingDirectorySet", directory: toUri(path) } as Action, form);
     });
     $<HTMLFormElement>("#replace-dir").addEventListener("submit", (event) => {
       event.preventDefault();
@@ -553,17 +695,16 @@ class Console {
       const from = String(data.get("from") ?? "");
       const to = String(data.get("to") ?? "").trim();
       if (!from || !to || !this.current) return;
-      void this.send(this.current.resource, { type: "session/workingDirectoryReplaced", directory: from, replacement: toUri(to) }, form);
+      void this.send(this.current.resource, { type: "session/workingDirectoryReplaced", directory: from, replacement: toUri(to) } as Action, form);
     });
     $<HTMLButtonElement>("#resume").addEventListener("click", async () => {
       const view = this.current;
       if (!view) return;
-      const [cwd, ...rest] = view.workingDirectories.map((u) => decodeURIComponent(u.replace(/^file:\/\//, "")));
-      const { status, body } = await this.api(`/v1/sessions/${encodeURIComponent(view.id)}/resume`, {
-        method: "POST",
-        body: JSON.stringify({ sessionId: view.id, cwd: cwd ?? "/", additionalDirectories: rest, mcpServers: [] }),
-      });
-      this.showError($("#session-actions"), status === 200 ? "" : body?.detail ?? `The server answered ${status}.`);
+      const [cwd, ...rest] = view.workingDirectories.map(pathOf);
+      const answer = await this.call((api) =>
+        api.resume(view.id, { sessionId: view.id, cwd: cwd ?? "/", additionalDirectories: rest, mcpServers: [] } as never),
+      );
+      this.showError($("#session-actions"), answer instanceof TetherError ? answer.problem.detail ?? answer.message : "");
       await this.refreshView();
     });
     $<HTMLFormElement>("#token-form").addEventListener("submit", (event) => {
@@ -571,9 +712,18 @@ class Console {
       const value = String(new FormData(event.currentTarget as HTMLFormElement).get("token") ?? "").trim();
       if (!value) return;
       this.token = value;
+      this.rest = this.newRest();
       sessionStorage.setItem(TOKEN_KEY, value);
       $<HTMLDialogElement>("#token").close();
-      void this.start();
+      if (this.client) {
+        // A token for a page already open (the last one expired): the
+        // stream reconnects with it and replays; the view stays.
+        this.applyRole();
+        if (this.client.state.kind !== "connected") this.client.reconnect();
+        void this.loadSessions();
+      } else {
+        void this.start();
+      }
     });
   }
 }

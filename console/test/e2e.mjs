@@ -8,7 +8,8 @@
 // Bounded: every wait has a timeout, and the whole run is given 180 s.
 
 import { spawn } from "node:child_process";
-import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -20,6 +21,26 @@ const OUT = resolve(process.env.TETHER_E2E_OUT ?? "target/console-e2e");
 const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const DATABASE = process.env.TETHER_E2E_DATABASE_URL || undefined; // default: a fresh SQLite file
 const WAIT = 15_000;
+const AXE = readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
+
+/** axe-core's serious and critical violations on the page as it is. */
+async function accessibility(page, name) {
+  // Evaluated through the debugging protocol: the console's CSP allows no
+  // inline script, and is not loosened for the test.
+  await page.evaluate(AXE);
+  const found = await page.evaluate(async () => (await globalThis.axe.run(document, { resultTypes: ["violations"] })).violations
+    .filter((v) => v.impact === "serious" || v.impact === "critical")
+    .map((v) => `${v.id} (${v.impact}): ${v.nodes.map((n) => n.target.join(" ")).slice(0, 3).join(", ")}`));
+  assert(found.length === 0, `axe-core on ${name}: ${found.join("; ")}`);
+}
+
+/** The answer of the last turn, once complete. */
+const lastAnswer = (page, text) => page.locator('#turns li[data-state="complete"] .answer', { hasText: text }).last();
+
+async function say(page, text) {
+  await page.getByRole("textbox", { name: "Message" }).fill(text);
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+}
 
 mkdirSync(OUT, { recursive: true });
 const work = mkdtempSync(join(tmpdir(), "tether-console-"));
@@ -55,7 +76,7 @@ const database = DATABASE ?? `sqlite:${join(work, "tether.db")}`;
 
 async function start(extra = []) {
   const args = ["serve", "--bind", `127.0.0.1:${port}`, "--database-url", database,
-    "--agent", `fake=FAKE_ACP_CAPS=load ${FAKE}`, ...extra];
+    "--agent", `fake=FAKE_ACP_CAPS=load,config,image ${FAKE}`, ...extra];
   const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("TETHER_")));
   server = spawn(BIN, args, { env, stdio: ["ignore", "ignore", "pipe"] });
   let log = "";
@@ -131,6 +152,13 @@ try {
   }
   await shot(page, "echo-answer");
 
+  // Markdown, sanitised, with a highlighted code block.
+  await say(page, "Some **bold** words <img src=x onerror=alert(1)>\n\n```js\nconst answer = 42;\n```");
+  await lastAnswer(page, "bold").locator("strong", { hasText: "bold" }).waitFor({ timeout: WAIT });
+  await lastAnswer(page, "bold").locator("pre.code .hljs-keyword", { hasText: "const" }).waitFor({ timeout: WAIT });
+  assert((await lastAnswer(page, "bold").locator("img[onerror]").count()) === 0, "an answer's markup ran unsanitised");
+  await shot(page, "markdown");
+
   // A bad working directory shows the server's reason next to the form.
   await page.getByRole("textbox", { name: "Add directory" }).fill("/no/such/directory");
   await page.getByRole("button", { name: "Add", exact: true }).click();
@@ -164,7 +192,7 @@ try {
   await shot(page, "resumed-no-gap");
 
   // An ACP agent asks permission; the person approves it from the page.
-  await page.getByLabel("Agent").selectOption("fake");
+  await page.locator("#create-provider").selectOption("fake");
   await page.getByLabel("Working directory").fill(dir);
   await page.getByRole("button", { name: "Create session" }).click();
   await page.getByRole("textbox", { name: "Message" }).waitFor({ timeout: WAIT });
@@ -176,6 +204,70 @@ try {
   await allow.click();
   await page.locator('#turns li[data-state="complete"] .answer', { hasText: "edited" }).waitFor({ timeout: WAIT });
   await shot(page, "permission-approved");
+
+  // The agent's settings are pickers; a model picked there reaches the agent.
+  const model = page.locator('#config select[name="model"]');
+  await model.waitFor({ timeout: WAIT });
+  await model.selectOption({ label: "Smart" });
+  await say(page, "settings");
+  await lastAnswer(page, "model=smart").waitFor({ timeout: WAIT });
+  await shot(page, "model-picked");
+
+  // A file edit shows both sides, as a diff.
+  writeFileSync(join(dir, "notes.txt"), "one\nthree\n");
+  await say(page, `edit ${join(dir, "notes.txt")} one\\ntwo`);
+  const edit = page.locator("#turns .edit").last();
+  await edit.locator("tr.removed", { hasText: "three" }).waitFor({ timeout: WAIT });
+  await edit.locator("tr.added", { hasText: "two" }).waitFor({ timeout: WAIT });
+  await edit.locator("tr.kept", { hasText: "one" }).waitFor({ timeout: WAIT });
+  await shot(page, "file-edit");
+
+  // The agent asks; the question is answered from the page.
+  await say(page, "ask");
+  const question = page.locator(".question form");
+  await question.waitFor({ timeout: WAIT });
+  await page.locator("[data-session] .badge", { hasText: "needs input" }).first().waitFor({ timeout: WAIT });
+  await shot(page, "question");
+  await question.getByLabel("Environment").selectOption("prod");
+  await question.locator("#q-replicas").fill("3");
+  await question.getByRole("button", { name: "Answer" }).click();
+  await lastAnswer(page, "answered: accept").waitFor({ timeout: WAIT });
+  const answered = await lastAnswer(page, "answered: accept").innerText();
+  assert(answered.includes('env="prod"') && answered.includes("replicas=3"), `the agent got: ${answered}`);
+  // Answered and ended: the session is idle again (AHP status 1), not in progress or waiting.
+  let settled;
+  for (let i = 0; i < 100; i++) {
+    settled = (await rest("/v1/sessions?limit=10")).body.items.find((s) => s.title === "permission");
+    if ((settled.status & 31) === 1) break;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  assert((settled.status & 31) === 1, `the session is not idle after its question was answered: ${JSON.stringify(settled)}`);
+  await page.locator("[data-session] .badge", { hasText: "needs input" }).waitFor({ state: "detached", timeout: WAIT });
+  await shot(page, "question-answered");
+
+  // An image pasted into the composer reaches the agent.
+  await page.getByRole("textbox", { name: "Message" }).fill("blocks");
+  await page.evaluate(() => {
+    const png = Uint8Array.from(atob("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="), (c) => c.charCodeAt(0));
+    const data = new DataTransfer();
+    data.items.add(new File([png], "dot.png", { type: "image/png" }));
+    document.querySelector("#message").dispatchEvent(new ClipboardEvent("paste", { clipboardData: data, bubbles: true, cancelable: true }));
+  });
+  await page.locator("#attachments li", { hasText: "dot.png" }).waitFor({ timeout: WAIT });
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+  await lastAnswer(page, "image image/png").waitFor({ timeout: WAIT });
+  await shot(page, "image-pasted");
+
+  // Accessibility, and the main views at a desktop's and a phone's width.
+  await accessibility(page, "the session view");
+  await page.setViewportSize({ width: 1280, height: 900 });
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await page.screenshot({ path: join(OUT, "session-1280.png") });
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.screenshot({ path: join(OUT, "session-390.png"), fullPage: true });
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  assert(overflow <= 1, `at 390 px the page scrolls sideways by ${overflow} px`);
+  await page.setViewportSize({ width: 1280, height: 900 });
   writeFileSync(join(OUT, "summary.json"), JSON.stringify({ stored, shown }, null, 2));
   await browser.close();
   browser = null;
@@ -193,6 +285,7 @@ try {
       child.on("exit", () => done(out.trim()));
     });
   const viewer = await mint("viewer");
+  const operator = await mint("admin");
   await start(["--auth-secret-file", secret]);
   browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"] });
   const guest = await (await browser.newContext()).newPage();
@@ -208,13 +301,39 @@ try {
   await connected(guest);
   await guest.locator('[data-session="e2e"]').click();
   await guest.getByRole("heading", { name: "From REST" }).waitFor({ timeout: WAIT });
-  assert(!(await guest.getByRole("button", { name: "Send", exact: true }).isVisible()), "a viewer is offered Send");
-  assert(!(await guest.getByRole("textbox", { name: "Message" }).isVisible()), "a viewer is offered the turn box");
+
+  // An operator in another browser sends a turn; the viewer sees it live,
+  // and sees the operator there.
+  const admin = await (await browser.newContext()).newPage();
+  await admin.goto(base);
+  await admin.getByRole("dialog").waitFor({ timeout: WAIT });
+  await admin.getByLabel("Token").fill(operator);
+  await admin.getByRole("button", { name: "Use this token" }).click();
+  await connected(admin);
+  await admin.locator('[data-session="e2e"]').click();
+  await admin.getByRole("heading", { name: "From REST" }).waitFor({ timeout: WAIT });
+  await guest.locator("#presence", { hasText: "admin-e2e" }).waitFor({ timeout: WAIT });
+  await say(admin, "seen live by a viewer");
+  await lastAnswer(guest, "seen live by a viewer").waitFor({ timeout: WAIT });
+  await accessibility(guest, "the viewer's session view");
+  // A viewer sees the conversation; every control that writes is disabled, with the reason.
+  await guest.locator('#turns li[data-state="complete"] .answer', { hasText: "hello from the browser" }).waitFor({ timeout: WAIT });
+  assert(await guest.getByRole("button", { name: "Send", exact: true }).isDisabled(), "a viewer can press Send");
+  assert(await guest.getByRole("textbox", { name: "Message" }).isDisabled(), "a viewer can type a turn");
+  assert(await guest.getByRole("button", { name: "Create session" }).isDisabled(), "a viewer can create a session");
+  assert((await guest.getByRole("button", { name: "Send", exact: true }).getAttribute("title")).includes("viewer"), "no reason is given");
+  await guest.getByText("Viewer: you can read every session").waitFor({ timeout: WAIT });
   await shot(guest, "viewer");
   await browser.close();
   await stop("SIGTERM");
   console.log(`console e2e: ok (${step} screenshots in ${OUT})`);
   process.exit(0);
 } catch (error) {
+  // What the pages showed when it failed.
+  for (const [i, context] of (browser?.contexts() ?? []).entries()) {
+    for (const [j, open] of context.pages().entries()) {
+      await open.screenshot({ path: join(OUT, `failed-${i}-${j}.png`), fullPage: true }).catch(() => {});
+    }
+  }
   fail(error.stack ?? String(error));
 }

@@ -371,17 +371,25 @@ impl SessionModel {
     /// activity of any of its chats (input needed, then in progress), as
     /// the chat reducers keep them on each chat.
     pub fn summary_status(&self) -> u32 {
+        // The session's own activity counts while it waits for the person
+        // (its own input requests). The in-progress bit the reducer leaves
+        // behind when the last of them is answered says nothing once no
+        // chat is busy: without this, a session that was asked a question
+        // showed "in progress" after its turn had ended.
+        let own = self.session.status & STATUS_ACTIVITY;
+        let waiting = if activity_rank(own) == 2 { own } else { IDLE };
         let busiest = self
             .chats
             .values()
-            .map(|chat| chat.status)
-            .chain([self.session.status])
-            .map(|status| status & STATUS_ACTIVITY)
+            .map(|chat| chat.status & STATUS_ACTIVITY)
+            .chain([waiting])
             .max_by_key(|activity| activity_rank(*activity))
             .unwrap_or(IDLE);
-        match activity_rank(busiest) {
-            // No chat is busy: the session's own activity bits stand.
-            0 => self.session.status,
+        match (activity_rank(busiest), activity_rank(own)) {
+            // Nothing is busy and the session's own bits say so: they stand.
+            (0, 0) => self.session.status,
+            // Nothing is busy: idle, whatever activity bit was left.
+            (0, _) => (self.session.status & !STATUS_ACTIVITY) | IDLE,
             _ => (self.session.status & !STATUS_ACTIVITY) | busiest,
         }
     }

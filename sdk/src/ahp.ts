@@ -296,9 +296,20 @@ export class AhpClient {
     });
   }
 
-  /** Drops the connection as a network failure would (for tests and "reconnect now" buttons). */
+  /** Drops the connection as a network failure would (it resumes after the backoff). */
   drop(reason = "dropped by the client"): void {
     this.socket?.close(4000, reason);
+  }
+
+  /** Connects again now: a live connection is replaced (and resumes), a pending retry does not wait. */
+  reconnect(): void {
+    if (this.stopped) return;
+    if (this.socket) {
+      this.socket.close(4000, "token refresh");
+      return;
+    }
+    clearTimeout(this.retryTimer);
+    void this.open();
   }
 
   private takeSeq(): number {

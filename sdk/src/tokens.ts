@@ -56,5 +56,7 @@ export async function resolveToken(provider: TokenProvider | undefined): Promise
   if (provider === undefined) return undefined;
   const answer = typeof provider === "string" ? provider : await provider();
   const token = typeof answer === "string" ? { value: answer } : answer;
+  // An empty token is no token (a provider with nothing to give yet).
+  if (!token.value) return undefined;
   return { value: token.value, expiresAt: token.expiresAt ?? jwtExpiry(token.value) };
 }

@@ -537,9 +537,9 @@ async fn an_agents_question_waits_for_an_answer_and_times_out_as_the_agent_is_to
         .find(|s| s["resource"] == "ahp-session:/ask")
         .cloned()
         .unwrap();
-    assert_ne!(
-        summary["status"].as_u64().unwrap() & 8,
-        0,
+    assert_eq!(
+        summary["status"].as_u64().unwrap() & 24,
+        24,
         "input needed: {summary}"
     );
 
@@ -565,6 +565,16 @@ async fn an_agents_question_waits_for_an_answer_and_times_out_as_the_agent_is_to
         a["id"] == format!("{chat}#{id}").as_str()
     })
     .await;
+    // Answered and ended: the summary is idle again (not "in progress").
+    let listed = ahp.call("listSessions", json!({})).await.unwrap();
+    let summary = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["resource"] == "ahp-session:/ask")
+        .cloned()
+        .unwrap();
+    assert_eq!(summary["status"].as_u64().unwrap() & 31, 1, "idle: {summary}");
 
     // Nobody answers the next one: after the timeout it is cancelled, as
     // the agent is told, and the session goes on.

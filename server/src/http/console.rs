@@ -1,6 +1,7 @@
 //! The web console, served at `/` from assets embedded at build time: no
 //! CDN and no network at run time, and `cargo build` needs no npm (the
-//! compiled JavaScript in `console/dist/` is committed; CI rebuilds it from
+//! console's TypeScript, with @tether/sdk and its libraries, is bundled by
+//! esbuild into one committed `console/dist/app.js`; CI rebuilds it from
 //! `console/src/` and fails if it differs). The README says how to work on
 //! it.
 
@@ -14,7 +15,6 @@ use crate::AppState;
 const INDEX: &str = include_str!("../../../console/index.html");
 const STYLE: &str = include_str!("../../../console/style.css");
 const APP: &str = include_str!("../../../console/dist/app.js");
-const AHP: &str = include_str!("../../../console/dist/ahp.js");
 
 /// The console's own documents: same-origin only, no inline script.
 const POLICY: &str = "default-src 'self'; connect-src 'self' ws: wss:; img-src 'self' data:; \
@@ -46,9 +46,5 @@ pub fn router() -> Router<AppState> {
         .route(
             "/console/app.js",
             get(|| async { asset(APP, "text/javascript; charset=utf-8") }),
-        )
-        .route(
-            "/console/ahp.js",
-            get(|| async { asset(AHP, "text/javascript; charset=utf-8") }),
         )
 }
