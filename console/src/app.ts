@@ -10,6 +10,7 @@ import {
   RestClient,
   TetherError,
   jwtClaims,
+  jwtExpiry,
   type Action,
   type ConnectionState,
   type Envelope,
@@ -66,7 +67,21 @@ class Console {
     });
   }
 
+  private expiryTimer: number | undefined;
+
+  /** Asks for a new token when this one expires (the server allows a short leeway, then closes the stream). */
+  private watchExpiry(): void {
+    window.clearTimeout(this.expiryTimer);
+    const expiry = this.token ? jwtExpiry(this.token) : undefined;
+    if (expiry === undefined) return;
+    this.expiryTimer = window.setTimeout(
+      () => this.askToken("Your token has expired. Enter a new one; the page stays as it is."),
+      Math.max(0, expiry - Date.now()),
+    );
+  }
+
   async start(): Promise<void> {
+    this.watchExpiry();
     if (!(await this.checkToken())) return;
     this.connect();
     await Promise.all([this.loadAgents(), this.loadSessions()]);
@@ -159,10 +174,16 @@ class Console {
       case "closed":
         indicator.textContent = "Offline";
         break;
-      case "unauthorized":
+      case "unauthorized": {
         indicator.textContent = "Not signed in";
-        void this.checkToken();
+        const expiry = this.token ? jwtExpiry(this.token) : undefined;
+        if (expiry !== undefined && expiry <= Date.now()) {
+          this.askToken("Your token has expired. Enter a new one; the page stays as it is.");
+        } else {
+          void this.checkToken();
+        }
         break;
+      }
     }
   }
 
@@ -718,8 +739,9 @@ class Console {
       if (this.client) {
         // A token for a page already open (the last one expired): the
         // stream reconnects with it and replays; the view stays.
+        this.watchExpiry();
         this.applyRole();
-        if (this.client.state.kind !== "connected") this.client.reconnect();
+        this.client.reconnect();
         void this.loadSessions();
       } else {
         void this.start();

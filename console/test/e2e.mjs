@@ -258,6 +258,24 @@ try {
   await lastAnswer(page, "image image/png").waitFor({ timeout: WAIT });
   await shot(page, "image-pasted");
 
+  // Keyboard only: the message box has the focus after a send; Enter sends.
+  // The agent's usage and cost show on the turn and in the details, and the
+  // details follow the stream without a reload.
+  await page.locator("#message").focus();
+  await page.keyboard.type("usage");
+  await page.keyboard.press("Enter");
+  await lastAnswer(page, "counted").waitFor({ timeout: WAIT });
+  await page.locator("#turns li").last().locator(".meta", { hasText: "0.0420 USD" }).waitFor({ timeout: WAIT });
+  await page.locator("#projection dd", { hasText: "0.0420 USD" }).waitFor({ timeout: WAIT });
+  const turnsShown = await page.locator("#projection dt", { hasText: "Turns" }).locator("xpath=following-sibling::dd[1]").innerText();
+  assert(turnsShown === String(await page.locator("#turns > li").count()), `the details say ${turnsShown} turns`);
+
+  // Dark mode, from the system's preference, is as readable.
+  await page.emulateMedia({ colorScheme: "dark" });
+  await accessibility(page, "the session view in dark mode");
+  await page.screenshot({ path: join(OUT, "session-dark.png") });
+  await page.emulateMedia({ colorScheme: "light" });
+
   // Accessibility, and the main views at a desktop's and a phone's width.
   await accessibility(page, "the session view");
   await page.setViewportSize({ width: 1280, height: 900 });
@@ -285,6 +303,12 @@ try {
       child.on("exit", () => done(out.trim()));
     });
   const viewer = await mint("viewer");
+  const shortViewer = await new Promise((done) => {
+    const child = spawn(BIN, ["token", "--sub", "viewer-e2e", "--role", "viewer", "--project", "*", "--ttl", "6s", "--auth-secret-file", secret]);
+    let out = "";
+    child.stdout.on("data", (c) => (out += c));
+    child.on("exit", () => done(out.trim()));
+  });
   const operator = await mint("admin");
   await start(["--auth-secret-file", secret]);
   browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"] });
@@ -296,7 +320,9 @@ try {
   await guest.getByRole("button", { name: "Use this token" }).click();
   await guest.getByText("The server refused the token").waitFor({ timeout: WAIT });
   await shot(guest, "wrong-token");
-  await guest.getByLabel("Token").fill(viewer);
+  // A token that expires in a few seconds: the page asks for a new one
+  // when it does, and keeps its view.
+  await guest.getByLabel("Token").fill(shortViewer);
   await guest.getByRole("button", { name: "Use this token" }).click();
   await connected(guest);
   await guest.locator('[data-session="e2e"]').click();
@@ -316,6 +342,15 @@ try {
   await say(admin, "seen live by a viewer");
   await lastAnswer(guest, "seen live by a viewer").waitFor({ timeout: WAIT });
   await accessibility(guest, "the viewer's session view");
+
+  await guest.getByText("Your token has expired").waitFor({ timeout: WAIT });
+  await shot(guest, "token-expired");
+  await guest.getByLabel("Token").fill(viewer);
+  await guest.getByRole("button", { name: "Use this token" }).click();
+  await connected(guest);
+  await guest.getByRole("heading", { name: "From REST" }).waitFor({ timeout: WAIT });
+  await say(admin, "after the new token");
+  await lastAnswer(guest, "after the new token").waitFor({ timeout: WAIT });
   // A viewer sees the conversation; every control that writes is disabled, with the reason.
   await guest.locator('#turns li[data-state="complete"] .answer', { hasText: "hello from the browser" }).waitFor({ timeout: WAIT });
   assert(await guest.getByRole("button", { name: "Send", exact: true }).isDisabled(), "a viewer can press Send");

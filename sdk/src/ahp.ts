@@ -177,6 +177,10 @@ export class AhpClient {
   private refreshTimer: ReturnType<typeof setTimeout> | undefined;
   private retryTimer: ReturnType<typeof setTimeout> | undefined;
   private currentState: ConnectionState = { kind: "closed" };
+  /** The token a refresh replaced (a provider that answers it again is not asked again until it expires). */
+  private refreshedFrom: string | undefined;
+  /** The token of a connection the server closed as expired (4003). */
+  private expiredToken: string | undefined;
 
   constructor(options: AhpClientOptions) {
     const WebSocketClass = options.WebSocket ?? (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket;
@@ -350,6 +354,13 @@ export class AhpClient {
       return;
     }
     if (this.stopped) return;
+    // An expired token is not tried again: the provider has to give a new
+    // one (the console asks its user; `reconnect()` tries again at once).
+    if (token && (token.value === this.expiredToken || (token.expiresAt !== undefined && token.expiresAt <= Date.now()))) {
+      this.expiredToken = token.value;
+      this.retry("the token has expired; a new one is needed", true);
+      return;
+    }
     // Browsers cannot set headers on a WebSocket: the token travels as a
     // subprotocol beside the real one, never in the URL.
     const protocols = token ? ["ahp", `bearer.${token.value}`] : ["ahp"];
@@ -372,6 +383,7 @@ export class AhpClient {
       const refused = !opened && token !== undefined;
       const reason = event.reason || (opened ? "the connection dropped" : "the server cannot be reached");
       // An expired token, or a refresh: straight back, with a fresh token.
+      if (event.code === CLOSE_TOKEN_EXPIRED) this.expiredToken = token?.value;
       const immediate = event.code === CLOSE_TOKEN_EXPIRED || event.reason === "token refresh";
       this.retry(refused ? `the server refused the connection (token?): ${reason}` : reason, refused, immediate);
     };
@@ -440,15 +452,22 @@ export class AhpClient {
     }
   }
 
-  /** Reconnects with a fresh token shortly before this one expires. */
+  /**
+   * Reconnects with a fresh token shortly before this one expires. Only a
+   * provider function can give a fresh one, and a token too close to its
+   * end to be worth replacing (or the same token again) is left to expire.
+   */
   private scheduleRefresh(socket: WebSocketLike, token: Token | undefined): void {
     clearTimeout(this.refreshTimer);
-    if (!token?.expiresAt) return;
+    if (!token?.expiresAt || typeof this.options.token !== "function" || token.value === this.refreshedFrom) return;
     const life = token.expiresAt - Date.now();
     const before = this.options.refreshBeforeMs ?? Math.min(60_000, Math.max(1_000, life / 10));
-    const inMs = Math.max(0, life - before);
+    if (life <= before) return;
+    const inMs = life - before;
     this.refreshTimer = setTimeout(() => {
-      if (this.socket === socket) socket.close(4000, "token refresh");
+      if (this.socket !== socket) return;
+      this.refreshedFrom = token.value;
+      socket.close(4000, "token refresh");
     }, inMs);
   }
 
