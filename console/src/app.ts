@@ -15,7 +15,7 @@ import {
   type ConnectionState,
   type Envelope,
   type SessionView,
-} from "../../sdk/src/index.js";
+} from "../../sdk/typescript/src/index.js";
 import { Attachments, Commands, acceptFiles, renderConfig, type SessionConfig } from "./composer.js";
 import { renderQuestion } from "./questions.js";
 import { $, element, lineDiff, renderDiff, renderMarkdown, when } from "./render.js";
@@ -46,6 +46,8 @@ class Console {
   private texts = new Map<string, Promise<string>>();
   /** The open session's AHP state: its config and active clients. */
   private sessionState: Record<string, any> = {};
+  /** The agent's plan as last reported (`_meta["tether/plan"]`): the turn it belongs to and its steps. */
+  private plan: { turnId?: string; entries: { content: string; status: string; priority?: string }[] } | undefined;
   /** Drawn turns, kept while they do not change (a form being filled keeps its values). */
   private drawn = new Map<string, { key: string; node: HTMLElement }>();
   private queued = new Map<string, string>();
@@ -274,6 +276,7 @@ class Console {
     $("#empty").hidden = true;
     const snapshot = await client.subscribe(answer.resource);
     this.sessionState = snapshot.state as Record<string, any>;
+    this.plan = this.sessionState._meta?.["tether/plan"];
     if (answer.defaultChat) await client.subscribe(answer.defaultChat);
     this.renderConfig();
     this.renderPresence();
@@ -334,6 +337,9 @@ class Console {
       case "session/activeClientRemoved":
         state.activeClients = (state.activeClients ?? []).filter((c: { clientId: string }) => c.clientId !== action.clientId);
         this.renderPresence();
+        break;
+      case "session/metaChanged":
+        if (action._meta?.["tether/plan"]) this.plan = action._meta["tether/plan"];
         break;
       case "chat/pendingMessageSet":
         this.queued.set(action.id, action.message?.text ?? "");
@@ -481,7 +487,8 @@ class Console {
     const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 40;
     const nodes = [...this.turns.values()].map((turn) => {
       // A turn is drawn again only when it changed.
-      const key = JSON.stringify([turn.state, turn.error, turn.usage, [...turn.parts.values()], [...turn.tools.values()]]);
+      const plan = this.plan?.turnId === turn.id ? this.plan : undefined;
+      const key = JSON.stringify([turn.state, turn.error, turn.usage, plan, [...turn.parts.values()], [...turn.tools.values()]]);
       const drawn = this.drawn.get(turn.id);
       if (drawn?.key === key) return drawn.node;
       const node = this.renderTurn(turn);
@@ -530,6 +537,18 @@ class Console {
 
   private renderTurn(turn: TurnView): HTMLElement {
     const answer = element("div", { class: "answer" });
+    if (this.plan && this.plan.turnId === turn.id && this.plan.entries.length) {
+      const marks: Record<string, string> = { completed: "✓", in_progress: "▸", pending: "○" };
+      answer.append(
+        element(
+          "ol",
+          { class: "plan", "aria-label": "The agent's plan" },
+          ...this.plan.entries.map((entry) =>
+            element("li", { "data-status": entry.status }, element("span", { class: "mark", "aria-hidden": "true" }, marks[entry.status] ?? "○"), ` ${entry.content}`, element("span", { class: "meta" }, ` ${entry.status.replace("_", " ")}`)),
+          ),
+        ),
+      );
+    }
     for (const id of turn.order) {
       const part = turn.parts.get(id);
       if (part?.kind === "inputRequest") {

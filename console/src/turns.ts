@@ -2,7 +2,7 @@
 // snapshot and then from its envelopes, in order. Pure data; `view.ts`
 // draws it.
 
-import type { Action, ahp } from "../../sdk/src/index.js";
+import type { Action, ahp } from "../../sdk/typescript/src/index.js";
 
 export interface EditView {
   path: string;

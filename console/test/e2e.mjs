@@ -270,6 +270,12 @@ try {
   const turnsShown = await page.locator("#projection dt", { hasText: "Turns" }).locator("xpath=following-sibling::dd[1]").innerText();
   assert(turnsShown === String(await page.locator("#turns > li").count()), `the details say ${turnsShown} turns`);
 
+  // The agent's plan shows as a checklist in its turn.
+  await say(page, "plan");
+  await page.locator('.plan li[data-status="completed"]', { hasText: "look" }).waitFor({ timeout: WAIT });
+  await page.locator('.plan li[data-status="pending"]', { hasText: "fix" }).waitFor({ timeout: WAIT });
+  await shot(page, "plan");
+
   // Dark mode, from the system's preference, is as readable.
   await page.emulateMedia({ colorScheme: "dark" });
   await accessibility(page, "the session view in dark mode");

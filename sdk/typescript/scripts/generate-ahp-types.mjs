@@ -26,7 +26,7 @@ function crateSource() {
   if (process.argv[2]) return process.argv[2];
   const metadata = JSON.parse(
     execFileSync("cargo", ["metadata", "--format-version", "1", "--locked"], {
-      cwd: join(dirname(new URL(import.meta.url).pathname), "..", ".."),
+      cwd: join(dirname(new URL(import.meta.url).pathname), "..", "..", ".."),
       encoding: "utf8",
       maxBuffer: 64 * 1024 * 1024,
     }),

@@ -9,7 +9,7 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { randomBytes } from "node:crypto";
 
-export const BIN = resolve(process.env.TETHER_BIN ?? "../target/debug/tether");
+export const BIN = resolve(process.env.TETHER_BIN ?? "../../target/debug/tether");
 
 async function freePort() {
   return new Promise((done) => {

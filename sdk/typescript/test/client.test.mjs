@@ -2,7 +2,7 @@
 // subscribe and dispatch, a cut connection resumes with no gap and no
 // duplicate, a retried action applies once, a token refreshed mid-stream.
 //
-//   TETHER_BIN=../target/debug/tether npm test
+//   TETHER_BIN=../../target/debug/tether npm test
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
