@@ -88,23 +88,38 @@ function serdeAttr(attrs, key) {
 const hasSerde = (attrs, word) =>
   attrs.some((a) => a.startsWith("#[serde") && new RegExp(`\\b${word}\\b`).test(a));
 
+/**
+ * If `lines[i]` is a doc comment or an attribute (which may span lines),
+ * adds it to `docs` or `attrs` and answers the index of its last line;
+ * otherwise answers -1.
+ */
+function annotation(lines, i, docs, attrs) {
+  const line = lines[i].trim();
+  if (line.startsWith("///")) {
+    docs.push(line.replace(/^\/\/\/ ?/, ""));
+    return i;
+  }
+  if (line.startsWith("#[")) {
+    let attr = line;
+    while (!balanced(attr) && i + 1 < lines.length) attr += " " + lines[++i].trim();
+    attrs.push(attr);
+    return i;
+  }
+  return -1;
+}
+
 /** Parses the items of one Rust file into declarations. */
 function parse(text, out) {
   const lines = text.split("\n");
   let docs = [];
   let attrs = [];
   for (let i = 0; i < lines.length; i++) {
+    const end = annotation(lines, i, docs, attrs);
+    if (end >= 0) {
+      i = end;
+      continue;
+    }
     const line = lines[i].trim();
-    if (line.startsWith("///")) {
-      docs.push(line.replace(/^\/\/\/ ?/, ""));
-      continue;
-    }
-    if (line.startsWith("#[")) {
-      let attr = line;
-      while (!balanced(attr) && i + 1 < lines.length) attr += " " + lines[++i].trim();
-      attrs.push(attr);
-      continue;
-    }
     let m;
     if ((m = line.match(/^pub type (\w+)\s*=\s*(.+);$/))) {
       out.push({ kind: "alias", name: m[1], docs, type: tsType(m[2]) });
@@ -165,18 +180,12 @@ function fields(body, renameAll) {
   let docs = [];
   let attrs = [];
   for (let i = 0; i < body.length; i++) {
-    const line = body[i].trim();
-    if (line.startsWith("///")) {
-      docs.push(line.replace(/^\/\/\/ ?/, ""));
+    const end = annotation(body, i, docs, attrs);
+    if (end >= 0) {
+      i = end;
       continue;
     }
-    if (line.startsWith("#[")) {
-      let attr = line;
-      while (!balanced(attr)) attr += " " + body[++i].trim();
-      attrs.push(attr);
-      continue;
-    }
-    let decl = line;
+    let decl = body[i].trim();
     while (/^(pub )?\w+:/.test(decl) && !decl.endsWith(",") && i + 1 < body.length) decl += " " + body[++i].trim();
     const m = decl.match(/^(?:pub )?(\w+): (.+),$/);
     if (m) {
@@ -195,15 +204,12 @@ function variants(body) {
   let docs = [];
   let attrs = [];
   for (let i = 0; i < body.length; i++) {
+    const end = annotation(body, i, docs, attrs);
+    if (end >= 0) {
+      i = end;
+      continue;
+    }
     const line = body[i].trim();
-    if (line.startsWith("///")) {
-      docs.push(line.replace(/^\/\/\/ ?/, ""));
-      continue;
-    }
-    if (line.startsWith("#[")) {
-      attrs.push(line);
-      continue;
-    }
     let m;
     const rename = serdeAttr(attrs, "rename");
     const untagged = hasSerde(attrs, "untagged");
