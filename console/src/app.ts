@@ -217,10 +217,35 @@ class Console {
     $<HTMLSelectElement>("#create-provider").replaceChildren(
       ...answer.agents.map((agent) => element("option", { value: agent.provider }, `${agent.displayName} (${agent.provider})`)),
     );
+    void this.loadCreateConfig();
     $<HTMLSelectElement>("#agent-filter").replaceChildren(
       element("option", { value: "" }, "any"),
       ...answer.agents.map((agent) => element("option", { value: agent.provider }, agent.displayName)),
     );
+  }
+
+  /** The chosen agent's settings for a new session (`resolveSessionConfig`), as pickers in the create form. */
+  private createConfig: Record<string, unknown> = {};
+
+  private async loadCreateConfig(): Promise<void> {
+    const provider = $<HTMLSelectElement>("#create-provider").value;
+    this.createConfig = {};
+    const box = $("#create-config");
+    box.replaceChildren();
+    box.hidden = true;
+    if (!provider || !this.client) return;
+    try {
+      await this.client.whenReady();
+      const config = (await this.client.request("resolveSessionConfig", { provider })) as SessionConfig;
+      if ($<HTMLSelectElement>("#create-provider").value !== provider) return;
+      this.createConfig = { ...(config.values ?? {}) };
+      renderConfig(box, config, (property, value) => {
+        this.createConfig[property] = value;
+      });
+      this.applyRole();
+    } catch {
+      // An agent with no settings to offer, or none known yet: nothing to pick.
+    }
   }
 
   private scheduleList(): void {
@@ -682,6 +707,7 @@ class Console {
 
   private bindForms(): void {
     $<HTMLFormElement>("#filters").addEventListener("input", () => this.scheduleList());
+    $<HTMLSelectElement>("#create-provider").addEventListener("change", () => void this.loadCreateConfig());
     $<HTMLFormElement>("#filters").addEventListener("submit", (event) => event.preventDefault());
     $<HTMLFormElement>("#create").addEventListener("submit", async (event) => {
       event.preventDefault();
@@ -689,8 +715,9 @@ class Console {
       const data = new FormData(form);
       const dir = String(data.get("dir") ?? "").trim();
       const title = String(data.get("title") ?? "").trim();
+      const config = Object.keys(this.createConfig).length ? (this.createConfig as never) : undefined;
       const answer = await this.call((rest) =>
-        rest.createSession({ provider: String(data.get("provider") ?? "") || undefined, title: title || undefined, workingDirectories: dir ? [dir] : [] }),
+        rest.createSession({ provider: String(data.get("provider") ?? "") || undefined, title: title || undefined, workingDirectories: dir ? [dir] : [], config }),
       );
       if (answer instanceof TetherError) {
         this.showError(form, answer.problem.detail ?? answer.message);

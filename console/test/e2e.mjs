@@ -193,6 +193,8 @@ try {
 
   // An ACP agent asks permission; the person approves it from the page.
   await page.locator("#create-provider").selectOption("fake");
+  // Created with a model of its own, chosen from the agent's settings.
+  await page.locator('#create-config select[name="model"]').selectOption({ label: "Smart" });
   await page.getByLabel("Working directory").fill(dir);
   await page.getByRole("button", { name: "Create session" }).click();
   await page.getByRole("textbox", { name: "Message" }).waitFor({ timeout: WAIT });
@@ -205,12 +207,15 @@ try {
   await page.locator('#turns li[data-state="complete"] .answer', { hasText: "edited" }).waitFor({ timeout: WAIT });
   await shot(page, "permission-approved");
 
-  // The agent's settings are pickers; a model picked there reaches the agent.
-  const model = page.locator('#config select[name="model"]');
-  await model.waitFor({ timeout: WAIT });
-  await model.selectOption({ label: "Smart" });
+  // It was created with the model picked in the form; the composer's
+  // pickers change it, and the agent has the new one.
   await say(page, "settings");
   await lastAnswer(page, "model=smart").waitFor({ timeout: WAIT });
+  const model = page.locator('#config select[name="model"]');
+  await model.waitFor({ timeout: WAIT });
+  await model.selectOption({ label: "Fast" });
+  await say(page, "settings");
+  await lastAnswer(page, "model=fast").waitFor({ timeout: WAIT });
   await shot(page, "model-picked");
 
   // A file edit shows both sides, as a diff.
@@ -267,8 +272,10 @@ try {
   await lastAnswer(page, "counted").waitFor({ timeout: WAIT });
   await page.locator("#turns li").last().locator(".meta", { hasText: "0.0420 USD" }).waitFor({ timeout: WAIT });
   await page.locator("#projection dd", { hasText: "0.0420 USD" }).waitFor({ timeout: WAIT });
-  const turnsShown = await page.locator("#projection dt", { hasText: "Turns" }).locator("xpath=following-sibling::dd[1]").innerText();
-  assert(turnsShown === String(await page.locator("#turns > li").count()), `the details say ${turnsShown} turns`);
+  const turnsShown = () => [...document.querySelectorAll("#projection dt")].find((dt) => dt.textContent === "Turns")?.nextElementSibling?.textContent;
+  const turnsDrawn = String(await page.locator("#turns > li").count());
+  await page.waitForFunction((n) => [...document.querySelectorAll("#projection dt")].find((dt) => dt.textContent === "Turns")?.nextElementSibling?.textContent === n, turnsDrawn, { timeout: WAIT })
+    .catch(async () => fail(`the details say ${await page.evaluate(turnsShown)} turns, the conversation shows ${turnsDrawn}`));
 
   // The agent's plan shows as a checklist in its turn.
   await say(page, "plan");

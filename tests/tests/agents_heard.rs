@@ -41,6 +41,18 @@ async fn get(base: &str, path: &str) -> Value {
         .expect("JSON")
 }
 
+/// A session's summary as AHP `listSessions` answers it.
+async fn summary_of(ahp: &mut Ahp, resource: &str) -> Value {
+    let listed = ahp.call("listSessions", json!({})).await.unwrap();
+    listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["resource"] == resource)
+        .cloned()
+        .unwrap_or_else(|| panic!("{resource} is not listed: {listed}"))
+}
+
 fn log_lines(log: &Path) -> Vec<String> {
     std::fs::read_to_string(log)
         .unwrap_or_default()
@@ -529,14 +541,7 @@ async fn an_agents_question_waits_for_an_answer_and_times_out_as_the_agent_is_to
         a["request"]["kind"] == "chatInput"
     })
     .await;
-    let listed = ahp.call("listSessions", json!({})).await.unwrap();
-    let summary = listed["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["resource"] == "ahp-session:/ask")
-        .cloned()
-        .unwrap();
+    let summary = summary_of(&mut ahp, "ahp-session:/ask").await;
     assert_eq!(
         summary["status"].as_u64().unwrap() & 24,
         24,
@@ -566,15 +571,12 @@ async fn an_agents_question_waits_for_an_answer_and_times_out_as_the_agent_is_to
     })
     .await;
     // Answered and ended: the summary is idle again (not "in progress").
-    let listed = ahp.call("listSessions", json!({})).await.unwrap();
-    let summary = listed["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["resource"] == "ahp-session:/ask")
-        .cloned()
-        .unwrap();
-    assert_eq!(summary["status"].as_u64().unwrap() & 31, 1, "idle: {summary}");
+    let summary = summary_of(&mut ahp, "ahp-session:/ask").await;
+    assert_eq!(
+        summary["status"].as_u64().unwrap() & 31,
+        1,
+        "idle: {summary}"
+    );
 
     // Nobody answers the next one: after the timeout it is cancelled, as
     // the agent is told, and the session goes on.
