@@ -260,6 +260,27 @@ impl Client {
         self.send(Method::GET, &path, &[], None::<&()>).await
     }
 
+    /// `GET /v1/sessions/{id}/export`: the whole transcript as JSON Lines
+    /// (every envelope) or Markdown (the conversation as a person reads it).
+    pub async fn export(&self, id: &str, format: ExportFormat) -> Result<String, Error> {
+        let path = format!("v1/sessions/{}/export", segment(id));
+        let query = [("format", format.as_str().to_owned())];
+        let response = self
+            .request(Method::GET, &path, &query, None::<&()>)?
+            .send()
+            .await
+            .map_err(Error::Unreachable)?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(Error::Unreachable)?;
+        if !status.is_success() {
+            return Err(refusal(status, &bytes));
+        }
+        String::from_utf8(bytes.to_vec()).map_err(|e| Error::Decode {
+            status: status.as_u16(),
+            reason: e.to_string(),
+        })
+    }
+
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
         self.send(Method::GET, path, &[], None::<&()>).await
     }
@@ -271,6 +292,19 @@ impl Client {
         query: &[(&str, String)],
         body: Option<&B>,
     ) -> Result<T, Error> {
+        let request = self.request(method, path, query, body)?;
+        let response = request.send().await.map_err(Error::Unreachable)?;
+        decode(response).await
+    }
+
+    /// A request to `path` with the query, the bearer token and the body.
+    fn request<B: Serialize + ?Sized>(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&B>,
+    ) -> Result<reqwest::RequestBuilder, Error> {
         let url = self.base.join(path).map_err(|e| Error::InvalidUrl {
             url: path.to_owned(),
             reason: e.to_string(),
@@ -283,8 +317,26 @@ impl Client {
         if let Some(body) = body {
             request = request.json(body);
         }
-        let response = request.send().await.map_err(Error::Unreachable)?;
-        decode(response).await
+        Ok(request)
+    }
+}
+
+/// What [`Client::export`] gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportFormat {
+    /// JSON Lines: one AHP `ActionEnvelope` per line, oldest first.
+    Jsonl,
+    /// Markdown: the conversation as a person reads it.
+    Markdown,
+}
+
+impl ExportFormat {
+    /// The `format` query value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExportFormat::Jsonl => "jsonl",
+            ExportFormat::Markdown => "markdown",
+        }
     }
 }
 
@@ -332,17 +384,22 @@ async fn decode<T: DeserializeOwned>(response: reqwest::Response) -> Result<T, E
             reason: e.to_string(),
         });
     }
-    match serde_json::from_slice::<Problem>(&bytes) {
-        Ok(problem) => Err(Error::Api {
+    Err(refusal(status, &bytes))
+}
+
+/// An error answer as an [`Error`]: its problem document, or its text.
+fn refusal(status: StatusCode, bytes: &[u8]) -> Error {
+    match serde_json::from_slice::<Problem>(bytes) {
+        Ok(problem) => Error::Api {
             status: problem.status,
             code: problem.code,
             detail: problem.detail,
-        }),
-        Err(_) => Err(Error::Api {
+        },
+        Err(_) => Error::Api {
             status: status.as_u16(),
             code: code_for(status).to_owned(),
-            detail: Some(String::from_utf8_lossy(&bytes).into_owned()),
-        }),
+            detail: Some(String::from_utf8_lossy(bytes).into_owned()),
+        },
     }
 }
 

@@ -774,6 +774,22 @@ class Console {
       this.showError($("#session-actions"), answer instanceof TetherError ? answer.problem.detail ?? answer.message : "");
       await this.refreshView();
     });
+    for (const format of ["markdown", "jsonl"] as const) {
+      $<HTMLButtonElement>(`#export-${format}`).addEventListener("click", async () => {
+        const view = this.current;
+        if (!view) return;
+        const text = await this.call((rest) => rest.export(view.id, format));
+        if (text instanceof TetherError) {
+          this.showError($("#session-actions"), text.problem.detail ?? text.message);
+          return;
+        }
+        // A download of what the server rendered (a link could not carry the token).
+        const type = format === "markdown" ? "text/markdown" : "application/jsonl";
+        const link = element("a", { href: URL.createObjectURL(new Blob([text], { type })), download: `${view.id}.${format === "markdown" ? "md" : "jsonl"}` });
+        link.click();
+        window.setTimeout(() => URL.revokeObjectURL(link.href), 1000);
+      });
+    }
     $<HTMLFormElement>("#token-form").addEventListener("submit", (event) => {
       event.preventDefault();
       const value = String(new FormData(event.currentTarget as HTMLFormElement).get("token") ?? "").trim();

@@ -283,6 +283,11 @@ try {
   await page.locator('.plan li[data-status="pending"]', { hasText: "fix" }).waitFor({ timeout: WAIT });
   await shot(page, "plan");
 
+  // The session exports as Markdown, downloaded from the page.
+  const [download] = await Promise.all([page.waitForEvent("download", { timeout: WAIT }), page.getByRole("button", { name: "Markdown" }).click()]);
+  const exported = readFileSync(await download.path(), "utf8");
+  assert(exported.includes("## You") && exported.includes("answered: accept"), `the export: ${exported.slice(0, 300)}`);
+
   // Dark mode, from the system's preference, is as readable.
   await page.emulateMedia({ colorScheme: "dark" });
   await accessibility(page, "the session view in dark mode");

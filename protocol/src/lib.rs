@@ -7,6 +7,7 @@ pub mod actions;
 pub mod channel;
 pub mod config;
 pub mod context;
+pub mod export;
 pub mod ids;
 pub mod model;
 pub mod projection;

@@ -19,6 +19,7 @@ backend_tests!(
     tail_follows_across_a_server_restart,
     tail_from_start_prints_the_whole_transcript,
     tail_follows_chats_created_while_it_runs,
+    export_gives_every_envelope_as_jsonl_and_the_conversation_as_markdown,
 );
 
 /// A `tether` command against `url`, with its own state directory.
@@ -482,5 +483,105 @@ async fn tail_follows_chats_created_while_it_runs(db: TestDb) {
     assert_eq!(seen[1]["channel"], "ahp-chat:/grows.side");
     assert_eq!(seen[1]["action"]["message"]["text"], "on the side");
     assert!(tail.wait().await.unwrap().success());
+    server.stop().await;
+}
+
+async fn export_gives_every_envelope_as_jsonl_and_the_conversation_as_markdown(db: TestDb) {
+    let server = TestServer::start(&db).await;
+    let url = server.base_url();
+    let state = tempfile::tempdir().unwrap();
+    let client = server.client();
+    create(&client, "exported", "web", &[]).await;
+    assert_ok(&run(&url, state.path(), &["send", "exported", "hello **echo**"]).await);
+    // More than one page of the store (1,000), so the export pages through.
+    produce_titles(&client, "exported", 0..1100).await;
+    assert_ok(&run(&url, state.path(), &["send", "exported", "and again"]).await);
+
+    // The whole transcript, page by page, as the transcript endpoint gives it.
+    let mut expected: Vec<Value> = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = client.transcript("exported", after, 1000).await.unwrap();
+        expected.extend(page.envelopes);
+        match page.next_after {
+            Some(next) => after = next,
+            None => break,
+        }
+    }
+    assert!(expected.len() > 1100, "{}", expected.len());
+
+    // JSON Lines over REST: every envelope, once, in order, as JSON.
+    let response = reqwest::get(format!("{url}/v1/sessions/exported/export"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/jsonl");
+    assert_eq!(
+        response.headers()["content-disposition"],
+        "attachment; filename=\"exported.jsonl\""
+    );
+    let body = response.text().await.unwrap();
+    let exported: Vec<Value> = body
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("each line is one JSON envelope"))
+        .collect();
+    assert_eq!(exported, expected, "the export round-trips every envelope");
+
+    // The command line prints the same bytes.
+    let cli = run(&url, state.path(), &["export", "exported"]).await;
+    assert_ok(&cli);
+    assert_eq!(stdout(&cli), body);
+
+    // Markdown: the conversation as a person reads it.
+    let markdown = run(
+        &url,
+        state.path(),
+        &["export", "exported", "--format", "markdown"],
+    )
+    .await;
+    assert_ok(&markdown);
+    let text = stdout(&markdown);
+    assert!(
+        text.starts_with("# t1099\n"),
+        "{}",
+        &text[..200.min(text.len())]
+    );
+    assert!(
+        text.contains(&format!("{} envelopes", expected.len())),
+        "{text}"
+    );
+    assert_eq!(text.matches("## You").count(), 2, "{text}");
+    assert!(
+        text.contains("hello **echo**\n\n## Agent\n\nhello **echo**"),
+        "{text}"
+    );
+    assert!(text.contains("and again"), "{text}");
+    let response = reqwest::get(format!("{url}/v1/sessions/exported/export?format=markdown"))
+        .await
+        .unwrap();
+    assert_eq!(
+        response.headers()["content-type"],
+        "text/markdown; charset=utf-8"
+    );
+    assert_eq!(response.text().await.unwrap(), text);
+
+    // Clear refusals: an unknown format, an unknown session.
+    let refused = reqwest::get(format!("{url}/v1/sessions/exported/export?format=pdf"))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let problem: Value = refused.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("jsonl or markdown"),
+        "{problem}"
+    );
+    assert_fails(
+        &run(&url, state.path(), &["export", "nope"]).await,
+        3,
+        "does not exist",
+    );
     server.stop().await;
 }

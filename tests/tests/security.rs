@@ -178,10 +178,11 @@ async fn every_cell_of_the_role_matrix_holds_over_rest_and_the_websocket(db: Tes
     let resume = json!({"sessionId": "m-x", "cwd": "/tmp", "additionalDirectories": []});
     // (row, [viewer, operator, agent, admin])
     type Row = (&'static str, [Cell; 4]);
-    let rest_rows: [Row; 13] = [
+    let rest_rows: [Row; 14] = [
         ("GET /v1/sessions", [Allowed; 4]),
         ("GET /v1/sessions/{id}", [Allowed; 4]),
         ("GET /v1/sessions/{id}/transcript", [Allowed; 4]),
+        ("GET /v1/sessions/{id}/export", [Allowed; 4]),
         ("GET /v1/sessions/{id}/tool-context", [Allowed; 4]),
         ("GET working-context", [Allowed; 4]),
         ("GET working-contexts", [Allowed; 4]),
@@ -214,6 +215,10 @@ async fn every_cell_of_the_role_matrix_holds_over_rest_and_the_websocket(db: Tes
                 }
                 "GET /v1/sessions/{id}/transcript" => {
                     api.call("GET", &format!("/v1/sessions/{own}/transcript"), None)
+                        .await
+                }
+                "GET /v1/sessions/{id}/export" => {
+                    api.call("GET", &format!("/v1/sessions/{own}/export"), None)
                         .await
                 }
                 "GET /v1/sessions/{id}/tool-context" => {
@@ -414,6 +419,8 @@ async fn another_projects_sessions_do_not_exist_for_a_principal(db: TestDb) {
     for path in [
         "/v1/sessions/theirs",
         "/v1/sessions/theirs/transcript",
+        "/v1/sessions/theirs/export",
+        "/v1/sessions/theirs/export?format=markdown",
         "/v1/sessions/theirs/tool-context",
         "/v1/projects/p2/sessions/theirs/working-context",
         "/v1/projects/p2/working-contexts",

@@ -471,6 +471,7 @@ async fn unknown_ids_start_no_actor_and_take_no_lease(db: TestDb) {
     for (method, path, body) in [
         ("GET", "/v1/sessions/ghost", None),
         ("GET", "/v1/sessions/ghost/transcript", None),
+        ("GET", "/v1/sessions/ghost/export", None),
         ("GET", "/v1/sessions/ghost/tool-context", None),
         ("DELETE", "/v1/sessions/ghost", None),
         (

@@ -101,7 +101,9 @@ export class RestClient {
     });
     const text = await response.text();
     const type = response.headers.get("content-type") ?? "";
-    const parsed: unknown = type.includes("json") && text ? JSON.parse(text) : text;
+    // JSON and problem documents are parsed; anything else (JSON Lines,
+    // Markdown, metrics) is answered as text.
+    const parsed: unknown = /^application\/(problem\+)?json\b/.test(type) && text ? JSON.parse(text) : text;
     if (!response.ok) {
       const retry = Number(response.headers.get("retry-after"));
       throw new TetherError(
@@ -159,6 +161,11 @@ export class RestClient {
 
   dispatch(id: string, body: Body<operations["dispatch"]>) {
     return this.request("post", "/v1/sessions/{id}/actions", { path: { id }, body });
+  }
+
+  /** A session's whole transcript as JSON Lines (every envelope) or Markdown (the conversation). */
+  async export(id: string, format: "jsonl" | "markdown" = "jsonl"): Promise<string> {
+    return (await this.request("get", "/v1/sessions/{id}/export", { path: { id }, query: { format } })) as string;
   }
 
   resume(id: string, body?: Body<operations["resume"]>) {

@@ -64,6 +64,10 @@ for (const backend of backends()) {
 
       // REST errors carry the problem document.
       await assert.rejects(tether.rest.session("no-such-session"), (error) => error instanceof TetherError && error.status === 404 && error.problem.code === "not_found");
+      // The export: every envelope as a JSON line, and the conversation as Markdown.
+      const lines = (await tether.rest.export("sdk-basic")).trim().split("\n").map((line) => JSON.parse(line));
+      assert.deepEqual(lines.map((e) => e.serverSeq), (await tether.rest.transcript("sdk-basic", { limit: 1000 })).envelopes.map((e) => e.serverSeq));
+      assert.match(await tether.rest.export("sdk-basic", "markdown"), /^# After\n/);
       const page = await tether.rest.sessions({ limit: 10 });
       assert.ok(page.items.some((s) => s.id === "sdk-basic"));
     } finally {

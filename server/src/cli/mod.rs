@@ -72,6 +72,9 @@ pub enum RemoteCommand {
     /// Follow a session live, one line per envelope; survives server
     /// restarts without gaps.
     Tail(TailArgs),
+    /// Print a session's whole transcript: JSON Lines (every envelope) or
+    /// Markdown (the conversation as a person reads it).
+    Export(ExportArgs),
     /// Start a turn with TEXT and print the agent's answer as it streams.
     Send(SendArgs),
     /// Change a session's working directories.
@@ -107,6 +110,18 @@ pub struct ShowArgs {
     remote: Remote,
     /// The session id.
     id: String,
+}
+
+/// `tether export`.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    remote: Remote,
+    /// The session id.
+    id: String,
+    /// `jsonl` (every envelope, one per line) or `markdown`.
+    #[arg(long, default_value = "jsonl", value_parser = ["jsonl", "markdown"])]
+    format: String,
 }
 
 /// `tether agents`.
@@ -298,6 +313,7 @@ pub async fn run(command: RemoteCommand) -> ExitCode {
         RemoteCommand::Sessions(args) => sessions(args).await,
         RemoteCommand::Show(args) => show(args).await,
         RemoteCommand::Tail(args) => tail(args).await,
+        RemoteCommand::Export(args) => export(args).await,
         RemoteCommand::Send(args) => send(args).await,
         RemoteCommand::Dirs(args) => dirs(args).await,
         RemoteCommand::Context(ContextCommand::Get(args)) => context_get(args).await,
@@ -359,6 +375,16 @@ impl Remote {
     fn stream_config(&self) -> Result<StreamConfig, Failed> {
         Ok(self.with_token(StreamConfig::new(self.url.clone()).with_identity(self.identity()?)))
     }
+}
+
+/// `tether export`: the transcript, as the server renders it, to stdout.
+async fn export(args: ExportArgs) -> Outcome {
+    let format = match args.format.as_str() {
+        "markdown" => tether_client::ExportFormat::Markdown,
+        _ => tether_client::ExportFormat::Jsonl,
+    };
+    let text = args.remote.client()?.export(&args.id, format).await?;
+    write_stdout(&text)
 }
 
 /// Writes one line to stdout.

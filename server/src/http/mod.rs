@@ -6,6 +6,7 @@ pub mod agents;
 pub mod console;
 pub mod contexts;
 pub mod error;
+pub mod export;
 pub mod extract;
 pub mod guard;
 pub mod health;

@@ -46,6 +46,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(resume))
         .routes(routes!(tool_context))
         .routes(routes!(attachment))
+        .routes(routes!(super::export::export))
 }
 
 /// A session's read-model row as a view, with the row's seq and time.
@@ -54,7 +55,11 @@ fn view_of(row: &SessionRow) -> Result<SessionView, ApiError> {
 }
 
 /// The visible read-model row of a session, or 404.
-async fn visible(state: &AppState, caller: &Principal, id: &str) -> Result<SessionView, ApiError> {
+pub(super) async fn visible(
+    state: &AppState,
+    caller: &Principal,
+    id: &str,
+) -> Result<SessionView, ApiError> {
     validate_name("session id", id)?;
     let row = state.store.session(id).await?;
     let view = row.as_ref().map(view_of).transpose()?;
@@ -215,7 +220,7 @@ pub async fn create_session(
 pub struct SessionPath {
     /// Session id.
     #[param(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:-]{1,128}$")]
-    id: String,
+    pub(super) id: String,
 }
 
 /// A session's projection.
