@@ -17,9 +17,10 @@ import {
   type SessionView,
 } from "../../sdk/typescript/src/index.js";
 import { Attachments, Commands, acceptFiles, renderConfig, type SessionConfig } from "./composer.js";
-import { renderQuestion } from "./questions.js";
-import { $, element, lineDiff, renderDiff, renderMarkdown, when } from "./render.js";
-import { applyChat, openQuestions, totals, turnsOf, type EditView, type ToolView, type TurnView } from "./turns.js";
+import { Attention } from "./attention.js";
+import { Conversation, type Plan } from "./conversation.js";
+import { $, element, when } from "./render.js";
+import { applyChat, totals, turnsOf, type TurnView } from "./turns.js";
 
 const TOKEN_KEY = "tether-token";
 /** Envelopes kept on the page; older ones are in the transcript (REST). */
@@ -46,27 +47,21 @@ class Console {
   private texts = new Map<string, Promise<string>>();
   /** The open session's AHP state: its config and active clients. */
   private sessionState: Record<string, any> = {};
-  /** The agent's plan as last reported (`_meta["tether/plan"]`): the turn it belongs to and its steps. */
-  private plan: { turnId?: string; entries: { content: string; status: string; priority?: string }[] } | undefined;
-  /** Drawn turns, kept while they do not change (a form being filled keeps its values). */
-  private drawn = new Map<string, { key: string; node: HTMLElement }>();
+  /** The agent's plan as last reported (`_meta["tether/plan"]`). */
+  private plan: Plan | undefined;
   private queued = new Map<string, string>();
   private attachments = new Attachments($("#attachments"), (message) => this.showError($("#turn"), message));
   private commands = new Commands($<HTMLTextAreaElement>("#message"), $("#commands"));
-  /** What needed the person when last drawn (for notifications). */
-  private waiting = 0;
-  private unseen = 0;
+  private attention = new Attention();
+  private conversation = new Conversation($("#turns"), {
+    send: (action, form) => void this.send(this.current!.defaultChat!, action, form),
+    text: (uri) => this.attachmentText(uri),
+  });
 
   /** The forms' listeners are added once, however often `start` runs. */
   constructor() {
     this.bindForms();
     acceptFiles($("#turn"), $<HTMLTextAreaElement>("#message"), $<HTMLInputElement>("#files"), this.attachments);
-    document.addEventListener("visibilitychange", () => {
-      if (!document.hidden) {
-        this.unseen = 0;
-        this.badge();
-      }
-    });
   }
 
   private expiryTimer: number | undefined;
@@ -291,7 +286,8 @@ class Console {
     if (answer instanceof TetherError) return;
     this.current = answer;
     this.turns.clear();
-    this.drawn.clear();
+    this.conversation.clear();
+    this.attention.reset();
     this.queued.clear();
     this.rows = 0;
     $("#envelopes").replaceChildren();
@@ -508,146 +504,12 @@ class Console {
   }
 
   private renderTurns(): void {
-    const list = $("#turns");
-    const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 40;
-    const nodes = [...this.turns.values()].map((turn) => {
-      // A turn is drawn again only when it changed.
-      const plan = this.plan?.turnId === turn.id ? this.plan : undefined;
-      const key = JSON.stringify([turn.state, turn.error, turn.usage, plan, [...turn.parts.values()], [...turn.tools.values()]]);
-      const drawn = this.drawn.get(turn.id);
-      if (drawn?.key === key) return drawn.node;
-      const node = this.renderTurn(turn);
-      this.drawn.set(turn.id, { key, node });
-      return node;
-    });
-    if (nodes.length !== list.children.length || nodes.some((node, i) => list.children[i] !== node)) list.replaceChildren(...nodes);
-    if (atBottom) list.scrollTop = list.scrollHeight;
+    this.conversation.draw(this.turns.values(), this.plan);
     const queued = [...this.queued.values()];
     $("#queue").textContent = queued.length ? `Queued after this turn: ${queued.map((t) => `“${t}”`).join(", ")}` : "";
     this.updateCancel();
     this.applyRole();
-    this.attention();
-  }
-
-  /** A title badge, and a browser notification when the tab is hidden, when the session needs the person or a turn ends. */
-  private attention(): void {
-    const waiting = openQuestions(this.turns.values());
-    const title = this.current?.title || this.current?.id || "";
-    if (waiting > this.waiting) this.notify(`${title} needs you`, "The agent is waiting for an answer.");
-    this.waiting = waiting;
-    const last = [...this.turns.values()].pop();
-    const ended = last && last.state !== "running" ? `${last.id}:${last.state}` : "";
-    if (ended && ended !== this.lastEnded && this.lastEnded !== undefined && document.hidden) {
-      this.notify(`${title}: turn ${last!.state}`, last!.error ?? "The agent finished its turn.");
-    }
-    this.lastEnded = ended;
-    this.badge();
-  }
-
-  private lastEnded: string | undefined;
-
-  private notify(title: string, body: string): void {
-    if (!document.hidden && this.waiting === 0) return;
-    this.unseen += document.hidden ? 1 : 0;
-    if ("Notification" in window && Notification.permission === "granted" && document.hidden) {
-      new Notification(title, { body, tag: `tether-${this.current?.id}` });
-    }
-    this.badge();
-  }
-
-  private badge(): void {
-    const count = this.waiting + this.unseen;
-    document.title = count ? `(${count}) Tether` : "Tether";
-  }
-
-  private renderTurn(turn: TurnView): HTMLElement {
-    const answer = element("div", { class: "answer" });
-    if (this.plan && this.plan.turnId === turn.id && this.plan.entries.length) {
-      const marks: Record<string, string> = { completed: "✓", in_progress: "▸", pending: "○" };
-      answer.append(
-        element(
-          "ol",
-          { class: "plan", "aria-label": "The agent's plan" },
-          ...this.plan.entries.map((entry) =>
-            element("li", { "data-status": entry.status }, element("span", { class: "mark", "aria-hidden": "true" }, marks[entry.status] ?? "○"), ` ${entry.content}`, element("span", { class: "meta" }, ` ${entry.status.replace("_", " ")}`)),
-          ),
-        ),
-      );
-    }
-    for (const id of turn.order) {
-      const part = turn.parts.get(id);
-      if (part?.kind === "inputRequest") {
-        answer.append(
-          renderQuestion(part.request!, part.response, turn.state === "running", (action) =>
-            void this.send(this.current!.defaultChat!, action as unknown as Action, answer),
-          ),
-        );
-      } else if (part) {
-        const block = element("div", { class: `part ${part.kind}` });
-        if (part.kind === "reasoning") {
-          block.append(element("details", {}, element("summary", {}, "Thinking"), renderMarkdown(part.text)));
-        } else {
-          block.append(renderMarkdown(part.text));
-        }
-        answer.append(block);
-      }
-      const tool = turn.tools.get(id);
-      if (tool) answer.append(this.renderTool(turn, tool));
-    }
-    if (turn.error) answer.append(element("p", { class: "error", role: "alert" }, turn.error));
-    answer.append(element("p", { class: "error", role: "alert" }));
-    const footer = element("p", { class: "meta" }, turn.state);
-    if (turn.usage) {
-      const cost = turn.usage.cost ? ` · ${turn.usage.cost.amount.toFixed(4)} ${turn.usage.cost.currency} so far` : "";
-      footer.append(` · ${turn.usage.input} in / ${turn.usage.output} out tokens${turn.usage.model ? ` · ${turn.usage.model}` : ""}${cost}`);
-    }
-    const user = element("div", { class: "user" }, renderMarkdown(turn.text));
-    if (turn.attachments) user.append(element("p", { class: "meta" }, `${turn.attachments} attachment${turn.attachments > 1 ? "s" : ""}`));
-    return element("li", { "data-turn": turn.id, "data-state": turn.state }, user, answer, footer);
-  }
-
-  private renderTool(turn: TurnView, tool: ToolView): HTMLElement {
-    const card = element("details", { class: "tool", "data-status": tool.status });
-    if (tool.status === "pending-confirmation" || tool.edits.length) card.open = true;
-    card.append(
-      element("summary", {}, element("strong", {}, tool.name), " ", element("span", { class: `badge ${tool.status}` }, tool.status), tool.intention ? ` ${tool.intention}` : ""),
-    );
-    if (tool.input) card.append(element("h4", {}, "Input"), element("pre", {}, tool.input));
-    for (const edit of tool.edits) card.append(this.renderEdit(edit));
-    if (tool.terminal) card.append(element("h4", {}, "Terminal"), element("pre", { class: "terminal" }, tool.terminal));
-    if (tool.result) card.append(element("h4", {}, "Output"), element("pre", {}, tool.result));
-    if (tool.status === "pending-confirmation") {
-      const row = element("div", { class: "row", "data-writes": "" });
-      const options = tool.options.length
-        ? tool.options
-        : [
-            { id: "", label: "Approve", kind: "approve" },
-            { id: "", label: "Deny", kind: "deny" },
-          ];
-      for (const option of options) {
-        const button = element("button", { type: "button", class: option.kind.startsWith("allow") || option.kind === "approve" ? "primary" : "" }, option.label);
-        button.addEventListener("click", () => {
-          const approved = option.kind === "approve" || option.kind.startsWith("allow");
-          const action: Record<string, unknown> = { type: "chat/toolCallConfirmed", turnId: turn.id, toolCallId: tool.id, approved };
-          if (option.id) action.selectedOptionId = option.id;
-          void this.send(this.current!.defaultChat!, action as Action, $("#turn"));
-        });
-        row.append(button);
-      }
-      card.append(row);
-    }
-    return card;
-  }
-
-  /** A file edit: its path and counts, and the diff once both sides are fetched. */
-  private renderEdit(edit: EditView): HTMLElement {
-    const counts = edit.added !== undefined ? ` +${edit.added} −${edit.removed ?? 0}` : "";
-    const box = element("figure", { class: "edit" }, element("figcaption", {}, element("code", {}, edit.path), counts));
-    const fetchText = (uri: string | undefined) => (uri ? this.attachmentText(uri) : Promise.resolve(""));
-    void Promise.all([fetchText(edit.before), fetchText(edit.after)])
-      .then(([before, after]) => box.append(renderDiff(lineDiff(before, after))))
-      .catch((error) => box.append(element("p", { class: "meta" }, `The diff could not be loaded: ${(error as Error).message}`)));
-    return box;
+    if (this.current) this.attention.update(this.turns, this.current.id, this.current.title || this.current.id);
   }
 
   /** A stored attachment's text (a file edit's side), fetched once. */
@@ -694,7 +556,7 @@ class Console {
     const input = $<HTMLTextAreaElement>("#message");
     const text = input.value.trim();
     if (!text || !this.current?.defaultChat) return;
-    if ("Notification" in window && Notification.permission === "default") void Notification.requestPermission();
+    this.attention.ask();
     input.value = "";
     const attachments = this.attachments.take();
     const message = { text, origin: { kind: "user" }, ...(attachments.length ? { attachments } : {}) };
