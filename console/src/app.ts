@@ -295,6 +295,8 @@ class Console {
     for (const slot of document.querySelectorAll<HTMLElement>("#session .error")) slot.textContent = "";
     $("#session").hidden = false;
     $("#empty").hidden = true;
+    // On a phone the session takes the screen; "← Sessions" brings the list back.
+    document.body.classList.add("in-session");
     const snapshot = await client.subscribe(answer.resource);
     this.sessionState = snapshot.state as Record<string, any>;
     this.plan = this.sessionState._meta?.["tether/plan"];
@@ -571,6 +573,10 @@ class Console {
     $<HTMLFormElement>("#filters").addEventListener("input", () => this.scheduleList());
     $<HTMLSelectElement>("#create-provider").addEventListener("change", () => void this.loadCreateConfig());
     $<HTMLFormElement>("#filters").addEventListener("submit", (event) => event.preventDefault());
+    $<HTMLButtonElement>("#back").addEventListener("click", () => {
+      document.body.classList.remove("in-session");
+      $<HTMLElement>("#sessions").querySelector<HTMLElement>("button, input")?.focus();
+    });
     $<HTMLFormElement>("#create").addEventListener("submit", async (event) => {
       event.preventDefault();
       const form = event.currentTarget as HTMLFormElement;

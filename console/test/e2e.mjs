@@ -303,6 +303,14 @@ try {
   await page.screenshot({ path: join(OUT, "session-390.png"), fullPage: true });
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
   assert(overflow <= 1, `at 390 px the page scrolls sideways by ${overflow} px`);
+  // On a phone the open session takes the screen; "← Sessions" brings the list back.
+  assert(!(await page.locator("#sessions").isVisible()), "at 390 px the list hides the session");
+  await page.getByRole("button", { name: "Back to the sessions" }).click();
+  await page.locator('[data-session]').first().waitFor({ timeout: WAIT });
+  assert(!(await page.locator("#session").isVisible()), "at 390 px the list and the session share the screen");
+  await page.screenshot({ path: join(OUT, "sessions-390.png"), fullPage: true });
+  await page.locator('[data-session]', { hasText: "permission" }).click();
+  await page.getByRole("textbox", { name: "Message" }).waitFor({ timeout: WAIT });
   await page.setViewportSize({ width: 1280, height: 900 });
   writeFileSync(join(OUT, "summary.json"), JSON.stringify({ stored, shown }, null, 2));
   await browser.close();
