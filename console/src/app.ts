@@ -47,6 +47,8 @@ class Console {
   private texts = new Map<string, Promise<string>>();
   /** The open session's AHP state: its config and active clients. */
   private sessionState: Record<string, any> = {};
+  /** The cursor of the chat's older turns (the snapshot holds the newest window), if there are more. */
+  private olderTurns: string | undefined;
   /** The agent's plan as last reported (`_meta["tether/plan"]`). */
   private plan: Plan | undefined;
   private queued = new Map<string, string>();
@@ -142,6 +144,7 @@ class Console {
       if (!current() || !this.current) return;
       if (snapshot.resource === this.current.defaultChat) {
         this.turns = turnsOf(snapshot.state as object);
+        this.olderTurns = (snapshot.state as { turnsNextCursor?: string }).turnsNextCursor;
         this.scheduleTurns();
       }
     });
@@ -286,6 +289,7 @@ class Console {
     if (answer instanceof TetherError) return;
     this.current = answer;
     this.turns.clear();
+    this.olderTurns = undefined;
     this.conversation.clear();
     this.attention.reset();
     this.queued.clear();
@@ -476,7 +480,10 @@ class Console {
     this.appendRow(envelope);
     this.foldSession(envelope);
     this.foldState(envelope.action as Record<string, any>);
-    if (envelope.channel === this.current.defaultChat) applyChat(this.turns, envelope.action);
+    if (envelope.channel === this.current.defaultChat) {
+      applyChat(this.turns, envelope.action);
+      if (envelope.action.type === "chat/turnsLoaded") this.olderTurns = (envelope.action as { turnsNextCursor?: string }).turnsNextCursor;
+    }
     // Conversation and details are drawn together, once a frame.
     this.scheduleTurns();
     window.clearTimeout(this.viewTimer);
@@ -507,6 +514,7 @@ class Console {
 
   private renderTurns(): void {
     this.conversation.draw(this.turns.values(), this.plan);
+    $("#older").hidden = !this.olderTurns;
     const queued = [...this.queued.values()];
     $("#queue").textContent = queued.length ? `Queued after this turn: ${queued.map((t) => `“${t}”`).join(", ")}` : "";
     this.updateCancel();
@@ -573,6 +581,16 @@ class Console {
     $<HTMLFormElement>("#filters").addEventListener("input", () => this.scheduleList());
     $<HTMLSelectElement>("#create-provider").addEventListener("change", () => void this.loadCreateConfig());
     $<HTMLFormElement>("#filters").addEventListener("submit", (event) => event.preventDefault());
+    $<HTMLButtonElement>("#older").addEventListener("click", async () => {
+      const chat = this.current?.defaultChat;
+      if (!chat || !this.client || !this.olderTurns) return;
+      // The host loads them into the chat (`chat/turnsLoaded`), for every subscriber.
+      try {
+        await this.client.request("fetchTurns", { channel: chat, cursor: this.olderTurns });
+      } catch (error) {
+        $("#notice").textContent = `Older turns could not be loaded: ${(error as Error).message}`;
+      }
+    });
     $<HTMLButtonElement>("#back").addEventListener("click", () => {
       document.body.classList.remove("in-session");
       $<HTMLElement>("#sessions").querySelector<HTMLElement>("button, input")?.focus();

@@ -129,9 +129,14 @@ function applyPart(turn: TurnView, part: Json): void {
 
 /** The turns of a chat's state (from a snapshot). */
 export function turnsOf(state: ahp.ChatState | Json): Map<string, TurnView> {
-  const turns = new Map<string, TurnView>();
   const all: Json[] = [...((state as Json).turns ?? [])];
   if ((state as Json).activeTurn) all.push({ ...(state as Json).activeTurn, state: "running" });
+  return viewsOf(all);
+}
+
+/** Turns (AHP `Turn`s, oldest first) as views. */
+function viewsOf(all: Json[]): Map<string, TurnView> {
+  const turns = new Map<string, TurnView>();
   for (const turn of all) {
     const view = newTurn(turn.id, turn.message, String(turn.state ?? "complete"), turn.startedAt);
     for (const part of turn.responseParts ?? []) applyPart(view, part);
@@ -161,6 +166,14 @@ export function applyChat(turns: Map<string, TurnView>, action: Action): boolean
     return true;
   }
   if (a.type === "chat/inputRequested" || a.type === "chat/inputCompleted") return applyInput(turns, a);
+  if (a.type === "chat/turnsLoaded") {
+    // Older turns, ahead of those already here.
+    const newer = [...turns];
+    turns.clear();
+    for (const [key, turn] of viewsOf(a.turns ?? [])) if (!newer.some(([k]) => k === key)) turns.set(key, turn);
+    for (const [key, turn] of newer) turns.set(key, turn);
+    return true;
+  }
   const turn = turns.get(id);
   if (!turn) return false;
   const tool = a.toolCallId ? turn.tools.get(String(a.toolCallId)) : undefined;

@@ -312,6 +312,25 @@ try {
   await page.locator('[data-session]', { hasText: "permission" }).click();
   await page.getByRole("textbox", { name: "Message" }).waitFor({ timeout: WAIT });
   await page.setViewportSize({ width: 1280, height: 900 });
+  // A long conversation opens on its newest turns; older ones load on request.
+  await rest("/v1/sessions", { method: "POST", body: JSON.stringify({ id: "long", title: "Long talk", workingDirectories: [dir] }) });
+  for (let i = 0; i < 55; i++) {
+    const sent = await rest("/v1/sessions/long/actions", { method: "POST", body: JSON.stringify({ clientId: "e2e-long", clientSeq: i + 1, channel: "ahp-chat:/long.main",
+      action: { type: "chat/turnStarted", turnId: `long-${i}`, startedAt: new Date().toISOString(), message: { text: `turn ${i}`, origin: { kind: "user" } } } }) });
+    assert(sent.status === 200, `turn ${i}: ${sent.status} ${JSON.stringify(sent.body)}`);
+    for (let j = 0; j < 200 && (await rest("/v1/sessions/long")).body.projection.openTurnId; j++) await new Promise((r) => setTimeout(r, 20));
+  }
+  await page.locator('[data-session="long"]').click();
+  await page.getByRole("heading", { name: "Long talk" }).waitFor({ timeout: WAIT });
+  await page.locator("#turns > li", { hasText: "turn 54" }).first().waitFor({ timeout: WAIT });
+  const window = await page.locator("#turns > li").count();
+  assert(window < 55, `the whole long conversation was sent at once (${window} turns)`);
+  await page.getByRole("button", { name: "Load older turns" }).click();
+  await page.locator("#turns > li", { hasText: "turn 0" }).first().waitFor({ timeout: WAIT });
+  assert((await page.locator("#turns > li").count()) === 55, "every turn after loading the older ones");
+  await page.getByRole("button", { name: "Load older turns" }).waitFor({ state: "hidden", timeout: WAIT });
+  await shot(page, "older-turns");
+
   writeFileSync(join(OUT, "summary.json"), JSON.stringify({ stored, shown }, null, 2));
   await browser.close();
   browser = null;
