@@ -227,10 +227,32 @@ try {
   await edit.locator("tr.kept", { hasText: "one" }).waitFor({ timeout: WAIT });
   await shot(page, "file-edit");
 
+  // Someone watching in a hidden tab (the page is told it is hidden; the
+  // browser's Notification is recorded) is told when the agent asks and
+  // when the turn ends.
+  const watcher = await (await browser.newContext()).newPage();
+  await watcher.addInitScript(() => {
+    Object.defineProperty(Document.prototype, "hidden", { get: () => true });
+    window.__notified = [];
+    window.Notification = class {
+      static permission = "granted";
+      static requestPermission = async () => "granted";
+      constructor(title) {
+        window.__notified.push(title);
+      }
+    };
+  });
+  await watcher.goto(base);
+  await connected(watcher);
+  await watcher.locator("[data-session]", { hasText: "permission" }).click();
+  await watcher.getByRole("heading", { name: "permission" }).waitFor({ timeout: WAIT });
+
   // The agent asks; the question is answered from the page.
   await say(page, "ask");
   const question = page.locator(".question form");
   await question.waitFor({ timeout: WAIT });
+  await page.waitForFunction(() => document.title === "(1) Tether", null, { timeout: WAIT });
+  await watcher.waitForFunction(() => window.__notified.some((t) => t.endsWith("needs you")), null, { timeout: WAIT });
   await page.locator("[data-session] .badge", { hasText: "needs input" }).first().waitFor({ timeout: WAIT });
   await shot(page, "question");
   await question.getByLabel("Environment").selectOption("prod");
@@ -238,6 +260,9 @@ try {
   await question.getByRole("button", { name: "Answer" }).click();
   await lastAnswer(page, "answered: accept").waitFor({ timeout: WAIT });
   const answered = await lastAnswer(page, "answered: accept").innerText();
+  await page.waitForFunction(() => document.title === "Tether", null, { timeout: WAIT });
+  await watcher.waitForFunction(() => window.__notified.some((t) => t.endsWith("turn complete")), null, { timeout: WAIT });
+  await watcher.close();
   assert(answered.includes('env="prod"') && answered.includes("replicas=3"), `the agent got: ${answered}`);
   // Answered and ended: the session is idle again (AHP status 1), not in progress or waiting.
   let settled;
