@@ -23,6 +23,8 @@ import { $, element, when } from "./render.js";
 import { applyChat, totals, turnsOf, type TurnView } from "./turns.js";
 
 const TOKEN_KEY = "tether-token";
+/** The longest delay `setTimeout` keeps. */
+const MAX_TIMER = 2 ** 31 - 1;
 /** Envelopes kept on the page; older ones are in the transcript (REST). */
 const MAX_ROWS = 2_000;
 
@@ -73,9 +75,11 @@ class Console {
     window.clearTimeout(this.expiryTimer);
     const expiry = this.token ? jwtExpiry(this.token) : undefined;
     if (expiry === undefined) return;
+    // setTimeout holds at most 2^31-1 ms (24.8 days): longer waits re-arm.
+    const wait = expiry - Date.now();
     this.expiryTimer = window.setTimeout(
-      () => this.askToken("Your token has expired. Enter a new one; the page stays as it is."),
-      Math.max(0, expiry - Date.now()),
+      () => (wait > MAX_TIMER ? this.watchExpiry() : this.askToken("Your token has expired. Enter a new one; the page stays as it is.")),
+      Math.min(Math.max(0, wait), MAX_TIMER),
     );
   }
 
@@ -142,6 +146,13 @@ class Console {
     });
     client.on("snapshot", (snapshot) => {
       if (!current() || !this.current) return;
+      if (snapshot.resource === this.current.resource) {
+        // After a resync: the session's own state (config, presence, plan) anew.
+        this.sessionState = snapshot.state as Record<string, any>;
+        this.plan = this.sessionState._meta?.["tether/plan"];
+        this.renderConfig();
+        this.renderPresence();
+      }
       if (snapshot.resource === this.current.defaultChat) {
         this.turns = turnsOf(snapshot.state as object);
         this.olderTurns = (snapshot.state as { turnsNextCursor?: string }).turnsNextCursor;
@@ -149,6 +160,11 @@ class Console {
       }
     });
     client.on("notification", (method) => current() && method.startsWith("root/") && this.scheduleList());
+    client.on("gone", (channels) => {
+      if (current() && this.current && channels.includes(this.current.resource)) {
+        $("#notice").textContent = "This session no longer exists, or you may no longer see it.";
+      }
+    });
     void client
       .connect()
       .then(() => client.subscribe("ahp-root://"))
@@ -281,12 +297,17 @@ class Console {
 
   // ─── One session ────────────────────────────────────────────────────
 
+  /** Which `open` is the latest: an older one that finishes later gives way. */
+  private opening = 0;
+
   private async open(id: string): Promise<void> {
     const client = this.client;
     if (!client) return;
+    const generation = ++this.opening;
     if (this.current) this.leave(client, this.current);
+    this.current = null;
     const answer = await this.call((rest) => rest.session(id));
-    if (answer instanceof TetherError) return;
+    if (answer instanceof TetherError || generation !== this.opening) return;
     this.current = answer;
     this.turns.clear();
     this.olderTurns = undefined;
@@ -301,10 +322,22 @@ class Console {
     $("#empty").hidden = true;
     // On a phone the session takes the screen; "← Sessions" brings the list back.
     document.body.classList.add("in-session");
-    const snapshot = await client.subscribe(answer.resource);
+    let snapshot;
+    try {
+      snapshot = await client.subscribe(answer.resource);
+      if (generation !== this.opening) return client.unsubscribe(answer.resource);
+      if (answer.defaultChat) await client.subscribe(answer.defaultChat);
+      if (generation !== this.opening) return this.leave(client, answer);
+    } catch (error) {
+      // The connection dropped mid-way: open it again once it is back.
+      $("#notice").textContent = `The session could not be followed (${(error as Error).message}); retrying.`;
+      void client.whenReady().then(() => {
+        if (generation === this.opening) void this.open(id);
+      });
+      return;
+    }
     this.sessionState = snapshot.state as Record<string, any>;
     this.plan = this.sessionState._meta?.["tether/plan"];
-    if (answer.defaultChat) await client.subscribe(answer.defaultChat);
     this.renderConfig();
     this.renderPresence();
     if (!this.isViewer()) {

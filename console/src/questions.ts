@@ -67,7 +67,11 @@ function field(question: Json): { control: HTMLElement; read: () => Json | undef
 export function renderQuestion(request: Json, response: string | undefined, open: boolean, answer: (action: InputAnswer) => void): HTMLElement {
   const box = element("div", { class: "question", "data-request": String(request.id), role: "group", "aria-label": "The agent asks" });
   box.append(element("strong", {}, "The agent asks"), renderMarkdown(String(request.message ?? "")));
-  if (request.url) box.append(element("p", {}, element("a", { href: String(request.url), target: "_blank", rel: "noopener noreferrer" }, String(request.url))));
+  // Only web links: an agent's `javascript:` URL is shown, not linked.
+  if (request.url) {
+    const url = String(request.url);
+    box.append(element("p", {}, /^https?:\/\//i.test(url) ? element("a", { href: url, target: "_blank", rel: "noopener noreferrer" }, url) : url));
+  }
   if (response || !open) {
     box.append(element("p", { class: "meta" }, response ? `Answered: ${response}` : "Not answered"));
     return box;

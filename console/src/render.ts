@@ -64,7 +64,14 @@ const markdown = new Marked({
  */
 export function renderMarkdown(text: string): DocumentFragment {
   const html = markdown.parse(text, { async: false }) as string;
-  const clean = DOMPurify.sanitize(html, { RETURN_DOM_FRAGMENT: true, FORBID_TAGS: ["style", "form", "input"] });
+  // No ids or names (an agent's element must not stand in for the page's
+  // own, e.g. `<textarea id="message">`), and no form controls at all.
+  const clean = DOMPurify.sanitize(html, {
+    RETURN_DOM_FRAGMENT: true,
+    SANITIZE_NAMED_PROPS: true,
+    FORBID_TAGS: ["style", "form", "input", "textarea", "button", "select", "option"],
+    FORBID_ATTR: ["id", "name", "form"],
+  });
   // Every image says what it is (an agent's Markdown may give none).
   for (const image of clean.querySelectorAll("img")) {
     if (!image.hasAttribute("alt")) image.setAttribute("alt", "image");

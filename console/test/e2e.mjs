@@ -153,10 +153,12 @@ try {
   await shot(page, "echo-answer");
 
   // Markdown, sanitised, with a highlighted code block.
-  await say(page, "Some **bold** words <img src=x onerror=alert(1)>\n\n```js\nconst answer = 42;\n```");
+  await say(page, "Some **bold** words <img src=x onerror=alert(1)> <textarea id=\"message\">not yours</textarea>\n\n```js\nconst answer = 42;\n```");
   await lastAnswer(page, "bold").locator("strong", { hasText: "bold" }).waitFor({ timeout: WAIT });
   await lastAnswer(page, "bold").locator("pre.code .hljs-keyword", { hasText: "const" }).waitFor({ timeout: WAIT });
   assert((await lastAnswer(page, "bold").locator("img[onerror]").count()) === 0, "an answer's markup ran unsanitised");
+  // An answer cannot put a control of its own in the page, nor take the composer's id.
+  assert((await page.locator("#turns .part textarea, #turns .part [id], #turns .user textarea, #turns .user [id]").count()) === 0, "an answer's form control or id reached the page");
   await shot(page, "markdown");
 
   // A bad working directory shows the server's reason next to the form.

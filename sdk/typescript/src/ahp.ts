@@ -67,7 +67,12 @@ export interface IdentityStore {
   save(identity: { clientId: string; lastSeq: number }): void;
 }
 
-/** An identity kept in a `Storage` (the browser's `localStorage`) under `key`. */
+/**
+ * An identity kept in a `Storage` under `key`. Two live clients must never
+ * share one (they would hand out the same numbers): in a browser use
+ * `sessionStorage` (one per tab, kept across reloads), not `localStorage`
+ * (shared by every tab of the origin).
+ */
 export function storageIdentity(storage: Pick<Storage, "getItem" | "setItem">, key = "tether-identity"): IdentityStore {
   return {
     load() {
@@ -148,6 +153,10 @@ interface PendingDispatch {
 type Listeners = { [K in keyof ClientEvents]: Set<ClientEvents[K]> };
 
 const OPEN = 1;
+/** The longest delay `setTimeout` keeps. */
+const MAX_TIMER = 2 ** 31 - 1;
+/** Tether's JSON-RPC code for a request over its principal's rate (`data.retryAfterMs`). */
+const TOO_MANY_REQUESTS = -32050;
 
 export class AhpClient {
   readonly clientId: string;
@@ -160,6 +169,10 @@ export class AhpClient {
   private readonly dispatches = new Map<number, PendingDispatch>();
   /** Each subscribed channel and the highest `serverSeq` delivered on it. */
   private readonly marks = new Map<string, number>();
+  /** Channels asked for and not given up (a subscribe still in flight included). */
+  private readonly wanted = new Set<string>();
+  /** The highest `serverSeq` delivered on any channel. */
+  private highest = 0;
   private readonly listeners: Listeners = {
     envelope: new Set(),
     snapshot: new Set(),
@@ -225,6 +238,7 @@ export class AhpClient {
   /** Closes for good: pending requests and dispatches fail. */
   close(): void {
     this.stopped = true;
+    this.wanted.clear();
     clearTimeout(this.refreshTimer);
     clearTimeout(this.retryTimer);
     this.socket?.close(1000, "closed by the client");
@@ -250,14 +264,26 @@ export class AhpClient {
   /** Subscribes to a channel; answers its snapshot (also given to `snapshot` listeners). */
   async subscribe(channel: string): Promise<Snapshot> {
     await this.whenReady();
+    this.wanted.add(channel);
+    // Everything delivered before the request was committed before the
+    // snapshot is taken; none of it was on this channel after `fromSeq`,
+    // so the channel's mark can start there (a quiet channel's own last
+    // seq may be far behind, and would drag every resume back).
+    const before = this.highest;
     const result = (await this.request("subscribe", { channel })) as { snapshot: Snapshot };
-    this.marks.set(channel, result.snapshot.fromSeq);
+    if (!this.wanted.has(channel)) {
+      // Given up while the answer was on its way.
+      if (this.socket?.readyState === OPEN) this.notify("unsubscribe", { channel });
+      return result.snapshot;
+    }
+    this.marks.set(channel, Math.max(result.snapshot.fromSeq, before));
     this.emit("snapshot", result.snapshot);
     return result.snapshot;
   }
 
   /** Stops following a channel. */
   unsubscribe(channel: string): void {
+    this.wanted.delete(channel);
     this.marks.delete(channel);
     if (this.socket?.readyState === OPEN) this.notify("unsubscribe", { channel });
   }
@@ -435,21 +461,38 @@ export class AhpClient {
     })) as { type: "replay"; actions: Envelope[]; missing?: string[] } | { type: "snapshot"; snapshots: Snapshot[] };
     if (result.type === "snapshot") {
       this.emit("resynced");
+      const given = new Set(result.snapshots.map((s) => s.resource));
       for (const snapshot of result.snapshots) {
         this.marks.set(snapshot.resource, snapshot.fromSeq);
         this.emit("snapshot", snapshot);
       }
+      // A channel the server gave no snapshot for no longer exists (for us).
+      const gone = channels.filter((c) => !given.has(c));
+      if (gone.length) {
+        for (const channel of gone) this.forget(channel);
+        this.emit("gone", gone);
+      }
       return;
     }
     let replayed = 0;
+    let top = lastSeen;
     for (const envelope of result.actions) {
+      top = Math.max(top, envelope.serverSeq);
       if (this.accept(envelope)) replayed += 1;
     }
+    // The replay covered every subscribed channel up to its last seq: a
+    // quiet channel is as current as the busiest.
+    for (const channel of this.marks.keys()) this.marks.set(channel, Math.max(this.marks.get(channel)!, top));
     this.emit("resumed", replayed);
     if (result.missing?.length) {
-      for (const channel of result.missing) this.marks.delete(channel);
+      for (const channel of result.missing) this.forget(channel);
       this.emit("gone", result.missing);
     }
+  }
+
+  private forget(channel: string): void {
+    this.marks.delete(channel);
+    this.wanted.delete(channel);
   }
 
   /**
@@ -463,6 +506,11 @@ export class AhpClient {
     const life = token.expiresAt - Date.now();
     const before = this.options.refreshBeforeMs ?? Math.min(60_000, Math.max(1_000, life / 10));
     if (life <= before) return;
+    // setTimeout holds at most 2^31-1 ms: a longer-lived token is looked at again then.
+    if (life - before > MAX_TIMER) {
+      this.refreshTimer = setTimeout(() => this.socket === socket && this.scheduleRefresh(socket, token), MAX_TIMER);
+      return;
+    }
     const inMs = life - before;
     this.refreshTimer = setTimeout(() => {
       if (this.socket !== socket) return;
@@ -482,7 +530,14 @@ export class AhpClient {
       timer,
       resolve: () => {},
       reject: (error) => {
-        if (error instanceof RpcError && this.dispatches.delete(pending.clientSeq)) pending.reject(error);
+        if (!(error instanceof RpcError)) return; // the connection dropped: resent on the next one
+        if (error.code === TOO_MANY_REQUESTS) {
+          // Over the rate: the same number again, when the server says.
+          const wait = Number((error.data as { retryAfterMs?: number } | undefined)?.retryAfterMs ?? 1000);
+          setTimeout(() => this.dispatches.has(pending.clientSeq) && this.send(pending), wait);
+          return;
+        }
+        if (this.dispatches.delete(pending.clientSeq)) pending.reject(error);
       },
     });
     socket.send(
@@ -554,6 +609,7 @@ export class AhpClient {
     const mark = this.marks.get(envelope.channel);
     if (mark === undefined || envelope.serverSeq <= mark) return false;
     this.marks.set(envelope.channel, envelope.serverSeq);
+    this.highest = Math.max(this.highest, envelope.serverSeq);
     this.emit("envelope", envelope);
     return true;
   }
