@@ -560,10 +560,8 @@ class Console {
     let text = this.texts.get(uri);
     if (!text) {
       const digest = uri.replace(/^tether-attachment:/, "").split("/").pop() ?? "";
-      const session = this.current!.id;
-      text = fetch(`/v1/sessions/${encodeURIComponent(session)}/attachments/${encodeURIComponent(digest)}`, {
-        headers: this.token ? { authorization: `Bearer ${this.token}` } : {},
-      }).then((r) => (r.ok ? r.text() : Promise.reject(new Error(`the server answered ${r.status}`))));
+      const id = this.current!.id;
+      text = this.rest.request("get", "/v1/sessions/{id}/attachments/{digest}", { path: { id, digest } }).then(String);
       this.texts.set(uri, text);
     }
     return text;

@@ -22,14 +22,8 @@ export type TokenProvider = string | (() => Token | string | Promise<Token | str
 
 /** The `exp` claim of a JWT, in milliseconds, if it has one. */
 export function jwtExpiry(token: string): number | undefined {
-  const payload = token.split(".")[1];
-  if (!payload) return undefined;
-  try {
-    const claims = JSON.parse(base64UrlDecode(payload)) as { exp?: unknown };
-    return typeof claims.exp === "number" ? claims.exp * 1000 : undefined;
-  } catch {
-    return undefined;
-  }
+  const exp = jwtClaims(token)?.exp;
+  return typeof exp === "number" ? exp * 1000 : undefined;
 }
 
 /** The role and projects a token claims (the server checks them; a UI only reads them). */

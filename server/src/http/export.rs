@@ -2,10 +2,13 @@
 //! transcript endpoint gives them, streamed page by page) or Markdown (the
 //! conversation as a person reads it).
 
+use std::sync::Arc;
+
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures_util::{Stream, StreamExt};
 use serde::Deserialize;
 use tether_protocol::export::Markdown;
 use tether_protocol::rest::Problem;
@@ -16,7 +19,8 @@ use super::extract::{ApiPath, ApiQuery};
 use super::sessions::{SessionPath, visible};
 use crate::AppState;
 use crate::auth::Principal;
-use crate::engine::fanout::envelope_json;
+use crate::engine::fanout::{envelope_json, envelope_text};
+use crate::store::{Store, StoreError, StoredEnvelope};
 
 /// Envelopes read from the store at a time.
 const PAGE: u32 = 1000;
@@ -29,6 +33,28 @@ pub struct ExportQuery {
     /// first) or `markdown` (the conversation as a person reads it).
     #[param(value_type = Option<String>, pattern = "^(jsonl|markdown)$")]
     format: Option<String>,
+}
+
+/// A session's transcript page by page, oldest first; it ends after the
+/// first short page or a store failure.
+fn pages(
+    store: Arc<dyn Store>,
+    id: String,
+) -> impl Stream<Item = Result<Vec<StoredEnvelope>, StoreError>> {
+    futures_util::stream::unfold(Some(0u64), move |after| {
+        let (store, id) = (store.clone(), id.clone());
+        async move {
+            match store.transcript(&id, after?, PAGE).await {
+                Ok(page) => {
+                    let next = (page.len() == PAGE as usize)
+                        .then(|| page.last().map(|e| e.seq))
+                        .flatten();
+                    Some((Ok(page), next))
+                }
+                Err(err) => Some((Err(err), None)),
+            }
+        }
+    })
 }
 
 /// What a session is exported as.
@@ -76,17 +102,13 @@ pub async fn export(
         HeaderValue::from_str(&format!("attachment; filename=\"{id}.{extension}\""))
             .unwrap_or_else(|_| HeaderValue::from_static("attachment"))
     };
+    let pages = pages(state.store.clone(), id.clone());
     if format == Format::Markdown {
         let mut markdown = Markdown::new(&id);
-        let mut after = 0;
-        loop {
-            let page = state.store.transcript(&id, after, PAGE).await?;
-            for envelope in &page {
+        let mut pages = std::pin::pin!(pages);
+        while let Some(page) = pages.next().await {
+            for envelope in &page? {
                 markdown.envelope(&envelope_json(envelope));
-            }
-            match page.last() {
-                Some(last) if page.len() == PAGE as usize => after = last.seq,
-                _ => break,
             }
         }
         return Ok((
@@ -101,31 +123,29 @@ pub async fn export(
         )
             .into_response());
     }
-    // Streamed: memory stays one page whatever the session's length. A
+    // Streamed: memory stays one page whatever the session's length, and
+    // each stored action is spliced in as written (never parsed again). A
     // store failure mid-way ends the body early (the client sees a cut
     // download, not a complete-looking one).
-    let store = state.store.clone();
-    let pages = futures_util::stream::unfold((Some(0u64), id.clone()), move |(after, id)| {
-        let store = store.clone();
-        async move {
-            let after = after?;
-            match store.transcript(&id, after, PAGE).await {
-                Ok(page) => {
-                    let next = (page.len() == PAGE as usize)
-                        .then(|| page.last().map(|e| e.seq))
-                        .flatten();
-                    let mut lines = String::new();
-                    for envelope in &page {
-                        lines.push_str(&envelope_json(envelope).to_string());
-                        lines.push('\n');
-                    }
-                    Some((Ok::<_, std::io::Error>(Bytes::from(lines)), (next, id)))
-                }
-                Err(err) => {
-                    tracing::warn!(session = %id, error = %err, "export cut short: the store failed");
-                    Some((Err(std::io::Error::other(err.to_string())), (None, id)))
-                }
+    let jsonl = disposition("jsonl");
+    let lines = pages.map(move |page| match page {
+        Ok(page) => {
+            let mut lines = String::new();
+            for e in &page {
+                lines.push_str(&envelope_text(
+                    e.seq,
+                    &e.channel,
+                    &e.action,
+                    e.origin.as_ref(),
+                    None,
+                ));
+                lines.push('\n');
             }
+            Ok(Bytes::from(lines))
+        }
+        Err(err) => {
+            tracing::warn!(session = %id, error = %err, "export cut short: the store failed");
+            Err(std::io::Error::other(err.to_string()))
         }
     });
     Ok((
@@ -134,9 +154,9 @@ pub async fn export(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/jsonl"),
             ),
-            (header::CONTENT_DISPOSITION, disposition("jsonl")),
+            (header::CONTENT_DISPOSITION, jsonl),
         ],
-        Body::from_stream(pages),
+        Body::from_stream(lines),
     )
         .into_response())
 }
