@@ -93,6 +93,7 @@ fi
 if [ "$quick" = 1 ]; then
   CASES=(
     "ingest-16||ingest --sessions 10 --in-flight 16 --duration 3 --warmup 1"
+    "ingest-16-noindex|--no-search-index|ingest --sessions 10 --in-flight 16 --duration 3 --warmup 1"
     "ingest-1||ingest --sessions 10 --in-flight 1 --duration 3 --warmup 1"
     "fanout-1000x200||fanout --subscribers 50 --rate 200 --duration 3"
     "fanout-1000x50||fanout --subscribers 50 --rate 50 --duration 3"
@@ -104,6 +105,7 @@ if [ "$quick" = 1 ]; then
 else
   CASES=(
     "ingest-16||ingest --sessions 100 --in-flight 16 --duration 10"
+    "ingest-16-noindex|--no-search-index|ingest --sessions 100 --in-flight 16 --duration 10"
     "ingest-1||ingest --sessions 100 --in-flight 1 --duration 10"
     "fanout-1000x200||fanout --subscribers 1000 --rate 200 --duration 10"
     "fanout-1000x50||fanout --subscribers 1000 --rate 50 --duration 10"

@@ -120,6 +120,9 @@ pub enum Scenario {
     /// One long chat: subscribe time, snapshot size and one turn's round
     /// trip as the chat's history grows.
     Chat(ChatArgs),
+    /// Typical full-text searches over a store seeded beforehand (the
+    /// seed example): latency of each, one at a time.
+    Search(SearchArgs),
 }
 
 impl Scenario {
@@ -132,8 +135,20 @@ impl Scenario {
             Scenario::Catchup(_) => "catchup",
             Scenario::List(_) => "list",
             Scenario::Chat(_) => "chat",
+            Scenario::Search(_) => "search",
         }
     }
+}
+
+/// `search`.
+#[derive(Debug, Args)]
+pub struct SearchArgs {
+    /// Requests timed per query.
+    #[arg(long, default_value_t = 200)]
+    pub repeat: usize,
+    /// Hits per page.
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
 }
 
 /// `chat`.

@@ -104,5 +104,6 @@ pub async fn run(cli: Cli) -> Result<Report> {
         Scenario::Catchup(args) => scenario::catchup::run(&ctx, args).await,
         Scenario::List(args) => scenario::list::run(&ctx, args).await,
         Scenario::Chat(args) => scenario::chat::run(&ctx, args).await,
+        Scenario::Search(args) => scenario::search::run(&ctx, args).await,
     }
 }

@@ -166,6 +166,48 @@ impl Client {
             .await
     }
 
+    /// `GET /v1/search`: the transcripts of the caller's projects that
+    /// match, best first.
+    pub async fn search(
+        &self,
+        query: &SearchQuery,
+    ) -> Result<tether_protocol::rest::SearchPage, Error> {
+        let mut params = vec![("q", query.q.clone())];
+        for (key, value) in [
+            ("project", &query.project),
+            ("agent", &query.agent),
+            ("state", &query.state),
+            ("since", &query.since),
+            ("until", &query.until),
+            ("cursor", &query.cursor),
+        ] {
+            if let Some(value) = value {
+                params.push((key, value.clone()));
+            }
+        }
+        if let Some(limit) = query.limit {
+            params.push(("limit", limit.to_string()));
+        }
+        self.send(Method::GET, "v1/search", &params, None::<&()>)
+            .await
+    }
+
+    /// `GET /v1/usage`: tokens and cost of the caller's projects, grouped.
+    pub async fn usage(
+        &self,
+        query: &UsageParams,
+    ) -> Result<tether_protocol::rest::UsageReport, Error> {
+        self.send(Method::GET, "v1/usage", &query.pairs(), None::<&()>)
+            .await
+    }
+
+    /// `GET /v1/usage?format=csv`: the same report as CSV.
+    pub async fn usage_csv(&self, query: &UsageParams) -> Result<String, Error> {
+        let mut pairs = query.pairs();
+        pairs.push(("format", "csv".to_owned()));
+        self.text(Method::GET, "v1/usage", &pairs).await
+    }
+
     /// `GET /v1/agents`: the agents sessions can run.
     pub async fn agents(&self) -> Result<tether_protocol::rest::AgentList, Error> {
         self.send(Method::GET, "v1/agents", &[], None::<&()>).await
@@ -265,8 +307,18 @@ impl Client {
     pub async fn export(&self, id: &str, format: ExportFormat) -> Result<String, Error> {
         let path = format!("v1/sessions/{}/export", segment(id));
         let query = [("format", format.as_str().to_owned())];
+        self.text(Method::GET, &path, &query).await
+    }
+
+    /// A request whose successful answer is text (not JSON).
+    async fn text(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<String, Error> {
         let response = self
-            .request(Method::GET, &path, &query, None::<&()>)?
+            .request(method, path, query, None::<&()>)?
             .send()
             .await
             .map_err(Error::Unreachable)?;
@@ -351,6 +403,58 @@ pub struct SessionQuery {
     pub limit: Option<u32>,
     /// The previous page's `nextCursor`.
     pub cursor: Option<String>,
+}
+
+/// What [`Client::search`] looks for, and where.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SearchQuery {
+    /// Words (all must match), `"quoted phrases"`, `prefix*`.
+    pub q: String,
+    /// Only this project's sessions.
+    pub project: Option<String>,
+    /// Only sessions of this agent.
+    pub agent: Option<String>,
+    /// Only sessions in this state.
+    pub state: Option<String>,
+    /// Only what was written at or after this time (RFC 3339).
+    pub since: Option<String>,
+    /// Only what was written before this time (RFC 3339).
+    pub until: Option<String>,
+    /// Hits per page, 1 to 100.
+    pub limit: Option<u32>,
+    /// The previous page's `nextCursor`.
+    pub cursor: Option<String>,
+}
+
+/// The range, filters and grouping of [`Client::usage`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageParams {
+    /// Only usage reported at or after this time (RFC 3339).
+    pub since: Option<String>,
+    /// Only usage reported before this time (RFC 3339).
+    pub until: Option<String>,
+    /// Only this project.
+    pub project: Option<String>,
+    /// Only this agent.
+    pub agent: Option<String>,
+    /// Group by these, comma-separated: `project`, `principal`, `agent`,
+    /// `model` (the server's default: `project`).
+    pub by: Option<String>,
+}
+
+impl UsageParams {
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        [
+            ("since", &self.since),
+            ("until", &self.until),
+            ("project", &self.project),
+            ("agent", &self.agent),
+            ("by", &self.by),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k, v)))
+        .collect()
+    }
 }
 
 fn context_path(project: &str, session: &str) -> String {

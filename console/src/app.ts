@@ -19,7 +19,7 @@ import {
 import { Attachments, Commands, acceptFiles, renderConfig, type SessionConfig } from "./composer.js";
 import { Attention } from "./attention.js";
 import { Conversation, type Plan } from "./conversation.js";
-import { $, element, when } from "./render.js";
+import { $, element, renderSnippet, when } from "./render.js";
 import { applyChat, totals, turnsOf, type TurnView } from "./turns.js";
 
 const TOKEN_KEY = "tether-token";
@@ -292,7 +292,45 @@ class Console {
         return element("li", {}, button);
       }),
     );
-    if (!items.length) list.replaceChildren(element("li", { class: "empty" }, search ? "No session matches." : "No sessions yet. Create one below."));
+    if (!items.length) list.replaceChildren(element("li", { class: "empty" }, search ? "No session title or id matches." : "No sessions yet. Create one below."));
+    await this.searchTranscripts(String(filters.get("q") ?? "").trim(), project, state, agent || undefined);
+  }
+
+  /** Which search is the latest: an older answer arriving later is dropped. */
+  private searching = 0;
+
+  /** What was said, across the transcripts of this token's projects. */
+  private async searchTranscripts(q: string, project?: string, state?: SessionView["state"], agent?: string): Promise<void> {
+    const generation = ++this.searching;
+    const found = $("#found");
+    if (!q) {
+      found.hidden = true;
+      return;
+    }
+    const answer = await this.call((rest) => rest.search({ q, project, state, agent, limit: 20 }));
+    if (generation !== this.searching) return;
+    if (answer instanceof TetherError) {
+      // Not a query it can run (no words yet, a filter it refuses): say why.
+      found.hidden = false;
+      $("#hits").replaceChildren(element("li", { class: "empty" }, answer.problem?.detail ?? answer.message));
+      return;
+    }
+    found.hidden = false;
+    $("#hits").replaceChildren(
+      ...answer.items.map((hit) => {
+        const button = element(
+          "button",
+          { type: "button", "data-hit": `${hit.sessionId}:${hit.seq}` },
+          element("span", { class: "title" }, hit.title || hit.sessionId),
+          element("span", { class: "badge" }, hit.kind),
+          element("span", { class: "snippet" }, renderSnippet(hit.snippetHtml)),
+          element("span", { class: "meta" }, `${hit.agent} · ${hit.project} · `, when(hit.at)),
+        );
+        button.addEventListener("click", () => void this.open(hit.sessionId, hit.turnId ?? undefined));
+        return element("li", {}, button);
+      }),
+    );
+    if (!answer.items.length) $("#hits").replaceChildren(element("li", { class: "empty" }, "Nothing said matches."));
   }
 
   // ─── One session ────────────────────────────────────────────────────
@@ -300,7 +338,7 @@ class Console {
   /** Which `open` is the latest: an older one that finishes later gives way. */
   private opening = 0;
 
-  private async open(id: string): Promise<void> {
+  private async open(id: string, turn?: string): Promise<void> {
     const client = this.client;
     if (!client) return;
     const generation = ++this.opening;
@@ -350,7 +388,22 @@ class Console {
     this.renderTurns();
     this.scheduleList();
     void this.loadContext();
-    $<HTMLTextAreaElement>("#message").focus();
+    if (turn) this.reveal(turn);
+    else $<HTMLTextAreaElement>("#message").focus();
+  }
+
+  /** Scrolls a turn into view and marks it (a search hit's place). */
+  private reveal(turn: string): void {
+    const item = [...document.querySelectorAll<HTMLElement>("#turns > li")].find((li) => li.dataset.turn === turn);
+    if (!item) {
+      $("#notice").textContent = "The turn found is older than the turns shown: load older turns to read it.";
+      return;
+    }
+    for (const old of document.querySelectorAll(".found-turn")) old.classList.remove("found-turn");
+    item.classList.add("found-turn");
+    item.setAttribute("tabindex", "-1");
+    item.scrollIntoView({ block: "center" });
+    item.focus({ preventScroll: true });
   }
 
   /** Stops following a session, and says this console is no longer in it. */

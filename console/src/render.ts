@@ -62,6 +62,11 @@ const markdown = new Marked({
  * anything that could run (scripts, handlers, `javascript:` links) is
  * removed, and links open elsewhere without the console's window.
  */
+/** A search hit's snippet: its text, with only `<mark>` kept. */
+export function renderSnippet(html: string): DocumentFragment {
+  return DOMPurify.sanitize(html, { RETURN_DOM_FRAGMENT: true, ALLOWED_TAGS: ["mark"], ALLOWED_ATTR: [] });
+}
+
 export function renderMarkdown(text: string): DocumentFragment {
   const html = markdown.parse(text, { async: false }) as string;
   // No ids or names (an agent's element must not stand in for the page's

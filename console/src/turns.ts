@@ -227,9 +227,13 @@ export function applyChat(turns: Map<string, TurnView>, action: Action): boolean
         if (!tool.result && !tool.success && a.result?.error) tool.result = JSON.stringify(a.result.error);
       }
       break;
-    case "chat/usage":
-      turn.usage = usageOf(a.usage ?? {});
+    case "chat/usage": {
+      // A report without a cost (tokens at the turn's end, from an agent
+      // that reports them apart) keeps the cost reported before.
+      const next = usageOf(a.usage ?? {});
+      turn.usage = { ...next, cost: next.cost ?? turn.usage?.cost };
       break;
+    }
     case "chat/turnComplete":
       turn.state = "complete";
       break;

@@ -198,7 +198,19 @@ try {
   // Created with a model of its own, chosen from the agent's settings.
   await page.locator('#create-config select[name="model"]').selectOption({ label: "Smart" });
   await page.getByLabel("Working directory").fill(dir);
+  // The composer of the session open until now stays on the page while the
+  // new one opens: wait for the new session's heading (it has no title, so
+  // its id) before writing, or the message goes to the old session.
+  const openBefore = await page.locator("#session-title").textContent();
   await page.getByRole("button", { name: "Create session" }).click();
+  await page.waitForFunction(
+    (before) => {
+      const title = document.querySelector("#session-title")?.textContent;
+      return Boolean(title) && title !== before && !document.querySelector("#session").hidden;
+    },
+    openBefore,
+    { timeout: WAIT },
+  );
   await page.getByRole("textbox", { name: "Message" }).waitFor({ timeout: WAIT });
   await page.getByRole("textbox", { name: "Message" }).fill("permission");
   await page.getByRole("button", { name: "Send", exact: true }).click();
@@ -314,6 +326,21 @@ try {
   const [download] = await Promise.all([page.waitForEvent("download", { timeout: WAIT }), page.getByRole("button", { name: "Markdown" }).click()]);
   const exported = readFileSync(await download.path(), "utf8");
   assert(exported.includes("## You") && exported.includes("answered: accept"), `the export: ${exported.slice(0, 300)}`);
+
+  // What was said is found from the search box: the hit names its session
+  // and marks the word; opening it shows the turn where it was said.
+  await page.getByRole("searchbox", { name: "Search" }).fill("browser");
+  const hit = page.locator("#hits button", { hasText: "From REST" }).first();
+  await hit.waitFor({ timeout: WAIT });
+  assert((await hit.locator("mark", { hasText: "browser" }).count()) === 1, `the hit marks the word: ${await hit.innerHTML()}`);
+  await shot(page, "search");
+  await hit.click();
+  await page.getByRole("heading", { name: "From REST" }).waitFor({ timeout: WAIT });
+  await page.locator("#turns li.found-turn", { hasText: "hello from the browser" }).waitFor({ timeout: WAIT });
+  await page.getByRole("searchbox", { name: "Search" }).fill("zzzz-never-said");
+  await page.locator("#hits li.empty", { hasText: "Nothing said matches." }).waitFor({ timeout: WAIT });
+  await page.getByRole("searchbox", { name: "Search" }).fill("");
+  await page.locator("#found").waitFor({ state: "hidden", timeout: WAIT });
 
   // Dark mode, from the system's preference, is as readable.
   await page.emulateMedia({ colorScheme: "dark" });

@@ -190,6 +190,33 @@ fn client_seq<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, 
     deserializer.deserialize_u64(Seq)
 }
 
+/// A whole number of days, written as JSON's integers or as a number with
+/// no fraction (`30.0` is JSON Schema's integer too).
+fn whole_days<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    struct Days;
+    impl serde::de::Visitor<'_> for Days {
+        type Value = u32;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "a whole number of days")
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<u32, E> {
+            u32::try_from(v)
+                .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(v), &self))
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<u32, E> {
+            u32::try_from(v).map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<u32, E> {
+            if v.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&v) {
+                Ok(v as u32)
+            } else {
+                Err(E::invalid_value(serde::de::Unexpected::Float(v), &self))
+            }
+        }
+    }
+    deserializer.deserialize_any(Days)
+}
+
 /// One entry of `workingDirectories`, as the OpenAPI document describes
 /// it: an absolute path or an absolute local `file:` URI (`file:///...`,
 /// `file://localhost/...` or `file:/...`). Only a schema; the field is a
@@ -207,4 +234,206 @@ pub struct DispatchResponse {
     /// The AHP `ActionEnvelope`.
     #[schema(value_type = Object)]
     pub envelope: serde_json::Value,
+}
+
+/// One search hit: a document of a session that matched, where it was said
+/// and an extract around the match.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SearchHit {
+    /// The session.
+    pub session_id: String,
+    /// Its project.
+    pub project: String,
+    /// Its agent (provider).
+    pub agent: String,
+    /// Its title, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// Its state (`live`, `dormant`, `closed`, `ended`).
+    pub state: String,
+    /// The chat it was said in; absent for the session's own title.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat: Option<String>,
+    /// The turn it belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// What matched: `title`, `message`, `answer`, `tool`, `edit` (the paths
+    /// a tool call edited) or `question`.
+    pub kind: String,
+    /// The `serverSeq` of the envelope that last wrote it.
+    pub seq: u64,
+    /// When that envelope was committed (RFC 3339).
+    pub at: String,
+    /// An extract around the first match, as plain text.
+    pub snippet: String,
+    /// The same extract as HTML: the text escaped, each matching word in
+    /// `<mark>`.
+    pub snippet_html: String,
+}
+
+/// A page of search hits, best first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SearchPage {
+    /// The hits.
+    pub items: Vec<SearchHit>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// Usage totals over a time range, grouped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageReport {
+    /// The range's start (RFC 3339), when one was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+    /// The range's end (RFC 3339, exclusive), when one was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+    /// What the rows are grouped by, in order: `project`, `principal`,
+    /// `agent`, `model`.
+    pub by: Vec<String>,
+    /// One row per group and currency, in the order of `by`.
+    pub rows: Vec<UsageLine>,
+}
+
+/// One group's totals.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageLine {
+    /// The project (when grouped by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// Who started the turns, the token's `sub` (when grouped by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    /// The agent (when grouped by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// The model (when grouped by it; empty when the agent names none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The cost's currency; empty for usage that reported no cost.
+    pub currency: String,
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// The cost, in `currency`.
+    pub cost: f64,
+    /// Usage reports summed.
+    pub reports: u64,
+    /// Sessions they came from.
+    pub sessions: u64,
+}
+
+/// How long a project keeps its settled sessions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Retention {
+    /// The project.
+    pub project: String,
+    /// Days a session stays after it settled (dormant, closed or ended)
+    /// with nothing written to it; absent: kept for good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub days: Option<u32>,
+}
+
+/// Sets a project's retention.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RetentionRequest {
+    /// Days a session stays after it settled with nothing written to it,
+    /// 1 to 36,500.
+    #[serde(deserialize_with = "whole_days")]
+    #[schema(minimum = 1, maximum = 36500)]
+    pub days: u32,
+}
+
+/// Adds a webhook to a project.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WebhookRequest {
+    /// Where events are posted (`http` or `https`, at most 2,048
+    /// characters).
+    pub url: String,
+    /// The event kinds wanted: `turn.completed`, `turn.failed`,
+    /// `input.needed`, `session.settled`, `agent.failed`; absent or empty:
+    /// all.
+    #[serde(default)]
+    pub events: Vec<String>,
+}
+
+/// A project's webhook.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookView {
+    /// Its id.
+    pub id: String,
+    /// Its project.
+    pub project: String,
+    /// Where events are posted.
+    pub url: String,
+    /// The event kinds it gets (empty: all).
+    pub events: Vec<String>,
+    /// The key deliveries are signed with (`Tether-Signature: sha256=` and
+    /// the hex HMAC-SHA256 of the body): given once, when the webhook is
+    /// created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// When it was created (RFC 3339).
+    pub created_at: String,
+    /// Who created it.
+    pub created_by: String,
+}
+
+/// A project's webhooks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookList {
+    /// Oldest first.
+    pub items: Vec<WebhookView>,
+}
+
+/// One event's delivery to a webhook.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryView {
+    /// The event's id (the `Tether-Delivery` header; the same on every
+    /// attempt).
+    pub event_id: String,
+    /// Its kind.
+    pub kind: String,
+    /// Its session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// When the event was raised (RFC 3339).
+    pub created_at: String,
+    /// `pending`, `delivered` or `failed` (given up).
+    pub state: String,
+    /// Attempts made.
+    pub attempts: u64,
+    /// When the next attempt is due (pending).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at: Option<String>,
+    /// When it was delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered_at: Option<String>,
+    /// The receiver's last HTTP status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_status: Option<u16>,
+    /// The last error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// A webhook's latest deliveries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryList {
+    /// Newest first.
+    pub items: Vec<DeliveryView>,
 }

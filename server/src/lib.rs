@@ -16,6 +16,7 @@ pub mod http;
 pub mod migrate;
 pub mod store;
 pub mod telemetry;
+pub mod webhooks;
 pub mod ws;
 
 use std::future::Future;

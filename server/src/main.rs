@@ -1,6 +1,7 @@
 //! The `tether` binary: parses the command line and hands over to the library.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use tether_server::config::{Cli, Command, DatabaseArgs, ServeArgs};
@@ -27,6 +28,15 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::RebuildProjections(args) => runtime.block_on(run_rebuild(args)),
+        Command::Backup(args) => {
+            match runtime.block_on(store::backup(&args.database.database_url, &args.path)) {
+                Ok(report) => {
+                    print!("{report}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => fail(err),
+            }
+        }
         Command::Migrate(args) => match runtime.block_on(tether_server::migrate::run(&args)) {
             Ok(summary) => {
                 print!("{summary}");
@@ -98,6 +108,11 @@ async fn run_serve(args: ServeArgs) -> ExitCode {
     }
     let options = store::StoreOptions {
         host_id: args.host_id.clone(),
+        // Half the lease (at least 2 s): the host row of a host cut off
+        // mid-append is free again well before its leases run out.
+        stalled_transaction: Some(
+            (Duration::from_millis(args.lease_ttl_ms) / 2).max(Duration::from_secs(2)),
+        ),
         ..args.database.store_options()
     };
     let store = match store::open(&args.database.database_url, &options).await {

@@ -1,12 +1,14 @@
-//! Writes a large Tether database for `tether migrate` measurements:
+//! Writes a large Tether database for `tether migrate` and search
+//! measurements:
 //!
 //! ```sh
 //! cargo run --release -p tether-tests --example seed_sqlite -- /tmp/big.db 1000000 1000
+//! cargo run --release -p tether-tests --example seed_sqlite -- postgres://postgres@127.0.0.1/big 1000000 1000
 //! ```
 //!
-//! Arguments: the database file (created; it must not exist yet), the
-//! envelopes to append (default 1,000,000) and the sessions to spread them
-//! over (default 1,000).
+//! Arguments: the database file (created; it must not exist yet) or a
+//! Postgres URL (an empty database), the envelopes to append (default
+//! 1,000,000) and the sessions to spread them over (default 1,000).
 
 use std::time::Instant;
 
@@ -21,12 +23,17 @@ async fn main() {
     };
     let envelopes = number(args.next(), 1_000_000);
     let sessions = number(args.next(), 1_000) as usize;
-    assert!(
-        !std::path::Path::new(&path).exists(),
-        "{path} exists; seed a new file"
-    );
+    let url = if path.starts_with("postgres://") || path.starts_with("postgresql://") {
+        path.clone()
+    } else {
+        assert!(
+            !std::path::Path::new(&path).exists(),
+            "{path} exists; seed a new file"
+        );
+        format!("sqlite:{path}")
+    };
     let started = Instant::now();
-    let seeded = tether_tests::seed::seed(&format!("sqlite:{path}"), sessions, envelopes).await;
+    let seeded = tether_tests::seed::seed(&url, sessions, envelopes).await;
     println!(
         "seeded {path}: {} sessions, {} envelopes, {} archived turns, {} snapshots written, in {:.1} s",
         seeded.sessions,

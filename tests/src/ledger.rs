@@ -40,6 +40,13 @@ pub struct Writer {
     pub last_refusal: Option<Value>,
     /// Spaces added to each title (a retry sends the same bytes).
     pub pad: usize,
+    /// When the last action was acknowledged.
+    pub last_ack: Option<std::time::Instant>,
+    /// The longest time between two acknowledgements: how long this
+    /// session could not be written (retries included).
+    pub longest_wait: Duration,
+    /// When that longest wait ended.
+    pub longest_wait_ended: Option<std::time::Instant>,
 }
 
 impl Writer {
@@ -57,7 +64,26 @@ impl Writer {
             refused: BTreeMap::new(),
             last_refusal: None,
             pad: 0,
+            last_ack: None,
+            longest_wait: Duration::ZERO,
+            longest_wait_ended: None,
         }
+    }
+
+    /// The same writer sending `token` as its bearer token, and giving up
+    /// on an attempt after `timeout` (then retrying it).
+    pub fn authorized(mut self, token: &str, timeout: Duration) -> Self {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {token}").parse().expect("a header value"),
+        );
+        self.http = reqwest::Client::builder()
+            .timeout(timeout)
+            .default_headers(headers)
+            .build()
+            .expect("an HTTP client");
+        self
     }
 
     /// The same writer with `pad` bytes added to every title.
@@ -97,6 +123,13 @@ impl Writer {
             if let Some(before) = self.acked.insert(self.next, seq) {
                 assert_eq!(before, seq, "clientSeq {} acknowledged twice", self.next);
             }
+            let now = std::time::Instant::now();
+            if let Some(last) = self.last_ack.replace(now)
+                && now - last > self.longest_wait
+            {
+                self.longest_wait = now - last;
+                self.longest_wait_ended = Some(now);
+            }
             self.next += 1;
             Attempt::Acked(seq)
         } else {
@@ -126,14 +159,22 @@ impl Writer {
 
 /// The stored transcript of `session`: `(serverSeq, envelope)` in order.
 pub async fn transcript(base: &str, session: &str) -> Vec<(u64, Value)> {
+    transcript_as(base, session, None).await
+}
+
+/// [`transcript`], read with a bearer token.
+pub async fn transcript_as(base: &str, session: &str, token: Option<&str>) -> Vec<(u64, Value)> {
     let http = reqwest::Client::new();
     let mut all = Vec::new();
     let mut after = 0;
     loop {
-        let page: Value = http
-            .get(format!(
-                "{base}/v1/sessions/{session}/transcript?after={after}&limit=1000"
-            ))
+        let mut request = http.get(format!(
+            "{base}/v1/sessions/{session}/transcript?after={after}&limit=1000"
+        ));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let page: Value = request
             .send()
             .await
             .expect("transcript")
@@ -158,10 +199,15 @@ pub async fn transcript(base: &str, session: &str) -> Vec<(u64, Value)> {
 /// of a writer is stored that it did not send; no serverSeq appears twice
 /// across the sessions. Returns how many actions were checked.
 pub async fn audit(base: &str, writers: &[Writer]) -> usize {
+    audit_as(base, writers, None).await
+}
+
+/// [`audit`], reading with a bearer token.
+pub async fn audit_as(base: &str, writers: &[Writer], token: Option<&str>) -> usize {
     let mut seqs = HashSet::new();
     let mut checked = 0;
     for writer in writers {
-        let stored = transcript(base, &writer.session).await;
+        let stored = transcript_as(base, &writer.session, token).await;
         let mut mine = BTreeMap::new();
         for (seq, envelope) in &stored {
             assert!(seqs.insert(*seq), "serverSeq {seq} stored twice");

@@ -7,6 +7,7 @@
 //! which turns the skip into a failure.
 
 pub mod ahp_raw;
+pub mod deploy;
 pub mod ledger;
 pub mod seed;
 
@@ -137,6 +138,71 @@ impl TestDb {
             .await
             .unwrap_or_else(|e| panic!("open {}: {e}", self.url))
     }
+
+    /// Runs a statement straight on the database (what time passing, or
+    /// an older release, would have left in its rows).
+    pub async fn execute(&self, sql: &str) {
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        match self.backend {
+            Backend::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&self.url).await.expect("connect");
+                sqlx::query(sql).execute(&pool).await.expect("execute");
+                pool.close().await;
+            }
+            Backend::Postgres => {
+                let pool = sqlx::PgPool::connect(&self.url).await.expect("connect");
+                sqlx::query(sql).execute(&pool).await.expect("execute");
+                pool.close().await;
+            }
+        }
+    }
+
+    /// The single integer a query answers, straight from the database.
+    pub async fn count(&self, sql: &str) -> i64 {
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        match self.backend {
+            Backend::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&self.url).await.expect("connect");
+                let n = sqlx::query_scalar(sql)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("count");
+                pool.close().await;
+                n
+            }
+            Backend::Postgres => {
+                let pool = sqlx::PgPool::connect(&self.url).await.expect("connect");
+                let n = sqlx::query_scalar(sql)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("count");
+                pool.close().await;
+                n
+            }
+        }
+    }
+}
+
+/// A REST call without a token: its status and JSON body (`null` when the
+/// body is not JSON).
+pub async fn call(
+    base: &str,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
+    let mut request = reqwest::Client::new().request(method, format!("{base}{path}"));
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.expect("the server answers");
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+    )
 }
 
 impl Drop for TestDb {
@@ -312,13 +378,19 @@ impl ServerProcess {
     /// Starts `tether serve` as [`ServerProcess::start`] does, with extra
     /// environment variables.
     pub async fn start_with_env(db: &TestDb, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_on(db.url(), args, env).await
+    }
+
+    /// Starts `tether serve` on the database at `database_url` (a test's
+    /// database reached some other way, such as through a [`Proxy`]).
+    pub async fn start_on(database_url: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
         let mut server = Self {
             port,
-            database_url: db.url().to_owned(),
+            database_url: database_url.to_owned(),
             args: args.iter().map(|a| (*a).to_owned()).collect(),
             env: env
                 .iter()
@@ -458,7 +530,10 @@ impl ServerProcess {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                panic!("tether serve exited during start-up: {status}");
+                panic!(
+                    "tether serve exited during start-up: {status}; log:\n{}",
+                    self.log()
+                );
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
@@ -480,6 +555,10 @@ pub struct Proxy {
     muted: Arc<std::sync::atomic::AtomicU64>,
     /// The same, for what clients send.
     muted_requests: Arc<std::sync::atomic::AtomicU64>,
+    /// While true nothing passes either way and nothing is dropped: the
+    /// bytes wait, as on a network path that stopped delivering while TCP
+    /// retransmits (a partition), and flow again once it is false.
+    stalled: tokio::sync::watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
@@ -495,21 +574,35 @@ impl Proxy {
         let cuts = cut.clone();
         let mute = muted.clone();
         let mute_requests = muted_requests.clone();
+        let (stalled, _) = tokio::sync::watch::channel(false);
+        let stalls = stalled.clone();
         let task = tokio::spawn(async move {
             while let Ok((downstream, _)) = listener.accept().await {
                 let mut cut = cuts.subscribe();
                 let generation = *cut.borrow_and_update();
                 let muted = mute.clone();
                 let muted_requests = mute_requests.clone();
+                let (stall_up, stall_down) = (stalls.subscribe(), stalls.subscribe());
                 tokio::spawn(async move {
                     let Ok(upstream) = tokio::net::TcpStream::connect(target).await else {
                         return;
                     };
                     let (mut down_read, mut down_write) = downstream.into_split();
                     let (mut up_read, mut up_write) = upstream.into_split();
-                    let to_server =
-                        forward(&mut down_read, &mut up_write, &muted_requests, generation);
-                    let to_client = forward(&mut up_read, &mut down_write, &muted, generation);
+                    let to_server = forward(
+                        &mut down_read,
+                        &mut up_write,
+                        &muted_requests,
+                        generation,
+                        stall_up,
+                    );
+                    let to_client = forward(
+                        &mut up_read,
+                        &mut down_write,
+                        &muted,
+                        generation,
+                        stall_down,
+                    );
                     tokio::select! {
                         _ = to_server => {}
                         _ = to_client => {}
@@ -523,6 +616,7 @@ impl Proxy {
             cut,
             muted,
             muted_requests,
+            stalled,
             task,
         }
     }
@@ -550,6 +644,23 @@ impl Proxy {
     pub fn cut(&self) {
         self.cut.send_modify(|n| *n += 1);
     }
+
+    /// From now on nothing passes, either way, on any connection, open or
+    /// new (new ones are accepted and hang), and nothing is lost: a
+    /// partition, until [`Proxy::heal`].
+    pub fn stall(&self) {
+        self.stalled.send_replace(true);
+    }
+
+    /// Ends [`Proxy::stall`]: what waited flows on.
+    pub fn heal(&self) {
+        self.stalled.send_replace(false);
+    }
+
+    /// `host:port` of the proxy.
+    pub fn address(&self) -> SocketAddr {
+        self.addr
+    }
 }
 
 /// Copies `from` to `to`, dropping the bytes while `muted` names this
@@ -559,11 +670,22 @@ async fn forward(
     to: &mut tokio::net::tcp::OwnedWriteHalf,
     muted: &std::sync::atomic::AtomicU64,
     generation: u64,
+    mut stalled: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buffer = vec![0_u8; 64 * 1024];
     loop {
+        // Stalled: read nothing (the sender's buffers fill and it waits).
+        if stalled.wait_for(|stalled| !stalled).await.is_err() {
+            return Ok(());
+        }
         let n = from.read(&mut buffer).await?;
+        if n > 0 && *stalled.borrow() {
+            // Read just as the stall began: hold these bytes until it ends.
+            if stalled.wait_for(|stalled| !stalled).await.is_err() {
+                return Ok(());
+            }
+        }
         if n == 0 {
             return Ok(());
         }

@@ -41,7 +41,9 @@ pub struct Seeded {
 /// Fills the database at `url` (SQLite or Postgres, empty or not) with
 /// `sessions` new sessions and then `envelopes` envelopes spread over them
 /// round-robin: titles (with durable origins), and turns with their
-/// completion on each session's default chat (about 200 bytes each).
+/// completion on each session's default chat (about 200 bytes each), with
+/// the search documents the server writes (a message names one of 997
+/// topics and one of 100,003 tickets, for search benchmarks).
 pub async fn seed(url: &str, sessions: usize, envelopes: u64) -> Seeded {
     let open = || async {
         store::open(url, &StoreOptions::default())
@@ -105,6 +107,7 @@ pub async fn seed(url: &str, sessions: usize, envelopes: u64) -> Seeded {
             model.last_seq = next_seq;
             let turns = model.take_trimmed();
             seeded.archived_turns += turns.len();
+            let search = tether_protocol::search::doc(model, &channel, &action);
             batch.push(NewEnvelope {
                 channel,
                 session_id: Some(model.id.clone()),
@@ -115,6 +118,9 @@ pub async fn seed(url: &str, sessions: usize, envelopes: u64) -> Seeded {
                 turns,
                 directed: None,
                 owner: None,
+                search,
+                usage: None,
+                events: Vec::new(),
             });
             last_of[i] = Some(batch.len() - 1);
             since_snapshot[i] += 1;
@@ -168,7 +174,8 @@ fn next_action(
         let turn = format!("t{n}");
         let action = json!({"type": "chat/turnStarted", "turnId": turn,
             "startedAt": "2026-12-01T10:00:00.000Z",
-            "message": {"text": format!("question {n}: {}", "how does this part of the code work? ".repeat(3)),
+            "message": {"text": format!("question {n} about topic{} and ticket{}: {}", global % 997,
+                                        global % 100_003, "how does this part of the code work? ".repeat(3)),
                         "origin": {"kind": "user"}}});
         *open_turn = Some(turn);
         return (chat, action, None);

@@ -384,10 +384,28 @@ async fn commands_answer_completions_and_usage_keeps_its_cost(db: TestDb) {
         json!({"amount": 0.042, "currency": "USD"})
     );
     assert_eq!(usage["usage"]["_meta"]["tether/contextWindow"], 200000);
+    // The turn's own tokens, reported with its end (ACP's
+    // PromptResponse.usage): AHP's fields, the rest in _meta.
+    let tokens = ahp
+        .action("chat/usage", |a| {
+            a["turnId"] == "t2" && a["usage"]["inputTokens"].is_u64()
+        })
+        .await;
+    assert_eq!(
+        tokens["usage"],
+        json!({"inputTokens": 1000, "outputTokens": 500, "cacheReadTokens": 250,
+               "_meta": {"tether/totalTokens": 1500, "tether/thoughtTokens": 40,
+                         // The turn keeps only its latest usage: the context
+                         // and cost reported before come with it.
+                         "tether/contextUsed": 1200, "tether/contextWindow": 200000,
+                         "tether/cost": {"amount": 0.042, "currency": "USD"}}})
+    );
     let view = get(&base, "/v1/sessions/cmd").await;
     let totals = &view["projection"]["usage"];
     assert_eq!(totals["cost"], json!({"amount": 0.042, "currency": "USD"}));
     assert_eq!(totals["contextUsed"], 1200);
+    assert_eq!(totals["inputTokens"], 1000);
+    assert_eq!(totals["outputTokens"], 500);
     assert_eq!(view["projection"]["commands"][0]["name"], "test");
     // Nothing non-standard was written for the commands.
     let transcript = get(&base, "/v1/sessions/cmd/transcript?after=0&limit=1000").await;

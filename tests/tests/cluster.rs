@@ -668,6 +668,9 @@ async fn an_append_for_a_session_another_host_holds_writes_nothing() {
         turns: Vec::new(),
         directed: None,
         owner: None,
+        search: None,
+        usage: None,
+        events: Vec::new(),
     };
     let outcomes = store
         .append(vec![

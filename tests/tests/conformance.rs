@@ -567,6 +567,9 @@ async fn seed_turns(db: &TestDb, session: &str, chat: &str, count: usize) {
                 turns: Vec::new(),
                 directed: None,
                 owner: None,
+                search: None,
+                usage: None,
+                events: Vec::new(),
             };
             [
                 at(

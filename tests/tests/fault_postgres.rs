@@ -3,16 +3,23 @@
 //! turns not-ready, nothing is broadcast that was not committed, and
 //! service resumes by itself when Postgres is back.
 //!
+//! The same under three hosts behind HAProxy (`deploy/haproxy.cfg` as
+//! shipped): every host refuses clearly, each recovers by itself, and the
+//! audit holds.
+//!
 //! This stops the machine's Postgres cluster, so it is its own test binary
-//! (cargo runs test binaries one after another) with a single test, and a
-//! guard starts the cluster again however the test ends.
+//! (cargo runs test binaries one after another), its tests take turns
+//! (one lock), and a guard starts the cluster again however a test ends.
 
 use std::time::{Duration, Instant};
 
 use tether_tests::ledger::{
-    Attempt, Writer, assert_broadcast_was_committed, audit, transcript, watch,
+    Attempt, Writer, assert_broadcast_was_committed, audit, audit_as, transcript, watch,
 };
 use tether_tests::{Backend, ServerProcess, TestDb};
+
+/// Held by the test that stops Postgres: one at a time.
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The machine's Postgres cluster (`pg_ctlcluster VERSION main`), started
 /// again when dropped.
@@ -51,6 +58,21 @@ impl Drop for Cluster {
     }
 }
 
+/// A test database on the machine's Postgres cluster, and the cluster to
+/// stop; `None` (the test skips) without them, unless CI requires them.
+async fn stoppable() -> Option<(TestDb, Cluster)> {
+    let db = TestDb::new(Backend::Postgres).await?;
+    let Some(cluster) = Cluster::find() else {
+        assert!(
+            std::env::var_os("TETHER_TEST_REQUIRE_FAULTS").is_none(),
+            "no Postgres cluster to stop (pg_ctlcluster)"
+        );
+        eprintln!("skipped: no local Postgres cluster to stop");
+        return None;
+    };
+    Some((db, cluster))
+}
+
 async fn ready(base: &str) -> u16 {
     match reqwest::get(format!("{base}/readyz")).await {
         Ok(answer) => answer.status().as_u16(),
@@ -60,15 +82,8 @@ async fn ready(base: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_stopped_mid_load_refuses_clearly_and_service_resumes_by_itself() {
-    let Some(db) = TestDb::new(Backend::Postgres).await else {
-        return;
-    };
-    let Some(cluster) = Cluster::find() else {
-        assert!(
-            std::env::var_os("TETHER_TEST_REQUIRE_FAULTS").is_none(),
-            "no Postgres cluster to stop (pg_ctlcluster)"
-        );
-        eprintln!("skipped: no local Postgres cluster to stop");
+    let _turn = TURN.lock().await;
+    let Some((db, cluster)) = stoppable().await else {
         return;
     };
     let mut server = ServerProcess::start(
@@ -176,5 +191,125 @@ async fn postgres_stopped_mid_load_refuses_clearly_and_service_resumes_by_itself
         refusals.len(),
         broadcast.len()
     );
+    drop(cluster);
+}
+
+/// Polls `base`'s `/readyz` (a second at most per poll) until it answers
+/// `want` or `limit` passes; the time it took.
+async fn until_ready_is(base: &str, want: u16, limit: Duration) -> Option<Duration> {
+    let began = Instant::now();
+    while began.elapsed() < limit {
+        if ready(base).await == want {
+            return Some(began.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarted_under_three_hosts_behind_haproxy_loses_nothing() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    use tether_tests::deploy::{
+        Follower, Haproxy, admin, assert_followers_saw_everything, compose_hosts, create_sessions,
+        follow, stop_writing, write_all,
+    };
+
+    let _turn = TURN.lock().await;
+    let Some((db, cluster)) = stoppable().await else {
+        return;
+    };
+    let (_secret, hosts) = compose_hosts(&db, 3, &["--database-connect-timeout-secs", "2"]).await;
+    let Some(lb) = Haproxy::start(&hosts.iter().collect::<Vec<_>>()).await else {
+        return;
+    };
+    let base = lb.base_url();
+    let token = admin();
+    let sessions = create_sessions(&base, &token, "pg", 4).await;
+    let followers: Vec<Follower> = sessions.iter().map(|s| follow(&base, &token, s)).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writing = write_all(&base, &token, &sessions, &stop);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let stopped = Instant::now();
+    assert!(cluster.ctl("stop"), "pg_ctlcluster stop");
+    // Every host says it is not ready, and refuses a write clearly.
+    let probes = hosts.iter().map(|host| {
+        let (base, token, session) = (host.base_url(), token.clone(), sessions[0].clone());
+        async move {
+            let took = until_ready_is(&base, 503, Duration::from_secs(15))
+                .await
+                .expect("/readyz turned 503 on every host while Postgres was down");
+            let refused = reqwest::Client::new()
+                .post(format!("{base}/v1/sessions/{session}/actions"))
+                .bearer_auth(&token)
+                .json(&serde_json::json!({"clientId": "probe", "clientSeq": 1,
+                    "action": {"type": "session/titleChanged", "title": "probe"}}))
+                .timeout(Duration::from_secs(10))
+                .send()
+                .await
+                .expect("an answer while Postgres is down");
+            assert_eq!(refused.status(), 503, "{base}");
+            let problem: serde_json::Value = refused.json().await.expect("a problem document");
+            let detail = problem["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .to_lowercase();
+            assert!(
+                detail.contains("storage unavailable")
+                    || detail.contains("store could not be reached"),
+                "a clear refusal: {problem}"
+            );
+            took
+        }
+    });
+    let not_ready = futures_util::future::join_all(probes).await;
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(stopped.elapsed())).await;
+    // Timed from the moment the start is asked for (pg_ctlcluster returns
+    // once Postgres accepts connections, and hosts may write before that).
+    let started = Instant::now();
+    let down_for = stopped.elapsed();
+    assert!(cluster.ctl("start"), "pg_ctlcluster start");
+    // Each recovers by itself.
+    let mut recovered = Vec::new();
+    for host in &hosts {
+        recovered.push(
+            until_ready_is(&host.base_url(), 200, Duration::from_secs(60))
+                .await
+                .map(|_| started.elapsed())
+                .expect("/readyz recovered without a restart"),
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let writers = stop_writing(&stop, writing).await;
+    let checked = audit_as(&base, &writers, Some(&token)).await;
+    assert_followers_saw_everything(&base, &token, followers).await;
+    let mut resumed = Vec::new();
+    for writer in &writers {
+        let last = writer.last_ack.expect("acknowledged");
+        assert!(
+            last > started,
+            "{}: written again after the restart",
+            writer.session
+        );
+        resumed.push(writer.longest_wait);
+        // The longest wait is the outage's; it ended with the first write
+        // acknowledged after Postgres was back.
+        if let Some(ended) = writer.longest_wait_ended {
+            eprintln!(
+                "{}: written again {:?} after Postgres was started",
+                writer.session,
+                ended.saturating_duration_since(started)
+            );
+        }
+    }
+    let worst = resumed.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "postgres restarted under three hosts: down {down_for:?}; not ready after {not_ready:?}; \
+         ready again {recovered:?} after the start; longest a session went unwritten {worst:?}; \
+         {checked} acknowledged actions all present once"
+    );
+    drop(lb);
     drop(cluster);
 }

@@ -13,7 +13,10 @@ use tether_tests::ledger::{
 };
 use tether_tests::{ServerProcess, TestDb, backend_tests, create_session};
 
-backend_tests!(kill_9_under_durable_ingest_twenty_times_loses_nothing);
+backend_tests!(
+    kill_9_under_durable_ingest_twenty_times_loses_nothing,
+    a_turn_accepted_before_its_agent_started_fails_after_a_kill,
+);
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
 const KILLS: usize = 20;
@@ -39,6 +42,44 @@ async fn turn_failed(base: &str, session: &str) -> bool {
         .await
         .iter()
         .any(|(_, e)| e["action"]["type"] == "chat/error" && e["action"]["turnId"] == "t1")
+}
+
+/// The host dies after committing a turn and before its agent is up (the
+/// agent takes seconds to start): the session is still dormant, as it was
+/// created, with the turn open. The next start fails that turn.
+async fn a_turn_accepted_before_its_agent_started_fails_after_a_kill(db: TestDb) {
+    let agent = format!("slow=sh -c 'sleep 30 && exec {FAKE}'");
+    // The start-up probe of an agent this slow gives up after a second.
+    let mut server = ServerProcess::start(
+        &db,
+        &[
+            "--agent",
+            &agent,
+            "--host-id",
+            "slow-host",
+            "--agent-init-timeout-ms",
+            "1000",
+        ],
+    )
+    .await;
+    let base = server.base_url();
+    create_session(&base, "slow", "slow").await;
+    start_hanging_turn(&base, "slow", 1).await;
+    server.kill().await;
+    server.restart().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !turn_failed(&base, "slow").await {
+        assert!(Instant::now() < deadline, "the open turn was not swept");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let view: Value = reqwest::get(format!("{base}/v1/sessions/slow"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["projection"]["openTurnId"], Value::Null, "{view}");
+    assert_ne!(view["state"], "live", "{view}");
 }
 
 async fn kill_9_under_durable_ingest_twenty_times_loses_nothing(db: TestDb) {

@@ -580,6 +580,8 @@ async fn a_sqlite_database_moves_to_postgres_and_reads_the_same() {
     let ahp_before = ahp_reads(&server.base_url(), last_seq as u64).await;
     let attachment_before = the_attachment(&server.base_url()).await;
     assert_eq!(attachment_before, (0..=255).collect::<Vec<u8>>());
+    let found_before = found(&server.base_url(), "question").await;
+    assert!(!found_before.is_empty());
     server.kill().await;
     drop(server);
     for table in [
@@ -618,6 +620,13 @@ async fn a_sqlite_database_moves_to_postgres_and_reads_the_same() {
     assert_same(&rest_before, &rest_after);
     assert_same(&ahp_before, &ahp_after);
     assert_eq!(the_attachment(&server.base_url()).await, attachment_before);
+    // The search index is not copied: the target's first host builds it
+    // from the log, to the same hits.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while found(&server.base_url(), "question").await != found_before {
+        assert!(std::time::Instant::now() < deadline, "search not rebuilt");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(
         pg_host(&target).await,
         (epoch.clone(), last_seq),
@@ -633,6 +642,33 @@ async fn a_sqlite_database_moves_to_postgres_and_reads_the_same() {
     assert_eq!(retried_on_sqlite[2].1["status"], 422);
     assert_eq!(retried_on_sqlite[3].1["status"], 409);
     drop(server);
+}
+
+/// The hits of a search, `(session, kind, seq)`, sorted.
+async fn found(base: &str, q: &str) -> Vec<(String, String, u64)> {
+    let page: Value = reqwest::Client::new()
+        .get(format!("{base}/v1/search"))
+        .query(&[("q", q), ("limit", "100")])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut hits: Vec<(String, String, u64)> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["sessionId"].as_str().unwrap().to_owned(),
+                h["kind"].as_str().unwrap().to_owned(),
+                h["seq"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    hits.sort();
+    hits
 }
 
 // ---------------------------------------------------------------------------
@@ -743,6 +779,9 @@ async fn an_interrupted_migration_resumes_and_completes() {
             turns: Vec::new(),
             directed: None,
             owner: None,
+            search: None,
+            usage: None,
+            events: Vec::new(),
         }])
         .await
         .unwrap();

@@ -646,6 +646,9 @@ async fn ten_thousand_sessions_page_exactly_once(db: TestDb) {
                     turns: Vec::new(),
                     directed: None,
                     owner: None,
+                    search: None,
+                    usage: None,
+                    events: Vec::new(),
                 }
             })
             .collect();

@@ -178,11 +178,12 @@ async fn every_cell_of_the_role_matrix_holds_over_rest_and_the_websocket(db: Tes
     let resume = json!({"sessionId": "m-x", "cwd": "/tmp", "additionalDirectories": []});
     // (row, [viewer, operator, agent, admin])
     type Row = (&'static str, [Cell; 4]);
-    let rest_rows: [Row; 14] = [
+    let rest_rows: [Row; 20] = [
         ("GET /v1/sessions", [Allowed; 4]),
         ("GET /v1/sessions/{id}", [Allowed; 4]),
         ("GET /v1/sessions/{id}/transcript", [Allowed; 4]),
         ("GET /v1/sessions/{id}/export", [Allowed; 4]),
+        ("GET /v1/search", [Allowed; 4]),
         ("GET /v1/sessions/{id}/tool-context", [Allowed; 4]),
         ("GET working-context", [Allowed; 4]),
         ("GET working-contexts", [Allowed; 4]),
@@ -202,6 +203,11 @@ async fn every_cell_of_the_role_matrix_holds_over_rest_and_the_websocket(db: Tes
             [Refused, Allowed, Allowed, Allowed],
         ),
         ("GET /metrics", [Refused, Refused, Refused, Allowed]),
+        ("GET /v1/usage", [Refused, Allowed, Allowed, Allowed]),
+        ("GET retention", [Allowed; 4]),
+        ("PUT retention", [Refused, Refused, Refused, Allowed]),
+        ("GET webhooks", [Refused, Allowed, Allowed, Allowed]),
+        ("POST webhooks", [Refused, Allowed, Allowed, Allowed]),
     ];
     for (column, role) in ROLES.into_iter().enumerate() {
         let api = Api::new(&server, Some(token(role, &["p1"])));
@@ -225,6 +231,7 @@ async fn every_cell_of_the_role_matrix_holds_over_rest_and_the_websocket(db: Tes
                     api.call("GET", &format!("/v1/sessions/{own}/tool-context"), None)
                         .await
                 }
+                "GET /v1/search" => api.call("GET", "/v1/search?q=anything", None).await,
                 "GET working-context" => {
                     api.call("GET", "/v1/projects/p1/sessions/x/working-context", None)
                         .await
@@ -274,6 +281,25 @@ async fn every_cell_of_the_role_matrix_holds_over_rest_and_the_websocket(db: Tes
                         .await
                 }
                 "GET /metrics" => api.call("GET", "/metrics", None).await,
+                "GET /v1/usage" => api.call("GET", "/v1/usage", None).await,
+                "GET retention" => api.call("GET", "/v1/projects/p1/retention", None).await,
+                "PUT retention" => {
+                    api.call(
+                        "PUT",
+                        "/v1/projects/p1/retention",
+                        Some(json!({"days": 3650})),
+                    )
+                    .await
+                }
+                "GET webhooks" => api.call("GET", "/v1/projects/p1/webhooks", None).await,
+                "POST webhooks" => {
+                    api.call(
+                        "POST",
+                        "/v1/projects/p1/webhooks",
+                        Some(json!({"url": "http://127.0.0.1:9/hook"})),
+                    )
+                    .await
+                }
                 other => unreachable!("{other}"),
             };
             assert_ne!(status, 401, "{role} {row}: a valid token is authenticated");
@@ -424,6 +450,8 @@ async fn another_projects_sessions_do_not_exist_for_a_principal(db: TestDb) {
         "/v1/sessions/theirs/tool-context",
         "/v1/projects/p2/sessions/theirs/working-context",
         "/v1/projects/p2/working-contexts",
+        "/v1/projects/p2/retention",
+        "/v1/projects/p2/webhooks",
     ] {
         let (status, _, body) = api.call("GET", path, None).await;
         assert_eq!(status, 404, "{path}: {body}");
@@ -453,6 +481,46 @@ async fn another_projects_sessions_do_not_exist_for_a_principal(db: TestDb) {
         .call("POST", "/v1/sessions", Some(create_body("sneak", "p2")))
         .await;
     assert_eq!(status, 403, "no creating in another project");
+
+    // Search finds what its own project says, never another's.
+    for (id, seq) in [("mine", 901), ("theirs", 902)] {
+        let (status, _, body) = admin
+            .call(
+                "POST",
+                &format!("/v1/sessions/{id}/actions"),
+                Some(title(seq, &format!("zebra crossing {id}"))),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, _, everything) = admin.call("GET", "/v1/search?q=zebra", None).await;
+    assert_eq!(status, 200, "{everything}");
+    assert_eq!(
+        everything["items"].as_array().unwrap().len(),
+        2,
+        "{everything}"
+    );
+    for query in ["zebra", "zebra&project=p2", "theirs", "zeb*"] {
+        let (status, _, found) = api
+            .call("GET", &format!("/v1/search?q={query}"), None)
+            .await;
+        assert_eq!(status, 200, "{found}");
+        let sessions: Vec<&str> = found["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|h| h["sessionId"].as_str())
+            .collect();
+        let expected: &[&str] = if query.starts_with("zebra&") || query == "theirs" {
+            &[]
+        } else {
+            &["mine"]
+        };
+        assert_eq!(
+            sessions, expected,
+            "{query}: only its project's sessions: {found}"
+        );
+    }
 
     // Over the WebSocket.
     let watcher = ahp_with(&server, &operator, "watcher").await;

@@ -42,6 +42,9 @@ async fn the_wal_stays_bounded_under_sustained_appends() {
                     turns: Vec::new(),
                     directed: None,
                     owner: None,
+                    search: None,
+                    usage: None,
+                    events: Vec::new(),
                 }
             })
             .collect();

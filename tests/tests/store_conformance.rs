@@ -38,6 +38,9 @@ fn envelope(channel: &str, n: u64) -> NewEnvelope {
         turns: Vec::new(),
         directed: None,
         owner: None,
+        search: None,
+        usage: None,
+        events: Vec::new(),
     }
 }
 

@@ -7,6 +7,7 @@ pub mod connections;
 pub mod fanout;
 pub mod ingest;
 pub mod list;
+pub mod search;
 
 use std::future::Future;
 use std::sync::Arc;

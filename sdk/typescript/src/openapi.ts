@@ -78,6 +78,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/projects/{project}/retention": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** How long the project keeps its settled sessions. */
+        get: operations["get_retention"];
+        /**
+         * Keeps the project's settled sessions `days` days after their last
+         *     write; older ones are deleted with everything they own (transcript,
+         *     chats, archived turns, snapshots, attachments, search documents) by the
+         *     retention round. Live sessions and sessions in use are never deleted.
+         */
+        put: operations["set_retention"];
+        post?: never;
+        /** Keeps the project's sessions for good. */
+        delete: operations["clear_retention"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/projects/{project}/sessions/{session}/working-context": {
         parameters: {
             query?: never;
@@ -99,6 +123,68 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/projects/{project}/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A project's webhooks (without their secrets). */
+        get: operations["list_webhooks"];
+        put?: never;
+        /**
+         * Adds a webhook: the project's events (those it names, or all) are
+         *     posted to its URL as JSON, each with `Tether-Event`, `Tether-Delivery`
+         *     (the event's id, for deduplication) and `Tether-Signature` (`sha256=`
+         *     and the hex HMAC-SHA256 of the body with the secret answered here,
+         *     once), until the receiver answers 2xx; failed attempts are retried with
+         *     a doubling wait.
+         */
+        post: operations["create_webhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/projects/{project}/webhooks/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** Removes a webhook; its pending deliveries are dropped. */
+        delete: operations["delete_webhook"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/projects/{project}/webhooks/{id}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A webhook's latest deliveries, newest first: each event's state,
+         *     attempts and last error.
+         */
+        get: operations["list_deliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/projects/{project}/working-contexts": {
         parameters: {
             query?: never;
@@ -108,6 +194,27 @@ export interface paths {
         };
         /** A project's saved working contexts, most recently saved first. */
         get: operations["list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/search": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Searches the transcripts of the caller's projects: titles, messages,
+         *     answers, tool calls, edited paths and agents' questions. What was
+         *     committed a moment ago is found, on every host.
+         */
+        get: operations["search_transcripts"];
         put?: never;
         post?: never;
         delete?: never;
@@ -278,6 +385,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * What the agents of the caller's projects used and cost: tokens and cost
+         *     (as the agents reported them) summed per group and currency over a time
+         *     range. Operators and admins; each sees only its projects.
+         */
+        get: operations["usage_report"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -375,6 +503,43 @@ export interface components {
              *     default `local` backend it must exist on the host): a 422.
              */
             workingDirectories?: components["schemas"]["WorkingDirectoryInput"][];
+        };
+        /** @description A webhook's latest deliveries. */
+        DeliveryList: {
+            /** @description Newest first. */
+            items: components["schemas"]["DeliveryView"][];
+        };
+        /** @description One event's delivery to a webhook. */
+        DeliveryView: {
+            /**
+             * Format: int64
+             * @description Attempts made.
+             */
+            attempts: number;
+            /** @description When the event was raised (RFC 3339). */
+            createdAt: string;
+            /** @description When it was delivered. */
+            deliveredAt?: string | null;
+            /**
+             * @description The event's id (the `Tether-Delivery` header; the same on every
+             *     attempt).
+             */
+            eventId: string;
+            /** @description Its kind. */
+            kind: string;
+            /** @description The last error. */
+            lastError?: string | null;
+            /**
+             * Format: int32
+             * @description The receiver's last HTTP status.
+             */
+            lastStatus?: number | null;
+            /** @description When the next attempt is due (pending). */
+            nextAttemptAt?: string | null;
+            /** @description Its session. */
+            sessionId?: string | null;
+            /** @description `pending`, `delivered` or `failed` (given up). */
+            state: string;
         };
         /**
          * @description `POST /v1/sessions/{id}/actions`.
@@ -569,6 +734,26 @@ export interface components {
             /** @description The session's id: must equal the id in the path. */
             sessionId: string;
         };
+        /** @description How long a project keeps its settled sessions. */
+        Retention: {
+            /**
+             * Format: int32
+             * @description Days a session stays after it settled (dormant, closed or ended)
+             *     with nothing written to it; absent: kept for good.
+             */
+            days?: number | null;
+            /** @description The project. */
+            project: string;
+        };
+        /** @description Sets a project's retention. */
+        RetentionRequest: {
+            /**
+             * Format: int32
+             * @description Days a session stays after it settled with nothing written to it,
+             *     1 to 36,500.
+             */
+            days: number;
+        };
         /** @description The answer to a save. */
         SavedWorkingContext: {
             /** @description Project name. */
@@ -577,6 +762,52 @@ export interface components {
             savedAt: string;
             /** @description Session name. */
             session: string;
+        };
+        /**
+         * @description One search hit: a document of a session that matched, where it was said
+         *     and an extract around the match.
+         */
+        SearchHit: {
+            /** @description Its agent (provider). */
+            agent: string;
+            /** @description When that envelope was committed (RFC 3339). */
+            at: string;
+            /** @description The chat it was said in; absent for the session's own title. */
+            chat?: string | null;
+            /**
+             * @description What matched: `title`, `message`, `answer`, `tool`, `edit` (the paths
+             *     a tool call edited) or `question`.
+             */
+            kind: string;
+            /** @description Its project. */
+            project: string;
+            /**
+             * Format: int64
+             * @description The `serverSeq` of the envelope that last wrote it.
+             */
+            seq: number;
+            /** @description The session. */
+            sessionId: string;
+            /** @description An extract around the first match, as plain text. */
+            snippet: string;
+            /**
+             * @description The same extract as HTML: the text escaped, each matching word in
+             *     `<mark>`.
+             */
+            snippetHtml: string;
+            /** @description Its state (`live`, `dormant`, `closed`, `ended`). */
+            state: string;
+            /** @description Its title, when it has one. */
+            title?: string | null;
+            /** @description The turn it belongs to. */
+            turnId?: string | null;
+        };
+        /** @description A page of search hits, best first. */
+        SearchPage: {
+            /** @description The hits. */
+            items: components["schemas"]["SearchHit"][];
+            /** @description Pass as `cursor` for the next page; absent on the last page. */
+            nextCursor?: string | null;
         };
         /**
          * @description A session's state as the projection reports it.
@@ -669,6 +900,58 @@ export interface components {
              */
             nextAfter?: number | null;
         };
+        /** @description One group's totals. */
+        UsageLine: {
+            /** @description The agent (when grouped by it). */
+            agent?: string | null;
+            /**
+             * Format: double
+             * @description The cost, in `currency`.
+             */
+            cost: number;
+            /** @description The cost's currency; empty for usage that reported no cost. */
+            currency: string;
+            /**
+             * Format: int64
+             * @description Input tokens.
+             */
+            inputTokens: number;
+            /** @description The model (when grouped by it; empty when the agent names none). */
+            model?: string | null;
+            /**
+             * Format: int64
+             * @description Output tokens.
+             */
+            outputTokens: number;
+            /** @description Who started the turns, the token's `sub` (when grouped by it). */
+            principal?: string | null;
+            /** @description The project (when grouped by it). */
+            project?: string | null;
+            /**
+             * Format: int64
+             * @description Usage reports summed.
+             */
+            reports: number;
+            /**
+             * Format: int64
+             * @description Sessions they came from.
+             */
+            sessions: number;
+        };
+        /** @description Usage totals over a time range, grouped. */
+        UsageReport: {
+            /**
+             * @description What the rows are grouped by, in order: `project`, `principal`,
+             *     `agent`, `model`.
+             */
+            by: string[];
+            /** @description One row per group and currency, in the order of `by`. */
+            rows: components["schemas"]["UsageLine"][];
+            /** @description The range's start (RFC 3339), when one was given. */
+            since?: string | null;
+            /** @description The range's end (RFC 3339, exclusive), when one was given. */
+            until?: string | null;
+        };
         /** @description Usage the agent reported over a session. */
         UsageTotals: {
             /**
@@ -692,6 +975,46 @@ export interface components {
              * @description Output tokens, summed over turns (each turn's latest report).
              */
             outputTokens?: number;
+        };
+        /** @description A project's webhooks. */
+        WebhookList: {
+            /** @description Oldest first. */
+            items: components["schemas"]["WebhookView"][];
+        };
+        /** @description Adds a webhook to a project. */
+        WebhookRequest: {
+            /**
+             * @description The event kinds wanted: `turn.completed`, `turn.failed`,
+             *     `input.needed`, `session.settled`, `agent.failed`; absent or empty:
+             *     all.
+             */
+            events?: string[];
+            /**
+             * @description Where events are posted (`http` or `https`, at most 2,048
+             *     characters).
+             */
+            url: string;
+        };
+        /** @description A project's webhook. */
+        WebhookView: {
+            /** @description When it was created (RFC 3339). */
+            createdAt: string;
+            /** @description Who created it. */
+            createdBy: string;
+            /** @description The event kinds it gets (empty: all). */
+            events: string[];
+            /** @description Its id. */
+            id: string;
+            /** @description Its project. */
+            project: string;
+            /**
+             * @description The key deliveries are signed with (`Tether-Signature: sha256=` and
+             *     the hex HMAC-SHA256 of the body): given once, when the webhook is
+             *     created.
+             */
+            secret?: string | null;
+            /** @description Where events are posted. */
+            url: string;
         };
         /** @description What an agent was doing; at least a goal or one entry. */
         WorkingContext: {
@@ -877,6 +1200,203 @@ export interface operations {
             };
         };
     };
+    get_retention: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Project name. */
+                project: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The retention (no `days`: kept for good). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Retention"];
+                };
+            };
+            /** @description Malformed path. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description With authentication on: no valid bearer token. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The token's role may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A project the caller may not see. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Invalid project name. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    set_retention: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Project name. */
+                project: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RetentionRequest"];
+            };
+        };
+        responses: {
+            /** @description Set. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Retention"];
+                };
+            };
+            /** @description Malformed JSON or path. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description With authentication on: no valid bearer token. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not an admin. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body is not application/json. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Days out of range, or an invalid project name. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    clear_retention: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Project name. */
+                project: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Sessions are kept for good. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Malformed path. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description With authentication on: no valid bearer token. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not an admin. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Invalid project name. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     load: {
         parameters: {
             query?: never;
@@ -1021,6 +1541,305 @@ export interface operations {
             };
         };
     };
+    list_webhooks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Project name. */
+                project: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The webhooks, oldest first. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookList"];
+                };
+            };
+            /** @description Malformed path. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description With authentication on: no valid bearer token. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A viewer. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A project the caller may not see. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Invalid project name. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    create_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Project name. */
+                project: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookRequest"];
+            };
+        };
+        responses: {
+            /** @description Created, with its secret. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookView"];
+                };
+            };
+            /** @description Malformed JSON or path. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description With authentication on: no valid bearer token. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A viewer. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A project the caller may not see. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The project has as many webhooks as it may. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body is not application/json. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A bad URL or event kind (named). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    delete_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Project name. */
+                project: string;
+                /** @description The webhook's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Removed. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Malformed path. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description With authentication on: no valid bearer token. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A viewer. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No such webhook in a project the caller may see. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Invalid project name. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    list_deliveries: {
+        parameters: {
+            query?: {
+                /** @description How many, 1 to 500 (default 50). */
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                /** @description Project name. */
+                project: string;
+                /** @description The webhook's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The deliveries. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeliveryList"];
+                };
+            };
+            /** @description Malformed query or path. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description With authentication on: no valid bearer token. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A viewer. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No such webhook in a project the caller may see. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Invalid project name or limit. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     list: {
         parameters: {
             query?: never;
@@ -1070,6 +1889,83 @@ export interface operations {
                 };
             };
             /** @description Invalid project name. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    search_transcripts: {
+        parameters: {
+            query: {
+                /**
+                 * @description What to find: words (all must match, in any order, any case),
+                 *     `"quoted phrases"` (in order), `prefix*`. Letters and digits of any
+                 *     script; everything else separates words.
+                 */
+                q: string;
+                /** @description Only this project's sessions. */
+                project?: string;
+                /** @description Only sessions of this agent. */
+                agent?: string;
+                /** @description Only sessions in this state. */
+                state?: components["schemas"]["SessionLifeState"];
+                /** @description Only what was written at or after this time (RFC 3339). */
+                since?: string;
+                /** @description Only what was written before this time (RFC 3339). */
+                until?: string;
+                /** @description Hits per page, 1 to 100 (default 20). */
+                limit?: number;
+                /** @description The `nextCursor` of the previous page. */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of hits, best first. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SearchPage"];
+                };
+            };
+            /** @description Malformed query (`q` missing). */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description With authentication on: no valid bearer token. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The token's role may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No words to search for (a letter or digit of any script), more than 16 terms, or a parameter breaks a rule (it is named). */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -1857,6 +2753,80 @@ export interface operations {
                 };
             };
             /** @description An invalid id or name (the rule is named). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    usage_report: {
+        parameters: {
+            query?: {
+                /** @description Only usage reported at or after this time (RFC 3339). */
+                since?: string;
+                /** @description Only usage reported before this time (RFC 3339). */
+                until?: string;
+                /** @description Only this project. */
+                project?: string;
+                /** @description Only this agent. */
+                agent?: string;
+                /**
+                 * @description What to group by: a comma-separated list of `project`, `principal`,
+                 *     `agent`, `model` (default `project`; empty for one total per
+                 *     currency).
+                 */
+                by?: string;
+                /** @description `json` (the default) or `csv`. */
+                format?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The totals, as JSON or CSV (`text/csv`). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UsageReport"];
+                    "text/csv": string;
+                };
+            };
+            /** @description Malformed query. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description With authentication on: no valid bearer token. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A viewer: usage is for operators and admins. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A parameter breaks a rule (it is named). */
             422: {
                 headers: {
                     [name: string]: unknown;

@@ -10,6 +10,9 @@ export type Schemas = components["schemas"];
 export type SessionView = Schemas["SessionView"];
 export type SessionPage = Schemas["SessionPage"];
 export type Problem = Schemas["Problem"];
+export type SearchHit = Schemas["SearchHit"];
+export type SearchPage = Schemas["SearchPage"];
+export type UsageReport = Schemas["UsageReport"];
 
 type Method = "get" | "put" | "post" | "delete";
 type Operation<P extends keyof paths, M extends Method> = NonNullable<paths[P][M]>;
@@ -166,6 +169,60 @@ export class RestClient {
   /** A session's whole transcript as JSON Lines (every envelope) or Markdown (the conversation). */
   async export(id: string, format: "jsonl" | "markdown" = "jsonl"): Promise<string> {
     return (await this.request("get", "/v1/sessions/{id}/export", { path: { id }, query: { format } })) as string;
+  }
+
+  /**
+   * Searches the transcripts of the caller's projects: words (all must
+   * match), `"quoted phrases"`, `prefix*`; best first, each hit with its
+   * session, chat, turn, seq and a snippet (`snippetHtml` marks the
+   * matching words in `<mark>`, the rest escaped).
+   */
+  search(query: Query<operations["search_transcripts"]>) {
+    return this.request("get", "/v1/search", { query });
+  }
+
+  /** Tokens and cost of the caller's projects over a time range, grouped (operators and admins). */
+  usage(query: Query<operations["usage_report"]> = {}) {
+    return this.request("get", "/v1/usage", { query });
+  }
+
+  /** The same report as CSV. */
+  async usageCsv(query: Query<operations["usage_report"]> = {}): Promise<string> {
+    return (await this.request("get", "/v1/usage", { query: { ...query, format: "csv" } })) as unknown as string;
+  }
+
+  /** How long a project keeps its settled sessions (no `days`: for good). */
+  retention(project: string) {
+    return this.request("get", "/v1/projects/{project}/retention", { path: { project } });
+  }
+
+  /** Keeps a project's settled sessions `days` days after their last write (admins). */
+  setRetention(project: string, days: number) {
+    return this.request("put", "/v1/projects/{project}/retention", { path: { project }, body: { days } });
+  }
+
+  /** Keeps a project's sessions for good (admins). */
+  clearRetention(project: string) {
+    return this.request("delete", "/v1/projects/{project}/retention", { path: { project } });
+  }
+
+  /** A project's webhooks (admins and the project's operators). */
+  webhooks(project: string) {
+    return this.request("get", "/v1/projects/{project}/webhooks", { path: { project } });
+  }
+
+  /** Adds a webhook; the answer holds its signing secret, given only here. */
+  createWebhook(project: string, body: Body<operations["create_webhook"]>) {
+    return this.request("post", "/v1/projects/{project}/webhooks", { path: { project }, body });
+  }
+
+  deleteWebhook(project: string, id: string) {
+    return this.request("delete", "/v1/projects/{project}/webhooks/{id}", { path: { project, id } });
+  }
+
+  /** A webhook's latest deliveries: state, attempts, last error. */
+  deliveries(project: string, id: string, query: Query<operations["list_deliveries"]> = {}) {
+    return this.request("get", "/v1/projects/{project}/webhooks/{id}/deliveries", { path: { project, id }, query });
   }
 
   resume(id: string, body?: Body<operations["resume"]>) {

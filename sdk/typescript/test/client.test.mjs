@@ -70,6 +70,12 @@ for (const backend of backends()) {
       assert.match(await tether.rest.export("sdk-basic", "markdown"), /^# After\n/);
       const page = await tether.rest.sessions({ limit: 10 });
       assert.ok(page.items.some((s) => s.id === "sdk-basic"));
+      // Search finds the title just committed, with its place and a snippet.
+      const title = await tether.ahp.dispatch(sessionChannel("sdk-basic"), { type: "session/titleChanged", title: "Kumquat <b>harvest</b>" });
+      const found = await tether.rest.search({ q: "kumquat" });
+      assert.deepEqual(found.items.map((h) => [h.sessionId, h.kind, h.seq]), [["sdk-basic", "title", title.envelope.serverSeq]]);
+      assert.equal(found.items[0].snippetHtml, "<mark>Kumquat</mark> &lt;b&gt;harvest&lt;/b&gt;");
+      await assert.rejects(tether.rest.search({ q: "  " }), (error) => error instanceof TetherError && error.status === 422);
     } finally {
       tether.ahp.close();
       await server.stop();

@@ -16,7 +16,7 @@ pub use token::token;
 
 use context::{context_get, context_put};
 use send::{dirs, send};
-use sessions::{agents, sessions, show};
+use sessions::{agents, search, sessions, show, usage};
 use tail::{clip, summary, tail};
 
 use std::io::{IsTerminal, Read, Write};
@@ -75,6 +75,12 @@ pub enum RemoteCommand {
     /// Print a session's whole transcript: JSON Lines (every envelope) or
     /// Markdown (the conversation as a person reads it).
     Export(ExportArgs),
+    /// Find what was said in the sessions of your projects: words (all must
+    /// match), "quoted phrases", prefix*.
+    Search(SearchArgs),
+    /// What the agents of your projects used and cost, grouped (operators
+    /// and admins).
+    Usage(UsageArgs),
     /// Start a turn with TEXT and print the agent's answer as it streams.
     Send(SendArgs),
     /// Change a session's working directories.
@@ -122,6 +128,58 @@ pub struct ExportArgs {
     /// `jsonl` (every envelope, one per line) or `markdown`.
     #[arg(long, default_value = "jsonl", value_parser = ["jsonl", "markdown"])]
     format: String,
+}
+
+/// `tether search`.
+#[derive(Debug, Args)]
+pub struct SearchArgs {
+    #[command(flatten)]
+    remote: Remote,
+    /// What to find.
+    query: String,
+    /// Only this project's sessions.
+    #[arg(long)]
+    project: Option<String>,
+    /// Only sessions of this agent.
+    #[arg(long)]
+    agent: Option<String>,
+    /// Only sessions in this state: live, dormant, closed or ended.
+    #[arg(long)]
+    state: Option<String>,
+    /// Only what was written at or after this time (RFC 3339).
+    #[arg(long)]
+    since: Option<String>,
+    /// Only what was written before this time (RFC 3339).
+    #[arg(long)]
+    until: Option<String>,
+    /// At most this many hits (1 to 100).
+    #[arg(long, default_value_t = 20)]
+    limit: u32,
+}
+
+/// `tether usage`.
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    #[command(flatten)]
+    remote: Remote,
+    /// Only usage reported at or after this time (RFC 3339).
+    #[arg(long)]
+    since: Option<String>,
+    /// Only usage reported before this time (RFC 3339).
+    #[arg(long)]
+    until: Option<String>,
+    /// Only this project.
+    #[arg(long)]
+    project: Option<String>,
+    /// Only this agent.
+    #[arg(long)]
+    agent: Option<String>,
+    /// Group by these, comma-separated: project, principal, agent, model.
+    #[arg(long, default_value = "project")]
+    by: String,
+    /// Print CSV (as the server writes it) instead of a table.
+    #[arg(long, conflicts_with = "json")]
+    csv: bool,
 }
 
 /// `tether agents`.
@@ -314,6 +372,8 @@ pub async fn run(command: RemoteCommand) -> ExitCode {
         RemoteCommand::Show(args) => show(args).await,
         RemoteCommand::Tail(args) => tail(args).await,
         RemoteCommand::Export(args) => export(args).await,
+        RemoteCommand::Search(args) => search(args).await,
+        RemoteCommand::Usage(args) => usage(args).await,
         RemoteCommand::Send(args) => send(args).await,
         RemoteCommand::Dirs(args) => dirs(args).await,
         RemoteCommand::Context(ContextCommand::Get(args)) => context_get(args).await,

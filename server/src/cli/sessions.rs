@@ -44,6 +44,114 @@ pub(super) async fn sessions(args: SessionsArgs) -> Outcome {
     )
 }
 
+/// `tether search`: one hit per line, best first: where, what and an
+/// extract with the matching words in brackets.
+pub(super) async fn search(args: SearchArgs) -> Outcome {
+    let query = tether_client::SearchQuery {
+        q: args.query,
+        project: args.project,
+        agent: args.agent,
+        state: args.state,
+        since: args.since,
+        until: args.until,
+        limit: Some(args.limit),
+        cursor: None,
+    };
+    let page = args.remote.client()?.search(&query).await?;
+    if args.remote.json {
+        return out_json(&page.items, false);
+    }
+    if page.items.is_empty() {
+        note("no matches");
+        return Ok(());
+    }
+    let rows: Vec<[String; 5]> = page
+        .items
+        .iter()
+        .map(|hit| {
+            [
+                hit.session_id.clone(),
+                hit.seq.to_string(),
+                hit.kind.clone(),
+                hit.at.clone(),
+                clip(&marked(&hit.snippet_html), 100),
+            ]
+        })
+        .collect();
+    print_table(["SESSION", "SEQ", "KIND", "AT", "MATCH"], &rows)
+}
+
+/// `tether usage`: one line per group and currency.
+pub(super) async fn usage(args: UsageArgs) -> Outcome {
+    let params = tether_client::UsageParams {
+        since: args.since,
+        until: args.until,
+        project: args.project,
+        agent: args.agent,
+        by: Some(args.by),
+    };
+    let client = args.remote.client()?;
+    if args.csv {
+        return write_stdout(&client.usage_csv(&params).await?);
+    }
+    let report = client.usage(&params).await?;
+    if args.remote.json {
+        return out_json(&report, false);
+    }
+    if report.rows.is_empty() {
+        note("no usage reported in this range");
+        return Ok(());
+    }
+    let group = |row: &tether_protocol::rest::UsageLine| {
+        [&row.project, &row.principal, &row.agent, &row.model]
+            .into_iter()
+            .flatten()
+            .map(|v| if v.is_empty() { "-" } else { v.as_str() })
+            .collect::<Vec<_>>()
+            .join(" · ")
+    };
+    let rows: Vec<[String; 5]> = report
+        .rows
+        .iter()
+        .map(|row| {
+            [
+                clip(&group(row), 60),
+                row.input_tokens.to_string(),
+                row.output_tokens.to_string(),
+                if row.currency.is_empty() {
+                    "-".to_owned()
+                } else {
+                    format!("{:.4} {}", row.cost, row.currency)
+                },
+                row.sessions.to_string(),
+            ]
+        })
+        .collect();
+    let by = report.by.join(" · ").to_uppercase();
+    let header = if by.is_empty() { "ALL".to_owned() } else { by };
+    print_table(
+        [
+            header.as_str(),
+            "TOKENS IN",
+            "TOKENS OUT",
+            "COST",
+            "SESSIONS",
+        ],
+        &rows,
+    )
+}
+
+/// A snippet's HTML as text, each match in brackets.
+fn marked(html: &str) -> String {
+    html.replace("<mark>", "[")
+        .replace("</mark>", "]")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&")
+}
+
 fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> Outcome {
     let mut widths = header.map(|h| h.chars().count());
     for row in rows {

@@ -22,6 +22,17 @@ use tokio::sync::oneshot;
 use super::Cluster;
 use crate::store::StoreError;
 
+/// What [`Cluster::reclaim`] found.
+#[derive(Debug)]
+pub enum Reclaimed {
+    /// The holder had answered it: its answer.
+    Answered(String),
+    /// Unanswered, and withdrawn: the holder can no longer answer it.
+    Withdrawn,
+    /// Answered and collected: the answer is on its way to the waiter.
+    Arriving,
+}
+
 /// A claimed request: (row id, session id, request JSON).
 pub type Claimed = (i64, String, String);
 
@@ -76,6 +87,39 @@ impl Cluster {
         Ok(gone)
     }
 
+    /// Takes a claimed request back from a holder that is gone (see
+    /// [`Cluster::host_alive`]): once its row is deleted the holder's answer
+    /// has nowhere to go, so the request is either answered already (the
+    /// answer is returned), or will never be.
+    pub async fn reclaim(&self, pending: &Pending, id: i64) -> Result<Reclaimed, StoreError> {
+        let row: Option<(Option<String>,)> =
+            sqlx::query_as("DELETE FROM forwards WHERE id = $1 RETURNING answer")
+                .bind(id)
+                .fetch_optional(self.pool())
+                .await?;
+        let Some((answer,)) = row else {
+            // The collector deleted it first: it is handing the answer to
+            // the waiter.
+            return Ok(Reclaimed::Arriving);
+        };
+        if let Ok(mut waiting) = pending.waiting.lock() {
+            waiting.remove(&id);
+        }
+        Ok(answer.map_or(Reclaimed::Withdrawn, Reclaimed::Answered))
+    }
+
+    /// Whether `host`'s row is live by the database's clock: it renews, so
+    /// it will answer what it claimed. A host that left (its row deleted)
+    /// or stopped renewing (dead, or cut off from the database) will not.
+    pub async fn host_alive(&self, host: &str) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM cluster_hosts WHERE id = $1 AND expires_at >= now())",
+        )
+        .bind(host)
+        .fetch_one(self.pool())
+        .await?)
+    }
+
     /// Gives up on a request whatever its state (it timed out).
     pub async fn abandon(&self, pending: &Pending, id: i64) {
         if let Ok(mut waiting) = pending.waiting.lock() {
@@ -96,6 +140,26 @@ impl Cluster {
         .bind(self.host())
         .fetch_all(self.pool())
         .await?)
+    }
+
+    /// Requests this host id claimed and never answered: a previous
+    /// process of this host died (or stopped) with them in hand.
+    pub async fn claimed_unanswered(&self) -> Result<Vec<(i64, String)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT id, request FROM forwards WHERE holder = $1 AND claimed AND answer IS NULL",
+        )
+        .bind(self.host())
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// Puts a claimed, unanswered request back to be claimed again.
+    pub async fn unclaim(&self, id: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE forwards SET claimed = FALSE WHERE id = $1 AND answer IS NULL")
+            .bind(id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
     }
 
     /// Writes the answer to a claimed request and wakes its sender.

@@ -148,6 +148,18 @@ impl Cluster {
         self.ttl
     }
 
+    /// Whether this host's last renewal is recent enough that its row, and
+    /// so each of its leases, is certainly still live. False once renewals
+    /// have failed (or hung) for a lease time: another host may be taking
+    /// its sessions over.
+    pub fn in_contact(&self) -> bool {
+        self.renewed_until
+            .lock()
+            .ok()
+            .and_then(|until| *until)
+            .is_some_and(|until| Instant::now() < until)
+    }
+
     pub(crate) fn pool(&self) -> &PgPool {
         &self.pool
     }
@@ -359,46 +371,96 @@ impl Cluster {
     }
 
     /// Serialises root-channel writes across hosts until the guard is
-    /// released. Held on a connection of its own: if this host dies, the
-    /// database drops the lock with the connection.
+    /// released. Held by a transaction of its own (a transaction-level
+    /// advisory lock) that a task keeps busy with a `SELECT 1` twice a
+    /// second while the batch runs: the database's stalled-transaction
+    /// limit (`StoreOptions::stalled_transaction`) then ends it only when
+    /// this host cannot reach the database (it died, or is cut off), and
+    /// the lock goes with it, so no other host waits on it for longer
+    /// than that.
     pub async fn lock_root(&self) -> Result<RootLock, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        sqlx::query("SELECT pg_advisory_lock($1)")
-            .bind(ROOT_LOCK)
-            .execute(&mut *conn)
-            .await?;
-        Ok(RootLock { conn: Some(conn) })
+        let (acquired_tx, acquired) = tokio::sync::oneshot::channel();
+        let (release, mut released) = tokio::sync::oneshot::channel::<()>();
+        let pool = self.pool.clone();
+        let task = tokio::spawn(async move {
+            let locked = async {
+                let mut tx = pool.begin().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind(ROOT_LOCK)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok::<_, sqlx::Error>(tx)
+            }
+            .await;
+            let mut tx = match locked {
+                Ok(tx) => tx,
+                Err(err) => {
+                    let _ = acquired_tx.send(Err(StoreError::from(err)));
+                    return;
+                }
+            };
+            // The caller gave up waiting (it was cancelled): let go at once.
+            if acquired_tx.send(Ok(())).is_err() {
+                let _ = tx.rollback().await;
+                return;
+            }
+            loop {
+                tokio::select! {
+                    _ = &mut released => break,
+                    () = tokio::time::sleep(ROOT_LOCK_KEEPALIVE) => {
+                        if let Err(err) = sqlx::query("SELECT 1").execute(&mut *tx).await {
+                            tracing::warn!(
+                                error = %err,
+                                "the root lock was lost while held; another host may write \
+                                 the root channel in between"
+                            );
+                            return;
+                        }
+                    }
+                }
+            }
+            if let Err(err) = tx.commit().await {
+                tracing::warn!(error = %err, "the root lock was lost while held");
+            }
+        });
+        match acquired.await {
+            Ok(Ok(())) => Ok(RootLock {
+                release: Some(release),
+                task: Some(task),
+            }),
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(StoreError::Corrupt("the root lock's task ended".into())),
+        }
     }
 }
 
-/// A held root lock; [`RootLock::release`] lets it go.
+/// How often a held root lock's transaction shows the database it is alive.
+const ROOT_LOCK_KEEPALIVE: Duration = Duration::from_millis(500);
+
+/// A held root lock; [`RootLock::release`] lets it go (dropping it does
+/// too, without waiting).
 #[derive(Debug)]
 pub struct RootLock {
-    conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+    release: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl RootLock {
-    /// Releases the lock.
+    /// Releases the lock and waits until the database has let it go.
     pub async fn release(mut self) {
-        if let Some(mut conn) = self.conn.take() {
-            let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
-                .bind(ROOT_LOCK)
-                .execute(&mut *conn)
-                .await;
-            if unlocked.is_err() {
-                // The connection is in doubt: close it, which drops the lock.
-                let _ = conn.detach();
-            }
+        if let Some(release) = self.release.take() {
+            let _ = release.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
         }
     }
 }
 
 impl Drop for RootLock {
     fn drop(&mut self) {
-        // Dropped without release (a cancelled task): closing the
-        // connection is the only way to be sure the lock goes with it.
-        if let Some(conn) = self.conn.take() {
-            drop(conn.detach());
+        if let Some(release) = self.release.take() {
+            let _ = release.send(());
         }
     }
 }

@@ -78,10 +78,13 @@ impl std::fmt::Debug for Request {
 impl Committer {
     /// Starts the writer task. `max_batch` bounds the envelopes in one
     /// transaction; `queue` bounds the requests waiting for it.
+    /// `outbox` is woken once a batch that raised notification events is
+    /// durable.
     pub fn start(
         store: Arc<dyn Store>,
         delivery: Arc<Delivery>,
         metrics: Arc<Metrics>,
+        outbox: Arc<tokio::sync::Notify>,
         max_batch: usize,
         queue: usize,
     ) -> Self {
@@ -89,7 +92,7 @@ impl Committer {
         let health = Arc::new(WriterHealth::default());
         tokio::spawn(run(
             store,
-            delivery,
+            (delivery, outbox),
             metrics,
             health.clone(),
             receiver,
@@ -167,7 +170,7 @@ struct Written {
 
 async fn run(
     store: Arc<dyn Store>,
-    delivery: Arc<Delivery>,
+    (delivery, outbox): (Arc<Delivery>, Arc<tokio::sync::Notify>),
     metrics: Arc<Metrics>,
     health: Arc<WriterHealth>,
     mut receiver: mpsc::Receiver<Request>,
@@ -176,7 +179,12 @@ async fn run(
     // Publishing a batch (its frames, the hub, the answers) overlaps the
     // next batch's commit; one batch at most waits to be published.
     let (written, to_publish) = mpsc::channel(1);
-    tokio::spawn(publish(delivery.clone(), metrics.clone(), to_publish));
+    tokio::spawn(publish(
+        delivery.clone(),
+        outbox,
+        metrics.clone(),
+        to_publish,
+    ));
     while let Some(first) = receiver.recv().await {
         let mut size = first.envelopes.len();
         let mut requests = vec![first];
@@ -242,6 +250,7 @@ async fn run(
 /// Publishes each written batch in commit order and answers its requests.
 async fn publish(
     delivery: Arc<Delivery>,
+    outbox: Arc<tokio::sync::Notify>,
     metrics: Arc<Metrics>,
     mut written: mpsc::Receiver<Written>,
 ) {
@@ -259,6 +268,18 @@ async fn publish(
                     .zip(batch.envelopes)
                     .map(|(result, envelope)| match result {
                         Appended::Committed { seq, .. } => {
+                            if !envelope.events.is_empty() {
+                                outbox.notify_one();
+                            }
+                            if let Some(u) = &envelope.usage {
+                                metrics.usage(
+                                    &u.project,
+                                    &u.agent,
+                                    (u.input_tokens, u.output_tokens),
+                                    u.cost_micros,
+                                    &u.currency,
+                                );
+                            }
                             let frame = action_frame(
                                 seq,
                                 &envelope.channel,

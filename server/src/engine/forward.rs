@@ -15,6 +15,7 @@ use super::command::{Command, Dispatch, DispatchOutcome, Operation};
 use super::fanout::Published;
 use super::{Ctx, Engine, EngineError, Refusal, RefusalKind};
 use crate::auth::Principal;
+use crate::cluster::forward::Reclaimed;
 use crate::cluster::{Cluster, Lease};
 use crate::store::{Origin, now_ms};
 
@@ -486,9 +487,96 @@ async fn forward_one(
                     reply,
                 };
             }
-            // Claimed already: the answer is on its way, or the holder died
-            // running it and the limit above ends the wait.
+            // Claimed already, and the lease is no longer the holder's. A
+            // holder that is still live (it released the lease: a dispose,
+            // an eviction) answers what it claimed: wait. One that left or
+            // stopped renewing (dead, or cut off from the database) may
+            // never answer; waiting would hold every write of the session
+            // behind it. Its answer, if it wrote one, is taken; otherwise
+            // the request is withdrawn (the holder's answer then goes
+            // nowhere). An action with an origin is sent on: the new
+            // holder applies it once (it finds it in the log if the old
+            // holder committed it; and once the new holder takes the lease
+            // the old one cannot commit). Anything else is in doubt: said
+            // at once.
+            Ok(false) if matches!(cluster.host_alive(holder).await, Ok(false)) => {
+                match cluster.reclaim(&ctx.pending, row).await {
+                    Ok(Reclaimed::Answered(text)) => {
+                        match serde_json::from_str::<Answer>(&text) {
+                            Ok(decoded) => reply.deliver(decoded),
+                            Err(err) => reply.fail(EngineError::Unavailable(format!(
+                                "the session's host answered garbage: {err}"
+                            ))),
+                        }
+                        return Sent::Answered;
+                    }
+                    Ok(Reclaimed::Withdrawn)
+                        if matches!(
+                            &request,
+                            Request::Dispatch {
+                                origin: Some(_),
+                                ..
+                            }
+                        ) =>
+                    {
+                        return Sent::Moved {
+                            to: now.filter(|other| other != cluster.host()),
+                            request: Box::new(request),
+                            reply,
+                        };
+                    }
+                    Ok(Reclaimed::Withdrawn) => {
+                        reply.fail(EngineError::Unavailable(format!(
+                            "The host serving session {id} went away before answering; the \
+                             request may or may not have been applied: read the session \
+                             before retrying."
+                        )));
+                        return Sent::Answered;
+                    }
+                    Ok(Reclaimed::Arriving) | Err(_) => continue,
+                }
+            }
+            // The answer is on its way.
             Ok(false) | Err(_) => continue,
+        }
+    }
+}
+
+/// What this host id claimed and never answered: at start, what a previous
+/// process left (it was stopped or killed with them in hand; its senders
+/// see this host id alive again and wait); at leave, what this one will
+/// not finish. An action with an origin is put back, to run once wherever
+/// it is claimed next (the log has it if it was committed); anything else
+/// is answered as in doubt.
+pub(super) async fn recover_claimed(cluster: &Cluster) {
+    let stale = match cluster.claimed_unanswered().await {
+        Ok(stale) => stale,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot look for forwarded requests left unanswered");
+            return;
+        }
+    };
+    for (row, request) in stale {
+        let retried = matches!(
+            serde_json::from_str::<Request>(&request),
+            Ok(Request::Dispatch {
+                origin: Some(_),
+                ..
+            })
+        );
+        let recovered = if retried {
+            cluster.unclaim(row).await
+        } else {
+            let answer = failed(EngineError::Unavailable(
+                "The session's host stopped before answering; the request may or may not \
+                 have been applied: read the session before retrying."
+                    .into(),
+            ));
+            let text = serde_json::to_string(&answer).unwrap_or_default();
+            cluster.answer(row, &text).await
+        };
+        if let Err(err) = recovered {
+            tracing::warn!(error = %err, "a forwarded request left unanswered stays so; its sender times out");
         }
     }
 }
@@ -497,6 +585,7 @@ async fn forward_one(
 pub(super) fn start_server(engine: Engine, cluster: Arc<Cluster>) {
     let stop = cluster.stop.clone();
     tokio::spawn(stop.run_until_cancelled_owned(async move {
+        recover_claimed(&cluster).await;
         let mut swept = Instant::now();
         loop {
             let _ =

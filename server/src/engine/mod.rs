@@ -19,14 +19,18 @@ mod error;
 pub mod fanout;
 mod forward;
 pub mod host_tools;
+pub mod indexing;
 pub mod mcp;
+mod notify;
 mod operations;
 pub mod rebuild;
+mod retention;
 mod root;
 mod rules;
 mod sessions;
 mod summary;
 mod turns;
+mod usage;
 mod validate;
 
 use std::collections::HashMap;
@@ -89,6 +93,12 @@ pub struct EngineConfig {
     /// How long an agent's question waits for an answer before the agent is
     /// told it was cancelled.
     pub input_timeout: Duration,
+    /// How often the retention round runs.
+    pub retention_interval: Duration,
+    /// How webhook deliveries are made.
+    pub webhooks: crate::webhooks::WebhookConfig,
+    /// Whether appends write search documents.
+    pub search_index: bool,
     /// Limits on message attachments.
     pub attachments: attachments::AttachmentLimits,
     /// Where working directories may be, whatever the side-effect backend
@@ -115,6 +125,9 @@ impl Default for EngineConfig {
             client_tool_timeout: Duration::from_secs(60),
             client_grace: Duration::from_secs(30),
             input_timeout: Duration::from_secs(600),
+            retention_interval: Duration::from_secs(3600),
+            webhooks: crate::webhooks::WebhookConfig::default(),
+            search_index: true,
             attachments: attachments::AttachmentLimits::default(),
             roots: crate::effects::Roots::default(),
             sandbox: crate::agents::sandbox::Sandbox::default(),
@@ -212,6 +225,8 @@ pub(crate) struct Ctx {
     /// This host's terminals (agents' and clients').
     terminals: crate::agents::terminals::Terminals,
     chats: Mutex<HashMap<String, String>>,
+    /// Sessions being deleted by retention: no actor starts for them.
+    retiring: Mutex<std::collections::HashSet<String>>,
     root: tokio::sync::Mutex<RootModel>,
     /// Root writes waiting for the next batch (see `root`).
     root_queue: Mutex<Vec<root::QueuedRoot>>,
@@ -252,6 +267,11 @@ impl Ctx {
     /// the actor's future contain itself.
     fn mailbox(self: &Arc<Self>, id: &str) -> Option<mpsc::Sender<Command>> {
         let mut actors = self.actors.lock().ok()?;
+        // A session retention is deleting gets no actor (the lock order is
+        // `actors`, then `retiring`).
+        if self.retiring.lock().ok()?.contains(id) {
+            return None;
+        }
         Some(
             actors
                 .entry(id.to_owned())
@@ -262,6 +282,27 @@ impl Ctx {
                 })
                 .clone(),
         )
+    }
+
+    /// Marks a session as being deleted, unless its actor is in memory
+    /// (then `false`): until [`Ctx::end_retiring`], no actor starts for it.
+    fn begin_retiring(&self, id: &str) -> bool {
+        let Ok(actors) = self.actors.lock() else {
+            return false;
+        };
+        if actors.contains_key(id) {
+            return false;
+        }
+        self.retiring
+            .lock()
+            .map(|mut r| r.insert(id.to_owned()))
+            .unwrap_or(false)
+    }
+
+    fn end_retiring(&self, id: &str) {
+        if let Ok(mut retiring) = self.retiring.lock() {
+            retiring.remove(id);
+        }
     }
 
     fn forget_actor(&self, id: &str) {
@@ -323,10 +364,12 @@ impl Engine {
         let host = store.host().await?;
         let hub = Arc::new(Hub::new(config.hub_buffer, host.last_seq));
         let (delivery, remote) = Delivery::new(hub.clone(), store.clone(), cluster.clone());
+        let outbox = Arc::new(tokio::sync::Notify::new());
         let committer = Committer::start(
             store.clone(),
             delivery.clone(),
             metrics.clone(),
+            outbox.clone(),
             config.commit_batch,
             4096,
         );
@@ -349,6 +392,7 @@ impl Engine {
             mcp: mcp::McpHub::default(),
             terminals: crate::agents::terminals::Terminals::default(),
             chats: Mutex::new(HashMap::new()),
+            retiring: Mutex::new(std::collections::HashSet::new()),
             root: tokio::sync::Mutex::new(root),
             root_queue: Mutex::new(Vec::new()),
         });
@@ -363,6 +407,15 @@ impl Engine {
             .boot_sweep()
             .await
             .map_err(|e| StoreError::Corrupt(format!("boot sweep failed: {e}")))?;
+        indexing::start(engine.ctx.store.clone());
+        retention::start(engine.ctx.clone(), engine.ctx.config.retention_interval);
+        crate::webhooks::start(
+            engine.ctx.store.clone(),
+            engine.ctx.metrics.clone(),
+            engine.ctx.config.webhooks.clone(),
+            engine.cluster_host().unwrap_or("local").to_owned(),
+            outbox,
+        );
         let infos = engine.ctx.agents.infos();
         let current =
             serde_json::to_value(&engine.ctx.root.lock().await.state.agents).unwrap_or(Value::Null);
@@ -379,8 +432,19 @@ impl Engine {
     /// every session lease of this host go.
     pub async fn leave(&self) {
         if let Some(cluster) = &self.ctx.cluster {
+            // Forwarded requests claimed and not yet answered are handed
+            // back before the leases go, so their senders need not wait.
+            cluster.stop.cancel();
+            forward::recover_claimed(cluster).await;
             cluster.leave().await;
         }
+    }
+
+    /// Whether this host may serve its sessions: alone, always; among
+    /// several hosts, while its leases are certainly its own (see
+    /// [`crate::cluster::Cluster::in_contact`]).
+    pub fn holds_its_leases(&self) -> bool {
+        self.ctx.cluster.as_ref().is_none_or(|c| c.in_contact())
     }
 
     /// This host's id among several hosts on one Postgres.

@@ -8,7 +8,7 @@ use tether_protocol::channel::Channel;
 use tether_protocol::model::{SessionModel, typed_action};
 use tether_protocol::view::SessionView;
 
-use crate::store::{SessionFilter, SessionRecord, Store, StoreError};
+use crate::store::{SessionFilter, SessionRecord, Store, StoreError, StoredEnvelope};
 
 /// How many transcript rows one read takes.
 const PAGE: u32 = 2_000;
@@ -42,7 +42,18 @@ pub async fn load_model(
 pub async fn fold_tail(
     store: &dyn Store,
     id: &str,
+    model: Option<SessionModel>,
+) -> Result<Option<SessionModel>, String> {
+    fold_each(store, id, model, |_, _, _| {}).await
+}
+
+/// [`fold_tail`], calling `each` with the model after each envelope was
+/// folded in, the envelope and its action.
+pub async fn fold_each(
+    store: &dyn Store,
+    id: &str,
     mut model: Option<SessionModel>,
+    mut each: impl FnMut(&SessionModel, &StoredEnvelope, &Value),
 ) -> Result<Option<SessionModel>, String> {
     let mut after = model.as_ref().map_or(0, |m| m.last_seq);
     loop {
@@ -66,6 +77,9 @@ pub async fn fold_tail(
                     m.apply(&envelope.channel, &action, &typed_action(&action));
                     m.last_seq = envelope.seq;
                 }
+            }
+            if let Some(m) = &model {
+                each(m, &envelope, &action);
             }
         }
     }

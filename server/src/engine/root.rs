@@ -161,6 +161,9 @@ impl Engine {
                 turns: Vec::new(),
                 directed: None,
                 owner: None,
+                search: None,
+                usage: None,
+                events: Vec::new(),
             })
             .collect::<Vec<_>>();
         let outcomes = if envelopes.is_empty() {

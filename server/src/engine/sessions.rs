@@ -181,7 +181,9 @@ impl Engine {
     /// Returns how many sessions it settled.
     pub async fn boot_sweep(&self) -> Result<usize, EngineError> {
         let mut swept = 0;
-        for state in ["live", "ended"] {
+        // Live and unsettled sessions, and settled ones with a turn still
+        // open (accepted just before the host died, its agent not started).
+        for state in ["live", "ended", "dormant"] {
             let filter = crate::store::SessionFilter {
                 state: Some(state.to_owned()),
                 ..Default::default()
@@ -196,14 +198,27 @@ impl Engine {
                     .map_err(|e| EngineError::Unavailable(e.to_string()))?;
                 for row in &page.items {
                     let unsettled = serde_json::from_str::<SessionView>(&row.record.projection)
-                        .map(|v| v.projection.settled.is_none())
+                        .map(|v| {
+                            v.projection.settled.is_none() || v.projection.open_turn_id.is_some()
+                        })
                         .unwrap_or(true);
-                    if unsettled
-                        && self
-                            .ask(&row.record.id, |reply| Command::Sweep { reply })
-                            .await?
+                    if !unsettled {
+                        continue;
+                    }
+                    match self
+                        .ask(&row.record.id, |reply| Command::Sweep { reply })
+                        .await
                     {
-                        swept += 1;
+                        Ok(true) => swept += 1,
+                        Ok(false) => {}
+                        // A settled session's orphaned turn is failed the
+                        // next time it is opened instead; it never keeps
+                        // the host from starting.
+                        Err(err) if state == "dormant" => {
+                            tracing::warn!(session = %row.record.id, error = %err,
+                                "boot sweep could not fail an open turn of a settled session");
+                        }
+                        Err(err) => return Err(err),
                     }
                 }
                 match page.next_before {

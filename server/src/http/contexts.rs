@@ -46,7 +46,7 @@ pub struct ContextPath {
 pub struct ProjectPath {
     /// Project name.
     #[param(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:-]{1,128}$")]
-    project: String,
+    pub project: String,
 }
 
 /// Looks a working context up. `otherSessions` lists the project's other

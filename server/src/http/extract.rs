@@ -142,6 +142,21 @@ pub fn bounded_integer(
     }
 }
 
+/// A query parameter that is a time (RFC 3339), as milliseconds since the
+/// epoch; a 422 naming the parameter when it is not one.
+pub fn timestamp(name: &str, text: Option<&str>) -> Result<Option<i64>, ApiError> {
+    text.map(|t| {
+        t.parse::<jiff::Timestamp>()
+            .map(|t| t.as_millisecond())
+            .map_err(|_| {
+                ApiError::invalid(format!(
+                    "{name} must be an RFC 3339 time such as 2026-12-03T10:00:00Z; got {t:?}."
+                ))
+            })
+    })
+    .transpose()
+}
+
 impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> Self {
         let status = rejection.status();

@@ -50,6 +50,11 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Readiness>, Ap
     ready
 }
 
+/// Longest a readiness probe waits for the store.
+/// (Under a load balancer's check timeout; long enough for a busy pool to
+/// hand out a connection.)
+const PROBE_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 async fn readiness(state: &AppState) -> Result<Json<Readiness>, ApiError> {
     if state.draining.is_cancelled() {
         return Err(ApiError::new(
@@ -58,7 +63,29 @@ async fn readiness(state: &AppState) -> Result<Json<Readiness>, ApiError> {
             "The server is shutting down; connect to another host.",
         ));
     }
-    state.store.ping().await?;
+    if !state.engine.holds_its_leases() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            "This host has not reached the database for a lease time; other hosts may be \
+             serving its sessions. Connect to another host.",
+        ));
+    }
+    // However the database connection hangs (a partition), the answer
+    // comes within a second: a load balancer's check must not wait.
+    let stalled = || {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            format!(
+                "The store did not answer within {} ms.",
+                PROBE_LIMIT.as_millis()
+            ),
+        )
+    };
+    tokio::time::timeout(PROBE_LIMIT, state.store.ping())
+        .await
+        .map_err(|_| stalled())??;
     state.engine.writer_health().map_err(|err| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -66,7 +93,9 @@ async fn readiness(state: &AppState) -> Result<Json<Readiness>, ApiError> {
             format!("Storage is refusing writes: {err}."),
         )
     })?;
-    let host = state.store.host().await?;
+    let host = tokio::time::timeout(PROBE_LIMIT, state.store.host())
+        .await
+        .map_err(|_| stalled())??;
     Ok(Json(Readiness {
         status: "ready".to_owned(),
         backend: state.store.backend().as_str().to_owned(),

@@ -13,7 +13,11 @@ pub mod health;
 pub mod listener;
 mod mcp;
 pub mod metrics;
+pub mod projects;
+pub mod search;
 pub mod sessions;
+pub mod usage;
+pub mod webhooks;
 
 use std::sync::{Arc, OnceLock};
 
@@ -52,6 +56,7 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
         (name = "sessions", description = "Session projections, transcripts, dispatch, resume and tool context."),
         (name = "agents", description = "The agents sessions can run: echo and the configured ACP agents."),
         (name = "working context", description = "What an agent was doing, saved per project and session."),
+        (name = "projects", description = "What each project keeps and whom it calls: retention and webhooks."),
     )
 )]
 struct ApiDoc;
@@ -64,6 +69,10 @@ fn documented() -> OpenApiRouter<AppState> {
         .merge(metrics::router())
         .merge(sessions::router())
         .merge(contexts::router())
+        .merge(search::router())
+        .merge(usage::router())
+        .merge(projects::router())
+        .merge(webhooks::router())
 }
 
 /// The OpenAPI document of a server with authentication on (the one

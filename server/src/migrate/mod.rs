@@ -168,6 +168,7 @@ pub async fn run(args: &MigrateArgs) -> Result<Summary, MigrateError> {
         connect_timeout: Duration::from_secs(args.connect_timeout_secs),
         max_connections: 4,
         host_id: None,
+        stalled_transaction: None,
     };
     let source = Source::open(path).await?;
     let host = source.host().await?;

@@ -154,6 +154,74 @@ pub(super) const TABLES: &[Table] = &[
         key: &[0, 1, 2],
     },
     Table {
+        name: "usage",
+        columns: &[
+            col("seq", Int),
+            col("session_id", Text),
+            col("project", Text),
+            col("agent", Text),
+            col("model", Text),
+            col("sub", Text),
+            col("at_ms", Int),
+            col("input_tokens", Int),
+            col("output_tokens", Int),
+            col("cost_micros", Int),
+            col("currency", Text),
+        ],
+        key: &[0],
+    },
+    Table {
+        name: "retention",
+        columns: &[
+            col("project", Text),
+            col("days", Int),
+            col("updated_ms", Int),
+        ],
+        key: &[0],
+    },
+    Table {
+        name: "webhooks",
+        columns: &[
+            col("id", Text),
+            col("project", Text),
+            col("url", Text),
+            col("secret", Text),
+            col("events", Text),
+            col("created_ms", Int),
+            col("created_by", Text),
+        ],
+        key: &[0],
+    },
+    Table {
+        name: "outbox",
+        columns: &[
+            col("event_id", Text),
+            col("kind", Text),
+            col("project", Text),
+            col("session_id", OptText),
+            col("seq", Int),
+            col("at_ms", Int),
+            col("data", Text),
+        ],
+        key: &[0],
+    },
+    Table {
+        name: "deliveries",
+        columns: &[
+            col("event_id", Text),
+            col("webhook_id", Text),
+            col("attempts", Int),
+            col("next_ms", Int),
+            col("delivered_ms", OptInt),
+            col("failed_ms", OptInt),
+            col("last_status", OptInt),
+            col("last_error", OptText),
+            col("claimed_by", OptText),
+            col("claimed_until", OptInt),
+        ],
+        key: &[0, 1],
+    },
+    Table {
         name: "working_contexts",
         columns: &[
             col("project", Text),
@@ -172,12 +240,24 @@ pub(super) const HOST_COLUMNS: &[&str] = &["id", "epoch", "last_seq"];
 /// `leases`, `forwards` and `cluster_hosts` exist only on Postgres (several
 /// hosts) and hold nothing a copy needs: leases of a stopped server, writes
 /// in flight, hosts' liveness.
+///
+/// The search index is derived from the log and written differently by
+/// each backend (an FTS5 table and its shadow tables on SQLite, a
+/// `tsvector` on Postgres): it is not copied; the copy lists every session
+/// as pending, and the first host on the target indexes them.
 pub(super) const BOOKKEEPING: &[&str] = &[
     "_sqlx_migrations",
     super::target::PROGRESS_TABLE,
     "leases",
     "forwards",
     "cluster_hosts",
+    "search_docs",
+    "search_pending",
+    "search_fts",
+    "search_fts_data",
+    "search_fts_idx",
+    "search_fts_docsize",
+    "search_fts_config",
 ];
 
 impl Table {

@@ -16,7 +16,7 @@ use sqlx::{AssertSqlSafe, Connection};
 
 use super::MigrateError;
 use super::source::Host;
-use super::tables::{Cell, Kind, TABLES, Table, cells};
+use super::tables::{BOOKKEEPING, Cell, Kind, TABLES, Table, cells};
 use crate::store::{PostgresStore, StoreError, StoreOptions, redact_url};
 
 /// The table recording how far each table's copy got. Created by the
@@ -224,19 +224,9 @@ impl Target {
         if tables.is_empty() {
             return Ok(Found::Empty);
         }
-        // `leases`, `forwards` and `cluster_hosts` are Postgres-only
-        // (several hosts); they hold nothing to copy.
-        let ours = |t: &str| {
-            [
-                "host",
-                "_sqlx_migrations",
-                "leases",
-                "forwards",
-                "cluster_hosts",
-            ]
-            .contains(&t)
-                || TABLES.iter().any(|x| x.name == t)
-        };
+        // Tables the copy leaves alone are Tether's too (BOOKKEEPING).
+        let ours =
+            |t: &str| t == "host" || BOOKKEEPING.contains(&t) || TABLES.iter().any(|x| x.name == t);
         if let Some(foreign) = tables.iter().find(|t| !ours(t)) {
             return Err(MigrateError::Target(format!(
                 "the target database is not empty: it has a table {foreign:?} that is not \
@@ -468,6 +458,14 @@ impl Target {
                 "the target's host row changed during the copy (is a server running on it?)".into(),
             ));
         }
+        // The search index is rebuilt from the log by the first host.
+        sqlx::query(
+            "INSERT INTO search_pending (session_id) SELECT id FROM sessions \
+             ON CONFLICT (session_id) DO NOTHING",
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(&db)?;
         sqlx::query(AssertSqlSafe(format!(
             "UPDATE {PROGRESS_TABLE} SET done = true WHERE table_name = 'host'"
         )))

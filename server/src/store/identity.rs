@@ -39,6 +39,9 @@ pub fn validate(id: &str) -> Result<(), String> {
     }
 }
 
+/// Times a taken id is asked for again (250 ms apart) before it is refused.
+const CLAIM_TRIES: u32 = 20;
+
 /// A held claim on a host id; dropping it lets the identity go.
 #[derive(Debug)]
 pub struct HostClaim {
@@ -48,7 +51,20 @@ pub struct HostClaim {
 /// Claims `id` for this process, or says which identity is taken.
 pub async fn claim(connect: &PgConnectOptions, id: &str) -> Result<HostClaim, String> {
     validate(id)?;
-    let conn = take(connect, id).await?;
+    // A process of this id killed a moment ago holds the claim until
+    // Postgres notices its connection is gone: ask again for a few seconds
+    // before calling the id taken.
+    let mut tries = 0;
+    let conn = loop {
+        match take(connect, id).await {
+            Ok(conn) => break conn,
+            Err(err) if tries < CLAIM_TRIES && err.contains("claimed by another") => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+            Err(err) => return Err(err),
+        }
+    };
     let stop = CancellationToken::new();
     tokio::spawn(keep(conn, connect.clone(), id.to_owned(), stop.clone()));
     Ok(HostClaim {

@@ -16,23 +16,31 @@
 //! * A session's read-model row is written in the same transaction as the log
 //!   row it summarises.
 
+#[cfg(test)]
+mod expand;
 pub mod identity;
+mod open;
 mod plan;
 pub(crate) mod postgres;
 mod rows;
+pub mod search;
 pub(crate) mod sqlite;
+pub mod usage;
+pub mod webhooks;
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use uuid::Uuid;
 
 pub use tether_protocol::window::ArchivedTurn;
 
+pub use open::{StoreOptions, backup, data_files, open, redact_url};
+pub(crate) use open::{Target, parse_url};
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
+pub use sqlite::backup::BackupReport;
 
 /// How many rows one read may return at most, whatever the caller asks for.
 /// Keeps a single reply bounded in memory (invariant 7).
@@ -168,6 +176,16 @@ pub struct NewEnvelope {
     /// recorded as that client's owner in the session, in the same
     /// transaction, so the ownership outlives the actor and the host.
     pub owner: Option<String>,
+    /// The search document the envelope writes (or rewrites), in the same
+    /// transaction, so what is committed is searchable at once.
+    pub search: Option<tether_protocol::search::SearchDoc>,
+    /// What the envelope added to its session's usage, for the ledger, in
+    /// the same transaction.
+    pub usage: Option<usage::UsageRow>,
+    /// The notification events it raises, for the outbox, in the same
+    /// transaction (written only for projects with a webhook that wants
+    /// them).
+    pub events: Vec<webhooks::OutboxEvent>,
 }
 
 /// A copy of an envelope's action that only one client receives: the
@@ -546,128 +564,151 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// saved first, ties broken by session name.
     async fn working_contexts(&self, project: &str) -> Result<Vec<SavedContext>, StoreError>;
 
+    /// The documents that match a search, best first (see
+    /// [`search::SearchRequest`]).
+    async fn search(
+        &self,
+        request: &search::SearchRequest,
+    ) -> Result<Vec<search::SearchHit>, StoreError>;
+
+    /// Writes documents of a session outside an append (indexing a
+    /// transcript written before the index existed): each replaces the
+    /// stored one of its key unless that one was written by a later seq.
+    async fn put_search_docs(
+        &self,
+        session: &str,
+        docs: &[(u64, i64, tether_protocol::search::SearchDoc)],
+    ) -> Result<(), StoreError>;
+
+    /// Usage totals over a time range, grouped (see [`usage::UsageQuery`]).
+    async fn usage(&self, query: &usage::UsageQuery) -> Result<Vec<usage::UsageTotal>, StoreError>;
+
+    /// Sets how many days a project keeps settled sessions (`None`: for
+    /// good).
+    async fn set_retention(&self, project: &str, days: Option<u32>) -> Result<(), StoreError>;
+
+    /// How many days a project keeps settled sessions, if it is limited.
+    async fn retention(&self, project: &str) -> Result<Option<u32>, StoreError>;
+
+    /// Settled sessions past their project's retention at `now_ms`, oldest
+    /// first, at most `limit`.
+    async fn expired_sessions(&self, now_ms: i64, limit: u32) -> Result<Vec<Expired>, StoreError>;
+
+    /// Deletes sessions with everything they own (transcript, chats,
+    /// archived turns, snapshots, recorded refusals, attachments, search
+    /// documents; the usage ledger stays), in one transaction, each only if
+    /// it is still settled and nothing was written to it since `last_seq`
+    /// (and, with several hosts, no host holds it). One caller at a time:
+    /// another's concurrent call deletes nothing. Returns the ids deleted.
+    async fn delete_sessions(&self, sessions: &[Expired]) -> Result<Vec<String>, StoreError>;
+
+    /// Adds a webhook.
+    async fn create_webhook(&self, webhook: &webhooks::Webhook) -> Result<(), StoreError>;
+
+    /// A project's webhooks, oldest first.
+    async fn webhooks(&self, project: &str) -> Result<Vec<webhooks::Webhook>, StoreError>;
+
+    /// Removes a webhook of a project and its deliveries; `false` when
+    /// there was none.
+    async fn delete_webhook(&self, project: &str, id: &str) -> Result<bool, StoreError>;
+
+    /// Claims up to `limit` due deliveries for `claimer` until
+    /// `now_ms + hold_ms` (a delivery claimed by another and not yet
+    /// released waits until its claim runs out), counting the attempt.
+    async fn claim_deliveries(
+        &self,
+        claimer: &str,
+        now_ms: i64,
+        hold_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<webhooks::Due>, StoreError>;
+
+    /// Releases the claims `claimer` holds (a host starting again).
+    async fn release_deliveries(&self, claimer: &str) -> Result<(), StoreError>;
+
+    /// Records an attempt's outcome and releases its claim.
+    async fn record_attempt(
+        &self,
+        event_id: &str,
+        webhook_id: &str,
+        attempt: &webhooks::Attempt,
+    ) -> Result<(), StoreError>;
+
+    /// Deletes up to `limit` finished deliveries (delivered or given up) of
+    /// events raised before `before_ms`, and the events left with none;
+    /// returns how many deliveries went.
+    async fn prune_deliveries(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError>;
+
+    /// A webhook's latest deliveries, newest first.
+    async fn deliveries(
+        &self,
+        webhook_id: &str,
+        limit: u32,
+    ) -> Result<Vec<webhooks::DeliveryRow>, StoreError>;
+
+    /// Sessions still to be indexed (at most `limit`).
+    async fn search_pending(&self, limit: u32) -> Result<Vec<String>, StoreError>;
+
+    /// Marks a session indexed.
+    async fn search_indexed(&self, session: &str) -> Result<(), StoreError>;
+
     /// Closes every connection after in-flight work finishes.
     async fn close(&self);
 }
 
-/// Connection settings shared by the backends.
-#[derive(Debug, Clone)]
-pub struct StoreOptions {
-    /// How long to wait for a connection (also when first connecting).
-    pub connect_timeout: Duration,
-    /// Largest read pool size.
-    pub max_connections: u32,
-    /// Postgres: the host identity to write as and claim (see
-    /// `ServeArgs::host_id`); a fresh UUID when unset.
-    pub host_id: Option<String>,
+/// A settled session past its project's retention.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expired {
+    /// The session.
+    pub id: String,
+    /// Its project.
+    pub project: String,
+    /// Its latest seq when it was found expired.
+    pub last_seq: u64,
 }
 
-impl Default for StoreOptions {
-    fn default() -> Self {
-        Self {
-            connect_timeout: Duration::from_secs(5),
-            max_connections: 8,
-            host_id: None,
-        }
-    }
-}
-
-/// Opens the store a database URL names: `postgres://…`/`postgresql://…`,
-/// `sqlite:PATH`/`sqlite://PATH`, or a plain file path (SQLite).
-pub async fn open(url: &str, options: &StoreOptions) -> Result<Arc<dyn Store>, StoreError> {
-    match parse_url(url)? {
-        Target::Postgres => Ok(Arc::new(PostgresStore::open(url, options).await?)),
-        Target::Sqlite(path) => Ok(Arc::new(SqliteStore::open(&path, options).await?)),
-    }
-}
-
-/// Which backend a database URL names.
-pub(crate) enum Target {
-    /// Postgres.
-    Postgres,
-    /// SQLite, at this path.
-    Sqlite(String),
-}
-
-/// The backend `url` names, or why it names none.
-pub(crate) fn parse_url(url: &str) -> Result<Target, StoreError> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return Ok(Target::Postgres);
-    }
-    let path = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-        .unwrap_or(url);
-    // Anything else with a scheme is a mistake, not a file name.
-    if path.is_empty() || path.contains("://") {
-        return Err(StoreError::UnsupportedUrl(redact_url(url)));
-    }
-    Ok(Target::Sqlite(path.to_owned()))
-}
-
-/// The files a SQLite database URL keeps its data in (the database, its
-/// WAL, shared memory and lock files); none for Postgres. No agent may
-/// reach them.
-pub fn data_files(url: &str) -> Vec<std::path::PathBuf> {
-    match parse_url(url) {
-        Ok(Target::Sqlite(path)) => {
-            let path = std::path::PathBuf::from(path);
-            let path = std::path::absolute(&path).unwrap_or(path);
-            let mut files = vec![path.clone()];
-            for suffix in ["-wal", "-shm", "-lock"] {
-                let mut name = path.clone().into_os_string();
-                name.push(suffix);
-                files.push(name.into());
-            }
-            files
-        }
-        _ => Vec::new(),
-    }
-}
-
-/// Query parameters of a database URL whose values are credentials
-/// (libpq's `password` and `sslpassword`, and the forms other drivers use).
-const SECRET_PARAMS: [&str; 6] = [
-    "password",
-    "sslpassword",
-    "pass",
-    "passwd",
-    "secret",
-    "token",
-];
-
-/// The URL with every credential replaced by `***`, for logs and errors:
-/// the password of its user info (`user:password@`) and the values of
-/// credential query parameters (`?password=`, `&sslpassword=`, …).
-pub fn redact_url(url: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let mut out = match base.split_once("://") {
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((userinfo, host)) => match userinfo.split_once(':') {
-                Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
-                None => base.to_owned(),
-            },
-            None => base.to_owned(),
-        },
-        None => base.to_owned(),
-    };
-    if let Some(query) = query {
-        let pairs: Vec<String> = query
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((key, _)) if SECRET_PARAMS.contains(&key.to_ascii_lowercase().as_str()) => {
-                    format!("{key}=***")
-                }
-                _ => pair.to_owned(),
+impl Expired {
+    /// The rows of an expired-sessions query: `(id, project, last_seq)`.
+    pub(crate) fn from_rows(rows: Vec<(String, String, i64)>) -> Result<Vec<Self>, StoreError> {
+        rows.into_iter()
+            .map(|(id, project, last_seq)| {
+                Ok(Self {
+                    id,
+                    project,
+                    last_seq: seq_from_db(last_seq)?,
+                })
             })
-            .collect();
-        out.push('?');
-        out.push_str(&pairs.join("&"));
+            .collect()
     }
-    out
+}
+
+/// The statements that delete a session with everything it owns, each
+/// taking the session id as its only parameter (`p`, the backend's
+/// placeholder for it), after its read-model row was deleted.
+pub(crate) fn owned_rows_sql(p: &str) -> [String; 9] {
+    let chats = format!("SELECT chat FROM chats WHERE session_id = {p}");
+    // Prefixes compared exactly: an id may hold `_`, which LIKE reads as
+    // any character.
+    let under = |scheme: &str| {
+        let prefix = format!("'{scheme}:/' || {p} || '/'");
+        format!("substr(channel, 1, length({prefix})) = {prefix}")
+    };
+    let channels = format!(
+        "channel = 'ahp-session:/' || {p} OR channel IN ({chats}) OR {} OR {}",
+        under("ahp-changeset"),
+        under("ahp-terminal")
+    );
+    [
+        format!("DELETE FROM log WHERE session_id = {p}"),
+        format!("DELETE FROM snapshots WHERE {channels}"),
+        format!("DELETE FROM rejections WHERE {channels}"),
+        format!("DELETE FROM chat_turns WHERE chat IN ({chats})"),
+        format!("DELETE FROM chats WHERE session_id = {p}"),
+        format!("DELETE FROM attachments WHERE session_id = {p}"),
+        format!("DELETE FROM client_owners WHERE session_id = {p}"),
+        format!("DELETE FROM search_docs WHERE session_id = {p}"),
+        format!("DELETE FROM search_pending WHERE session_id = {p}"),
+    ]
 }
 
 /// A session's attachment sizes summed: all of them, and those whose digest
@@ -699,58 +740,4 @@ pub(crate) fn seq_to_db(value: u64) -> i64 {
 /// Clamps a caller's limit to `1..=MAX_READ_LIMIT`.
 pub(crate) fn clamp_limit(limit: u32) -> i64 {
     i64::from(limit.clamp(1, MAX_READ_LIMIT))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_each_url_form() {
-        assert!(matches!(
-            parse_url("postgres://a@b/c"),
-            Ok(Target::Postgres)
-        ));
-        assert!(matches!(
-            parse_url("postgresql://a@b/c"),
-            Ok(Target::Postgres)
-        ));
-        assert!(matches!(parse_url("sqlite://./t.db"), Ok(Target::Sqlite(p)) if p == "./t.db"));
-        assert!(matches!(parse_url("sqlite:t.db"), Ok(Target::Sqlite(p)) if p == "t.db"));
-        assert!(matches!(parse_url("./t.db"), Ok(Target::Sqlite(p)) if p == "./t.db"));
-        assert!(matches!(
-            parse_url("mysql://root@h/db"),
-            Err(StoreError::UnsupportedUrl(_))
-        ));
-        assert!(matches!(parse_url(""), Err(StoreError::UnsupportedUrl(_))));
-    }
-
-    #[test]
-    fn redacts_passwords_only() {
-        assert_eq!(
-            redact_url("postgres://me:secret@db:5432/t"),
-            "postgres://me:***@db:5432/t"
-        );
-        assert_eq!(redact_url("postgres://me@db/t"), "postgres://me@db/t");
-        assert_eq!(redact_url("./tether.db"), "./tether.db");
-        // Every credential form libpq takes, and a password holding '@'.
-        for (url, kept) in [
-            (
-                "postgres://db/t?user=me&password=hunter2&sslmode=require",
-                "postgres://db/t?user=me&password=***&sslmode=require",
-            ),
-            (
-                "postgresql://me@db/t?sslpassword=hunter2",
-                "postgresql://me@db/t?sslpassword=***",
-            ),
-            ("postgres://me:hun@ter2@db/t", "postgres://me:***@db/t"),
-            (
-                "postgres://db/t?PASSWORD=hunter2",
-                "postgres://db/t?PASSWORD=***",
-            ),
-        ] {
-            assert_eq!(redact_url(url), kept);
-            assert!(!redact_url(url).contains("hunter2"));
-        }
-    }
 }

@@ -11,6 +11,9 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::search::{DocRow, latest_docs};
+use super::usage::UsageRow;
+use super::webhooks::OutboxEvent;
 use super::{
     Appended, ArchivedTurn, NewEnvelope, Origin, OriginOutcome, SessionRecord, StoreError, rows,
 };
@@ -50,6 +53,12 @@ pub struct Plan<'a> {
     pub owners: Vec<(&'a str, &'a str, &'a str)>,
     /// Turns to archive, from the fresh envelopes.
     pub turns: Vec<&'a ArchivedTurn>,
+    /// Search documents to write, the latest per key.
+    pub docs: Vec<DocRow<'a>>,
+    /// Usage ledger rows: (seq, session, row).
+    pub usage: Vec<(i64, &'a str, &'a UsageRow)>,
+    /// Notification events: (seq, session, event).
+    pub events: Vec<(i64, Option<&'a str>, &'a OutboxEvent)>,
     /// One per envelope.
     pub slots: Vec<Slot>,
     /// The host's `last_seq` after the batch.
@@ -130,7 +139,25 @@ pub fn plan<'a>(
         .filter_map(|record| Some((record, *latest_seq.get(record.id.as_str())?)))
         .collect();
     sessions.sort_by_key(|(_, seq)| *seq);
+    let docs = latest_docs(&rows);
+    let usage = rows
+        .iter()
+        .filter_map(|r| {
+            let e = r.envelope;
+            Some((r.seq, e.session_id.as_deref()?, e.usage.as_ref()?))
+        })
+        .collect();
+    let events = rows
+        .iter()
+        .flat_map(|r| {
+            let session = r.envelope.session_id.as_deref();
+            r.envelope.events.iter().map(move |e| (r.seq, session, e))
+        })
+        .collect();
     Plan {
+        docs,
+        usage,
+        events,
         rows,
         sessions,
         chats,
@@ -220,6 +247,9 @@ mod tests {
             turns: Vec::new(),
             directed: None,
             owner: None,
+            search: None,
+            usage: None,
+            events: Vec::new(),
         }
     }
 

@@ -23,15 +23,22 @@ use tether_protocol::channel::Channel;
 use uuid::Uuid;
 
 use super::plan;
+use super::search::{self, SearchHit, SearchRequest};
+use super::usage::{self, UsageQuery, UsageRow, UsageTotal};
+use super::webhooks::{self, Attempt, DeliveryRow, Due, OutboxEvent, Webhook};
 use super::{
-    Appended, ArchivedTurn, Attachment, Backend, HostRecord, NewEnvelope, Origin, OriginOutcome,
-    Rejection, SavedContext, SessionFilter, SessionPage, SessionRecord, SessionRow, Snapshot,
-    Store, StoreError, StoreOptions, StoredEnvelope, clamp_limit, now_ms, redact_url, rows,
-    seq_from_db, seq_to_db,
+    Appended, ArchivedTurn, Attachment, Backend, Expired, HostRecord, NewEnvelope, Origin,
+    OriginOutcome, Rejection, SavedContext, SessionFilter, SessionPage, SessionRecord, SessionRow,
+    Snapshot, Store, StoreError, StoreOptions, StoredEnvelope, clamp_limit, now_ms, redact_url,
+    rows, seq_from_db, seq_to_db,
 };
+use tether_protocol::search::SearchDoc;
 
 /// The Postgres schema's migrations, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
+/// The advisory lock a retention round holds (one host at a time).
+const RETENTION_LOCK: i64 = 0x7465_7468_6572_0002;
 
 /// The Postgres store.
 #[derive(Debug, Clone)]
@@ -62,6 +69,13 @@ impl PostgresStore {
         // lateral join over its chats) crossed jit_above_cost as the log
         // grew, so each session load paid 15-30 ms compiling the query.
         let connect = connect.options([("jit", "off")]);
+        let connect = match options.stalled_transaction {
+            Some(limit) => connect.options([(
+                "idle_in_transaction_session_timeout",
+                limit.as_millis().to_string(),
+            )]),
+            None => connect,
+        };
         let claim = match &options.host_id {
             Some(id) => Some(Arc::new(
                 super::identity::claim(&connect, id).await.map_err(fail)?,
@@ -151,6 +165,124 @@ impl PostgresStore {
             .execute(&mut *tx)
             .await?;
         Ok(tx)
+    }
+
+    /// Upserts search documents `(session, seq, at_ms, doc)` inside `tx`;
+    /// with `newer_only`, keeps a stored one that a later seq wrote. At most
+    /// one document per key (the plan keeps the latest).
+    async fn write_docs_in(
+        tx: &mut Transaction<'static, Postgres>,
+        docs: &[(&str, i64, i64, &SearchDoc)],
+        newer_only: bool,
+    ) -> Result<(), StoreError> {
+        if docs.is_empty() {
+            return Ok(());
+        }
+        let sessions: Vec<&str> = docs.iter().map(|d| d.0).collect();
+        let keys: Vec<&str> = docs.iter().map(|d| d.3.key.as_str()).collect();
+        let chats: Vec<Option<&str>> = docs.iter().map(|d| d.3.chat.as_deref()).collect();
+        let turns: Vec<Option<&str>> = docs.iter().map(|d| d.3.turn_id.as_deref()).collect();
+        let kinds: Vec<&str> = docs.iter().map(|d| d.3.kind).collect();
+        let seqs: Vec<i64> = docs.iter().map(|d| d.1).collect();
+        let times: Vec<i64> = docs.iter().map(|d| d.2).collect();
+        let bodies: Vec<&str> = docs.iter().map(|d| d.3.text.as_str()).collect();
+        let words: Vec<String> = docs
+            .iter()
+            .map(|d| tether_protocol::search::normalized(&d.3.text))
+            .collect();
+        let guard = if newer_only {
+            " WHERE search_docs.seq <= excluded.seq"
+        } else {
+            ""
+        };
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO search_docs (session_id, key, chat, turn_id, kind, seq, at_ms, body, \
+                                      words) \
+             SELECT r.s, r.k, r.c, r.t, r.kind, r.seq, r.at, r.body, to_tsvector('simple', r.w) \
+             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+                         $6::bigint[], $7::bigint[], $8::text[], $9::text[]) \
+                  AS r (s, k, c, t, kind, seq, at, body, w) \
+             ON CONFLICT (session_id, key) DO UPDATE SET chat = excluded.chat, \
+                 turn_id = excluded.turn_id, kind = excluded.kind, seq = excluded.seq, \
+                 at_ms = excluded.at_ms, body = excluded.body, words = excluded.words{guard}"
+        )))
+        .bind(sessions)
+        .bind(keys)
+        .bind(chats)
+        .bind(turns)
+        .bind(kinds)
+        .bind(seqs)
+        .bind(times)
+        .bind(bodies)
+        .bind(words)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    /// Writes an event to the outbox with one delivery per webhook of its
+    /// project that wants it (one statement; nothing when there is none).
+    async fn write_event_in(
+        tx: &mut Transaction<'static, Postgres>,
+        seq: i64,
+        session_id: Option<&str>,
+        at_ms: i64,
+        event: &OutboxEvent,
+    ) -> Result<(), StoreError> {
+        sqlx::query(AssertSqlSafe(format!(
+            "WITH w AS (SELECT id FROM webhooks w WHERE w.project = $3 AND {}), \
+                  e AS (INSERT INTO outbox (event_id, kind, project, session_id, seq, at_ms, data) \
+                        SELECT $1, $2, $3, $4, $5, $6, $7 WHERE EXISTS (SELECT 1 FROM w) \
+                        RETURNING event_id) \
+             INSERT INTO deliveries (event_id, webhook_id, next_ms) \
+             SELECT e.event_id, w.id, $6 FROM e CROSS JOIN w",
+            webhooks::wants("w", "$2::text")
+        )))
+        .bind(OutboxEvent::id(seq, event.kind))
+        .bind(event.kind)
+        .bind(&event.project)
+        .bind(session_id)
+        .bind(seq)
+        .bind(at_ms)
+        .bind(&event.data)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    /// Appends usage ledger rows `(seq, session, row)` inside `tx`.
+    async fn write_usage_in(
+        tx: &mut Transaction<'static, Postgres>,
+        rows: &[(i64, &str, &UsageRow)],
+        at_ms: i64,
+    ) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let text =
+            |f: fn(&UsageRow) -> &str| -> Vec<&str> { rows.iter().map(|r| f(r.2)).collect() };
+        let int = |f: fn(&UsageRow) -> i64| -> Vec<i64> { rows.iter().map(|r| f(r.2)).collect() };
+        sqlx::query(
+            "INSERT INTO usage (seq, session_id, project, agent, model, sub, input_tokens, \
+                                output_tokens, cost_micros, currency, at_ms) \
+             SELECT r.*, $11 FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], \
+                 $5::text[], $6::text[], $7::bigint[], $8::bigint[], $9::bigint[], \
+                 $10::text[]) AS r",
+        )
+        .bind(rows.iter().map(|r| r.0).collect::<Vec<i64>>())
+        .bind(rows.iter().map(|r| r.1).collect::<Vec<&str>>())
+        .bind(text(|u| &u.project))
+        .bind(text(|u| &u.agent))
+        .bind(text(|u| &u.model))
+        .bind(text(|u| &u.sub))
+        .bind(int(|u| u.input_tokens))
+        .bind(int(|u| u.output_tokens))
+        .bind(int(|u| u.cost_micros))
+        .bind(text(|u| &u.currency))
+        .bind(at_ms)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
     }
 
     /// Writes a snapshot and prunes all but the newest few, inside `tx`.
@@ -421,6 +553,16 @@ impl Store for PostgresStore {
             .await?;
         }
         Self::archive_in(&mut tx, &plan.turns).await?;
+        let docs: Vec<(&str, i64, i64, &SearchDoc)> = plan
+            .docs
+            .iter()
+            .map(|d| (d.session_id, d.seq, at_ms, d.doc))
+            .collect();
+        Self::write_docs_in(&mut tx, &docs, false).await?;
+        Self::write_usage_in(&mut tx, &plan.usage, at_ms).await?;
+        for (seq, session_id, event) in &plan.events {
+            Self::write_event_in(&mut tx, *seq, *session_id, at_ms, event).await?;
+        }
         if plan.last_seq != last {
             sqlx::query("UPDATE host SET last_seq = $1 WHERE id = 1")
                 .bind(plan.last_seq)
@@ -783,6 +925,357 @@ impl Store for PostgresStore {
         .into_iter()
         .map(Into::into)
         .collect())
+    }
+
+    async fn search(&self, request: &SearchRequest) -> Result<Vec<SearchHit>, StoreError> {
+        let sql = search::search_sql(
+            "search_docs d CROSS JOIN to_tsquery('simple', $1) q",
+            "d.words @@ q",
+            "ts_rank(d.words, q)",
+            "d.seq DESC",
+            |n, kind| match kind {
+                "list" => format!("${n}::text[]"),
+                "int" => format!("${n}::bigint"),
+                _ => format!("${n}::text"),
+            },
+            |p| format!("s.project = ANY({p})"),
+        );
+        // Planned for each query's own words (not a cached generic plan):
+        // a word most documents hold is found by walking the newest
+        // documents, a rare one through the GIN index.
+        Ok(sqlx::query_as::<_, SearchHit>(AssertSqlSafe(sql))
+            .persistent(false)
+            .bind(request.query.tsquery())
+            .bind(request.projects.as_deref())
+            .bind(request.project.as_deref())
+            .bind(request.agent.as_deref())
+            .bind(request.state.as_deref())
+            .bind(request.since_ms)
+            .bind(request.until_ms)
+            .bind(clamp_limit(request.limit))
+            .bind(i64::from(request.offset))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn put_search_docs(
+        &self,
+        session: &str,
+        docs: &[(u64, i64, SearchDoc)],
+    ) -> Result<(), StoreError> {
+        let rows: Vec<(&str, i64, i64, &SearchDoc)> = docs
+            .iter()
+            .map(|(seq, at_ms, doc)| (session, seq_to_db(*seq), *at_ms, doc))
+            .collect();
+        let mut tx = self.pool.begin().await?;
+        Self::write_docs_in(&mut tx, &rows, true).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
+        let sql = usage::usage_sql(
+            query,
+            |n, kind| match kind {
+                "list" => format!("${n}::text[]"),
+                "int" => format!("${n}::bigint"),
+                _ => format!("${n}::text"),
+            },
+            |p| format!("project = ANY({p})"),
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(query.since_ms)
+            .bind(query.until_ms)
+            .bind(query.projects.as_deref())
+            .bind(query.project.as_deref())
+            .bind(query.agent.as_deref())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| usage::usage_total(row, query.by.len()))
+            .collect::<Result<_, _>>()?)
+    }
+
+    async fn set_retention(&self, project: &str, days: Option<u32>) -> Result<(), StoreError> {
+        match days {
+            Some(days) => {
+                sqlx::query(
+                    "INSERT INTO retention (project, days, updated_ms) VALUES ($1, $2, $3) \
+                     ON CONFLICT (project) DO UPDATE SET days = excluded.days, \
+                         updated_ms = excluded.updated_ms",
+                )
+                .bind(project)
+                .bind(i64::from(days))
+                .bind(now_ms())
+                .execute(&self.pool)
+                .await?
+            }
+            None => {
+                sqlx::query("DELETE FROM retention WHERE project = $1")
+                    .bind(project)
+                    .execute(&self.pool)
+                    .await?
+            }
+        };
+        Ok(())
+    }
+
+    async fn retention(&self, project: &str) -> Result<Option<u32>, StoreError> {
+        let days: Option<i64> = sqlx::query_scalar("SELECT days FROM retention WHERE project = $1")
+            .bind(project)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(days.and_then(|d| u32::try_from(d).ok()))
+    }
+
+    async fn expired_sessions(&self, now_ms: i64, limit: u32) -> Result<Vec<Expired>, StoreError> {
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT s.id, s.project, s.last_seq FROM retention r \
+             JOIN sessions s ON s.project = r.project AND s.state <> 'live' \
+                 AND s.updated_ms < $1 - r.days * 86400000 \
+             ORDER BY s.updated_ms LIMIT $2",
+        )
+        .bind(now_ms)
+        .bind(clamp_limit(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Expired::from_rows(rows)
+    }
+
+    async fn delete_sessions(&self, sessions: &[Expired]) -> Result<Vec<String>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        // One deleting host at a time: another's round finds the lock
+        // taken and deletes nothing.
+        let mine: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+            .bind(RETENTION_LOCK)
+            .fetch_one(&mut *tx)
+            .await?;
+        if !mine {
+            return Ok(Vec::new());
+        }
+        // Appends and lease changes wait while the host row is locked.
+        Self::lock_host(&mut tx).await?;
+        let mut deleted = Vec::new();
+        for s in sessions {
+            let gone = sqlx::query(
+                "DELETE FROM sessions WHERE id = $1 AND last_seq = $2 AND state <> 'live' \
+                 AND NOT EXISTS (SELECT 1 FROM leases WHERE session_id = $1 \
+                                                       AND expires_at > now())",
+            )
+            .bind(&s.id)
+            .bind(seq_to_db(s.last_seq))
+            .execute(&mut *tx)
+            .await?;
+            if gone.rows_affected() == 0 {
+                continue;
+            }
+            for sql in super::owned_rows_sql("$1::text") {
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(&s.id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            // A host that still thinks it writes the session is fenced:
+            // the lease is another's (expired, so a new session of this id
+            // takes it at once).
+            sqlx::query(
+                "INSERT INTO leases (session_id, holder, expires_at) VALUES ($1, 'retired', now()) \
+                 ON CONFLICT (session_id) DO UPDATE SET holder = 'retired', expires_at = now()",
+            )
+            .bind(&s.id)
+            .execute(&mut *tx)
+            .await?;
+            deleted.push(s.id.clone());
+        }
+        tx.commit().await?;
+        Ok(deleted)
+    }
+
+    async fn create_webhook(&self, w: &Webhook) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO webhooks (id, project, url, secret, events, created_ms, created_by) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(&w.id)
+        .bind(&w.project)
+        .bind(&w.url)
+        .bind(&w.secret)
+        .bind(&w.events)
+        .bind(w.created_ms)
+        .bind(&w.created_by)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn webhooks(&self, project: &str) -> Result<Vec<Webhook>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT id, project, url, secret, events, created_ms, created_by FROM webhooks \
+             WHERE project = $1 ORDER BY created_ms, id",
+        )
+        .bind(project)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn delete_webhook(&self, project: &str, id: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let gone = sqlx::query("DELETE FROM webhooks WHERE id = $1 AND project = $2")
+            .bind(id)
+            .bind(project)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if gone > 0 {
+            sqlx::query("DELETE FROM deliveries WHERE webhook_id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(
+                "DELETE FROM outbox WHERE project = $1 AND NOT EXISTS \
+                 (SELECT 1 FROM deliveries d WHERE d.event_id = outbox.event_id)",
+            )
+            .bind(project)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(gone > 0)
+    }
+
+    async fn claim_deliveries(
+        &self,
+        claimer: &str,
+        now_ms: i64,
+        hold_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<Due>, StoreError> {
+        // SKIP LOCKED: hosts claiming at once take different deliveries.
+        Ok(sqlx::query_as(AssertSqlSafe(format!(
+            "WITH c AS (UPDATE deliveries d SET claimed_by = $1, claimed_until = $2 + $3, \
+                            attempts = d.attempts + 1 \
+                        FROM (SELECT event_id, webhook_id FROM deliveries \
+                              WHERE delivered_ms IS NULL AND failed_ms IS NULL AND next_ms <= $2 \
+                                AND (claimed_until IS NULL OR claimed_until < $2) \
+                              ORDER BY next_ms LIMIT $4 FOR UPDATE SKIP LOCKED) due \
+                        WHERE d.event_id = due.event_id AND d.webhook_id = due.webhook_id \
+                        RETURNING d.*) \
+             SELECT {} FROM c d JOIN webhooks w ON w.id = d.webhook_id \
+             JOIN outbox o ON o.event_id = d.event_id",
+            webhooks::DUE_COLUMNS
+        )))
+        .bind(claimer)
+        .bind(now_ms)
+        .bind(hold_ms)
+        .bind(clamp_limit(limit))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn release_deliveries(&self, claimer: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE deliveries SET claimed_by = NULL, claimed_until = NULL WHERE claimed_by = $1",
+        )
+        .bind(claimer)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn record_attempt(
+        &self,
+        event_id: &str,
+        webhook_id: &str,
+        attempt: &Attempt,
+    ) -> Result<(), StoreError> {
+        let query = match attempt {
+            Attempt::Delivered { status } => sqlx::query(
+                "UPDATE deliveries SET delivered_ms = $3, last_status = $4, last_error = NULL, \
+                     claimed_by = NULL, claimed_until = NULL \
+                 WHERE event_id = $1 AND webhook_id = $2",
+            )
+            .bind(event_id)
+            .bind(webhook_id)
+            .bind(now_ms())
+            .bind(i64::from(*status)),
+            Attempt::Failed {
+                status,
+                error,
+                retry_ms,
+            } => sqlx::query(
+                "UPDATE deliveries SET next_ms = COALESCE($3, next_ms), \
+                     failed_ms = CASE WHEN $3::bigint IS NULL THEN $4 END, \
+                     last_status = $5, last_error = $6, claimed_by = NULL, claimed_until = NULL \
+                 WHERE event_id = $1 AND webhook_id = $2",
+            )
+            .bind(event_id)
+            .bind(webhook_id)
+            .bind(*retry_ms)
+            .bind(now_ms())
+            .bind(status.map(i64::from))
+            .bind(error.as_str()),
+        };
+        query.execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn prune_deliveries(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let gone = sqlx::query(
+            "DELETE FROM deliveries WHERE (event_id, webhook_id) IN \
+                 (SELECT d.event_id, d.webhook_id FROM deliveries d \
+                  JOIN outbox o ON o.event_id = d.event_id \
+                  WHERE (d.delivered_ms IS NOT NULL OR d.failed_ms IS NOT NULL) \
+                    AND o.at_ms < $1 LIMIT $2)",
+        )
+        .bind(before_ms)
+        .bind(i64::from(limit))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        sqlx::query(
+            "DELETE FROM outbox WHERE at_ms < $1 AND NOT EXISTS \
+             (SELECT 1 FROM deliveries d WHERE d.event_id = outbox.event_id)",
+        )
+        .bind(before_ms)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(gone)
+    }
+
+    async fn deliveries(
+        &self,
+        webhook_id: &str,
+        limit: u32,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        Ok(sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT {} FROM deliveries d JOIN outbox o ON o.event_id = d.event_id \
+             WHERE d.webhook_id = $1 ORDER BY o.seq DESC, o.kind LIMIT $2",
+            webhooks::DELIVERY_COLUMNS
+        )))
+        .bind(webhook_id)
+        .bind(clamp_limit(limit))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn search_pending(&self, limit: u32) -> Result<Vec<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT session_id FROM search_pending LIMIT $1")
+                .bind(clamp_limit(limit))
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    async fn search_indexed(&self, session: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM search_pending WHERE session_id = $1")
+            .bind(session)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     async fn close(&self) {

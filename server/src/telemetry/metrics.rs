@@ -3,10 +3,13 @@
 //! format.
 //!
 //! Labels are few and bounded: a refusal's kind, a channel kind, a
-//! side-effect backend, a close code. Never a session, client or principal.
+//! side-effect backend, a close code; the usage counters add the project,
+//! the agent and the currency (as many as an operator configures). Never a
+//! session, client or principal.
 //! Values another part of the server already holds (open connections,
 //! session actors, the high seq) are read when `/metrics` is scraped.
 
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -74,6 +77,17 @@ pub struct Metrics {
     /// 1 while the host is not draining and group commits are not failing
     /// (set at scrape; `/readyz` also pings the store).
     pub ready: Gauge,
+    /// Settled sessions retention deleted.
+    pub retention_deleted: Counter,
+    /// Webhook delivery attempts by outcome (`delivered`, `retried`,
+    /// `gave_up`).
+    pub webhook_attempts: Counters,
+    /// From an event's commit to its delivery's 2xx.
+    pub webhook_seconds: Histogram,
+    /// Tokens agents reported, by project, agent and direction.
+    pub usage_tokens: Family<Vec<(&'static str, String)>, Counter>,
+    /// Cost agents reported, by project, agent and currency.
+    pub usage_cost: Family<Vec<(&'static str, String)>, Counter<f64, AtomicU64>>,
 }
 
 /// Latency buckets from 100 µs to about 13 s.
@@ -109,6 +123,11 @@ impl Metrics {
             server_seq: Gauge::default(),
             tail_lag: Gauge::default(),
             ready: Gauge::default(),
+            retention_deleted: Counter::default(),
+            webhook_attempts: Family::default(),
+            webhook_seconds: seconds(),
+            usage_tokens: Family::default(),
+            usage_cost: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -222,6 +241,32 @@ impl Metrics {
             "1 while the host is not shutting down and group commits are not failing",
             this.ready.clone(),
         );
+        r.register(
+            "retention_deleted_sessions",
+            "Settled sessions deleted by retention (with everything they own)",
+            this.retention_deleted.clone(),
+        );
+        r.register(
+            "webhook_attempts",
+            "Webhook delivery attempts by outcome (delivered, retried, gave_up)",
+            this.webhook_attempts.clone(),
+        );
+        r.register_with_unit(
+            "webhook_delivery",
+            "From an event's commit to its receiver's 2xx answer",
+            Unit::Seconds,
+            this.webhook_seconds.clone(),
+        );
+        r.register(
+            "usage_tokens",
+            "Tokens agents reported, by project, agent and direction (input, output)",
+            this.usage_tokens.clone(),
+        );
+        r.register(
+            "usage_cost",
+            "Cost agents reported, by project, agent and currency",
+            this.usage_cost.clone(),
+        );
         Self { registry, ..this }
     }
 
@@ -232,6 +277,44 @@ impl Metrics {
             .get_or_create(&[("outcome", outcome), ("reason", reason)])
             .inc();
         self.dispatch_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Counts what a committed usage report added: tokens and cost (in
+    /// millionths of `currency`).
+    pub fn usage(
+        &self,
+        project: &str,
+        agent: &str,
+        (input, output): (i64, i64),
+        cost_micros: i64,
+        currency: &str,
+    ) {
+        let labels = |last: (&'static str, &str)| {
+            vec![
+                ("project", project.to_owned()),
+                ("agent", agent.to_owned()),
+                (last.0, last.1.to_owned()),
+            ]
+        };
+        for (direction, tokens) in [("input", input), ("output", output)] {
+            if tokens > 0 {
+                self.usage_tokens
+                    .get_or_create(&labels(("direction", direction)))
+                    .inc_by(tokens as u64);
+            }
+        }
+        if cost_micros > 0 && !currency.is_empty() {
+            self.usage_cost
+                .get_or_create(&labels(("currency", currency)))
+                .inc_by(cost_micros as f64 / 1e6);
+        }
+    }
+
+    /// Counts a webhook delivery attempt's outcome.
+    pub fn webhook(&self, outcome: &'static str) {
+        self.webhook_attempts
+            .get_or_create(&[("outcome", outcome)])
+            .inc();
     }
 
     /// Counts a failed store operation.

@@ -237,7 +237,11 @@ impl Connection {
                     Some(Ok(Message::Text(text))) => {
                         last_heard = Instant::now();
                         bytes_in += text.len() as u64;
-                        connection.on_text(text.as_str()).await
+                        // Boxed: the handlers' state lives on the heap
+                        // only while a message is handled, so an idle
+                        // connection's task stays small (this future is
+                        // its size for the connection's whole life).
+                        Box::pin(connection.on_text(text.as_str())).await
                     }
                     Some(Ok(Message::Binary(_))) => {
                         last_heard = Instant::now();
@@ -262,7 +266,7 @@ impl Connection {
                     }
                 },
                 Some(item) = inbox.recv() => connection.on_hub(item),
-                () = lag.lagged() => connection.catch_up_all().await,
+                () = lag.lagged() => Box::pin(connection.catch_up_all()).await,
                 Some(reply) = answered.recv() => connection.on_answer(reply),
                 _ = ping.tick() => {
                     if last_heard.elapsed() > connection.limits.ping_timeout {

@@ -178,7 +178,12 @@ impl Connection {
         let mut bytes = 0;
         let mut actions = Vec::new();
         let mut after = last_seen;
-        let mut too_many = false;
+        // A client that saw seqs this database never issued (it was
+        // restored from a backup, or a Postgres failover lost commits the
+        // old primary had acknowledged) has nothing to replay from: the
+        // seqs above `horizon` will be issued again, to other envelopes.
+        // It starts over from snapshots, as after too large a gap.
+        let mut too_many = last_seen > horizon;
         while after < horizon && !present.is_empty() {
             let page = self
                 .engine

@@ -594,7 +594,15 @@ async fn main() -> Result<(), Error> {
                 let worker = cx.clone();
                 cx.spawn(async move {
                     let stop = run(&worker, &state, &session, &text, &cancel).await?;
-                    responder.respond(PromptResponse::new(stop))
+                    let mut response = PromptResponse::new(stop);
+                    if text == "usage" {
+                        // The turn's own tokens, at its end.
+                        let mut usage = agent_client_protocol::v1::schema::Usage::new(1500, 1000, 500);
+                        usage.cached_read_tokens = Some(250);
+                        usage.thought_tokens = Some(40);
+                        response = response.usage(usage);
+                    }
+                    responder.respond(response)
                 })?;
                 Ok(())
             },
@@ -629,6 +637,14 @@ async fn run(
             for i in 0..count {
                 say(&format!("chunk{i} "))?;
                 tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        "split" => {
+            // The rest of the message, three characters a chunk: words
+            // cut across deltas.
+            let said: Vec<char> = rest.join(" ").chars().collect();
+            for piece in said.chunks(3) {
+                say(&piece.iter().collect::<String>())?;
             }
         }
         "flood" => {
@@ -855,6 +871,7 @@ async fn run(
             say(&format!("switched to {mode}"))?;
         }
         "usage" => {
+            // The session's cost so far; the turn's tokens come with its end.
             cx.send_notification(update(
                 session,
                 json!({"sessionUpdate": "usage_update", "used": 1200, "size": 200000,

@@ -1376,10 +1376,15 @@ impl Bridge {
                     let _ = done.send(());
                     return Ok(());
                 }
+                let usage = result.as_ref().ok().and_then(|r| r.usage.clone());
                 let stop = result.map(|r| r.stop_reason).map_err(|e| said(&e));
                 let actions = map
                     .lock()
-                    .map(|mut m| m.finish(stop, now_ms()))
+                    .map(|mut m| {
+                        let mut actions = usage.map(|u| m.turn_tokens(&u)).unwrap_or_default();
+                        actions.extend(m.finish(stop, now_ms()));
+                        actions
+                    })
                     .unwrap_or_default();
                 if !actions.is_empty() {
                     let _ = events.send(AgentEvent::Actions(actions)).await;

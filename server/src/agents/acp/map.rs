@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use agent_client_protocol::v1::schema::{
     ContentBlock, PermissionOptionKind, RequestPermissionRequest, SessionUpdate, StopReason,
-    ToolCallContent, ToolCallStatus, ToolKind,
+    ToolCallContent, ToolCallStatus, ToolKind, Usage,
 };
 use serde_json::{Map, Value, json};
 use tether_protocol::actions::{
@@ -84,6 +84,10 @@ pub struct TurnMap {
     edits: TurnEdits,
     /// The titles of the terminals the agent opened, by id.
     terminals: HashMap<String, String>,
+    /// The context and cost figures of the agent's latest usage report
+    /// (`_meta` of a `chat/usage`): a turn's token report carries them too,
+    /// since a turn keeps only its latest usage.
+    reported: Map<String, Value>,
 }
 
 /// The actions that tell clients a session's configuration went from
@@ -151,6 +155,7 @@ impl TurnMap {
             stored: Vec::new(),
             edits: TurnEdits::default(),
             terminals: HashMap::new(),
+            reported: Map::new(),
         }
     }
 
@@ -359,6 +364,9 @@ impl TurnMap {
                 if let Some(cost) = cost {
                     meta["tether/cost"] = cost;
                 }
+                if let Value::Object(figures) = &meta {
+                    self.reported.clone_from(figures);
+                }
                 vec![(
                     turn.chat.clone(),
                     json!({"type": "chat/usage", "turnId": turn.turn_id, "usage": {"_meta": meta}}),
@@ -425,6 +433,34 @@ impl TurnMap {
                 ToolPhase::Done
             };
         }
+    }
+
+    /// The `chat/usage` of a turn's own token counts, as the agent reports
+    /// them with its end (ACP's `PromptResponse.usage`): AHP's fields, and
+    /// what AHP has no field for in `_meta`.
+    pub fn turn_tokens(&self, usage: &Usage) -> Actions {
+        let Some(turn) = &self.turn else {
+            return Vec::new();
+        };
+        let mut meta = self.reported.clone();
+        meta.insert("tether/totalTokens".into(), json!(usage.total_tokens));
+        let mut info = json!({"inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens,
+                              "_meta": meta});
+        if let Some(cached) = usage.cached_read_tokens {
+            info["cacheReadTokens"] = json!(cached);
+        }
+        for (key, value) in [
+            ("tether/thoughtTokens", usage.thought_tokens),
+            ("tether/cacheWriteTokens", usage.cached_write_tokens),
+        ] {
+            if let Some(value) = value {
+                info["_meta"][key] = json!(value);
+            }
+        }
+        vec![(
+            turn.chat.clone(),
+            json!({"type": "chat/usage", "turnId": turn.turn_id, "usage": info}),
+        )]
     }
 
     /// The actions the end of the prompt becomes, and the turn is over.

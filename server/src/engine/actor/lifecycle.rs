@@ -87,6 +87,9 @@ impl SessionActor {
             turns: Vec::new(),
             directed: None,
             owner: None,
+            search: None,
+            usage: None,
+            events: Vec::new(),
         };
         let outcome = self
             .ctx
@@ -250,7 +253,11 @@ impl SessionActor {
         let Some(model) = &self.model else {
             return Ok(false);
         };
-        if self.agent_live || model.projection.settled.is_some() {
+        // A settled session may still hold a turn its agent never took up
+        // (the host died between accepting the turn and starting the agent):
+        // the turn fails; the session stays as it settled.
+        let settled = model.projection.settled.is_some();
+        if self.agent_live || (settled && model.projection.open_turn_id.is_none()) {
             return Ok(false);
         }
         let mut actions = Vec::new();
@@ -273,15 +280,20 @@ impl SessionActor {
                 ));
             }
         }
-        let settle = if model.projection.resumable() {
-            "dormant"
-        } else {
-            "ended"
-        };
-        actions.push((
-            self.uri.clone(),
-            serde_json::json!({"type": SESSION_SETTLED, "state": settle, "cause": "process_exited"}),
-        ));
+        if !settled {
+            let settle = if model.projection.resumable() {
+                "dormant"
+            } else {
+                "ended"
+            };
+            actions.push((
+                self.uri.clone(),
+                serde_json::json!({"type": SESSION_SETTLED, "state": settle, "cause": "process_exited"}),
+            ));
+        }
+        if actions.is_empty() {
+            return Ok(false);
+        }
         self.host_actions(actions).await?;
         Ok(true)
     }

@@ -14,6 +14,7 @@ use serde_json::Value;
 use tether_protocol::actions::{AGENT_OPENED, action_type};
 use tether_protocol::channel::Channel;
 use tether_protocol::model::{SessionModel, typed_action};
+use tether_protocol::search;
 use tether_protocol::view::SessionView;
 use tokio::sync::{mpsc, oneshot};
 
@@ -58,6 +59,9 @@ pub(super) struct SessionActor {
     /// Who registered each active client's tools: `clientId` → token `sub`
     /// (recorded with each `activeClientSet`, loaded with the session).
     tool_owners: std::collections::HashMap<String, String>,
+    /// Who started the latest turn (the token's `sub`), for the usage
+    /// ledger; empty until a principal starts one here.
+    turn_by: String,
 }
 
 /// What woke the actor.
@@ -99,6 +103,7 @@ impl SessionActor {
             client_calls: tools::ClientCalls::new(),
             directed: std::collections::HashMap::new(),
             tool_owners: std::collections::HashMap::new(),
+            turn_by: String::new(),
         };
         if let Err(err) = actor.reload().await {
             tracing::error!(session = %actor.id, error = %err, "cannot load session");
@@ -544,6 +549,9 @@ impl SessionActor {
                             turns: model.take_trimmed(),
                             directed: None,
                             owner: None,
+                            search: None,
+                            usage: None,
+                            events: Vec::new(),
                         });
                         let loaded = Dispatch {
                             origin: None,
@@ -566,6 +574,8 @@ impl SessionActor {
                     continue;
                 }
             }
+            let usage_before =
+                super::usage::before(model, action_type(&d.action).unwrap_or_default());
             let process = self.running.as_ref().map(|r| &r.process);
             let owners = &self.tool_owners;
             let mut follow = Vec::new();
@@ -599,6 +609,13 @@ impl SessionActor {
                     let owner = (kind == "session/activeClientSet" && d.origin.is_some())
                         .then(|| d.principal.as_ref().map(|p| p.sub.clone()))
                         .flatten();
+                    if kind == "chat/turnStarted"
+                        && let Some(principal) = &d.principal
+                    {
+                        self.turn_by.clone_from(&principal.sub);
+                    }
+                    let usage =
+                        usage_before.and_then(|b| super::usage::row(model, b, &self.turn_by));
                     records.push(NewEnvelope {
                         channel: d.channel.clone(),
                         session_id: Some(self.id.clone()),
@@ -609,6 +626,13 @@ impl SessionActor {
                         turns: model.take_trimmed(),
                         directed: d.directed.take(),
                         owner,
+                        search: if self.ctx.config.search_index {
+                            search::doc(model, &d.channel, &d.action)
+                        } else {
+                            None
+                        },
+                        usage,
+                        events: super::notify::outbox_events(model, &d.channel, &d.action),
                     });
                     pending.push((d, kind));
                 }

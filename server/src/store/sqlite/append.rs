@@ -5,9 +5,11 @@
 use std::collections::HashSet;
 
 use rusqlite::{OptionalExtension as _, Row, Transaction, params};
+use tether_protocol::search::{self, SearchDoc};
 
 use crate::store::plan;
 use crate::store::rows;
+use crate::store::webhooks::{self, OutboxEvent};
 use crate::store::{
     Appended, ArchivedTurn, NewEnvelope, Origin, OriginOutcome, Rejection, SNAPSHOTS_KEPT,
     Snapshot, StoreError, StoredEnvelope, now_ms, seq_to_db,
@@ -91,6 +93,34 @@ pub(super) fn append(
         }
     }
     archive(tx, &plan.turns)?;
+    for d in &plan.docs {
+        write_doc(tx, d.session_id, d.seq, at_ms, d.doc, false)?;
+    }
+    if !plan.usage.is_empty() {
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO usage (seq, session_id, project, agent, model, sub, at_ms, \
+                                input_tokens, output_tokens, cost_micros, currency) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        )?;
+        for (seq, session_id, u) in &plan.usage {
+            insert.execute(params![
+                seq,
+                session_id,
+                u.project,
+                u.agent,
+                u.model,
+                u.sub,
+                at_ms,
+                u.input_tokens,
+                u.output_tokens,
+                u.cost_micros,
+                u.currency,
+            ])?;
+        }
+    }
+    for (seq, session_id, event) in &plan.events {
+        write_event(tx, *seq, *session_id, at_ms, event)?;
+    }
     if plan.last_seq != last {
         tx.prepare_cached("UPDATE host SET last_seq = ?1 WHERE id = 1")?
             .execute([plan.last_seq])?;
@@ -227,6 +257,81 @@ pub(super) fn write_snapshot(tx: &Transaction<'_>, snapshot: &Snapshot) -> Resul
              (SELECT seq FROM snapshots WHERE channel = ?1 ORDER BY seq DESC LIMIT ?2)",
     )?
     .execute(params![snapshot.channel, SNAPSHOTS_KEPT])?;
+    Ok(())
+}
+
+/// Upserts a search document; with `newer_only`, keeps a stored one that a
+/// later seq wrote.
+pub(super) fn write_doc(
+    tx: &Transaction<'_>,
+    session_id: &str,
+    seq: i64,
+    at_ms: i64,
+    doc: &SearchDoc,
+    newer_only: bool,
+) -> Result<(), StoreError> {
+    let sql = if newer_only {
+        "INSERT INTO search_docs (session_id, key, chat, turn_id, kind, seq, at_ms, body, \
+                                      words) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+             ON CONFLICT (session_id, key) DO UPDATE SET chat = excluded.chat, \
+                 turn_id = excluded.turn_id, kind = excluded.kind, seq = excluded.seq, \
+                 at_ms = excluded.at_ms, body = excluded.body, words = excluded.words \
+             WHERE search_docs.seq <= excluded.seq"
+    } else {
+        "INSERT INTO search_docs (session_id, key, chat, turn_id, kind, seq, at_ms, body, \
+                                      words) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+             ON CONFLICT (session_id, key) DO UPDATE SET chat = excluded.chat, \
+                 turn_id = excluded.turn_id, kind = excluded.kind, seq = excluded.seq, \
+                 at_ms = excluded.at_ms, body = excluded.body, words = excluded.words"
+    };
+    tx.prepare_cached(sql)?.execute(params![
+        session_id,
+        doc.key,
+        doc.chat,
+        doc.turn_id,
+        doc.kind,
+        seq,
+        at_ms,
+        doc.text,
+        search::normalized(&doc.text),
+    ])?;
+    Ok(())
+}
+
+/// Writes an event to the outbox with one delivery per webhook of its
+/// project that wants it; nothing when there is none.
+fn write_event(
+    tx: &Transaction<'_>,
+    seq: i64,
+    session_id: Option<&str>,
+    at_ms: i64,
+    event: &OutboxEvent,
+) -> Result<(), StoreError> {
+    let id = OutboxEvent::id(seq, event.kind);
+    let written = tx
+        .prepare_cached(&format!(
+            "INSERT INTO outbox (event_id, kind, project, session_id, seq, at_ms, data) \
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7 \
+             WHERE EXISTS (SELECT 1 FROM webhooks w WHERE w.project = ?3 AND {})",
+            webhooks::wants("w", "?2")
+        ))?
+        .execute(params![
+            id,
+            event.kind,
+            event.project,
+            session_id,
+            seq,
+            at_ms,
+            event.data
+        ])?;
+    if written > 0 {
+        tx.prepare_cached(&format!(
+            "INSERT INTO deliveries (event_id, webhook_id, next_ms) \
+             SELECT ?1, w.id, ?3 FROM webhooks w WHERE w.project = ?2 AND {}",
+            webhooks::wants("w", "?4")
+        ))?
+        .execute(params![id, event.project, at_ms, event.kind])?;
+    }
     Ok(())
 }
 

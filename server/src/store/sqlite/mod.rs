@@ -9,6 +9,7 @@
 //! append survives power loss, not only a process crash.
 
 mod append;
+pub mod backup;
 mod checkpoint;
 mod writer;
 
@@ -25,15 +26,19 @@ use tether_protocol::channel::Channel;
 use uuid::Uuid;
 
 use self::writer::Writer;
+use super::search::{self, SearchHit, SearchRequest};
+use super::usage::{self, UsageQuery, UsageTotal};
+use super::webhooks::{self, Attempt, DeliveryRow, Due, Webhook};
+use tether_protocol::search::SearchDoc;
 
 /// The SQLite schema's migrations, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 use super::plan;
 use super::{
-    Appended, ArchivedTurn, Attachment, Backend, HostRecord, NewEnvelope, Origin, OriginOutcome,
-    Rejection, SavedContext, SessionFilter, SessionPage, SessionRecord, SessionRow, Snapshot,
-    Store, StoreError, StoreOptions, StoredEnvelope, clamp_limit, now_ms, rows, seq_from_db,
-    seq_to_db,
+    Appended, ArchivedTurn, Attachment, Backend, Expired, HostRecord, NewEnvelope, Origin,
+    OriginOutcome, Rejection, SavedContext, SessionFilter, SessionPage, SessionRecord, SessionRow,
+    Snapshot, Store, StoreError, StoreOptions, StoredEnvelope, clamp_limit, now_ms, rows,
+    seq_from_db, seq_to_db,
 };
 
 /// How long a connection waits on a lock held by another process before
@@ -491,6 +496,356 @@ impl Store for SqliteStore {
         .into_iter()
         .map(Into::into)
         .collect())
+    }
+
+    async fn search(&self, request: &SearchRequest) -> Result<Vec<SearchHit>, StoreError> {
+        let sql = search::search_sql(
+            "search_fts JOIN search_docs d ON d.id = search_fts.rowid",
+            "search_fts MATCH ?1",
+            // bm25 is lower for better matches.
+            "-bm25(search_fts)",
+            // The index's rowids grow with each new document.
+            "search_fts.rowid DESC",
+            |n, _| format!("?{n}"),
+            |p| format!("s.project IN (SELECT value FROM json_each({p}))"),
+        );
+        let scope = request
+            .projects
+            .as_ref()
+            .map(|p| serde_json::to_string(p).unwrap_or_else(|_| "[]".into()));
+        Ok(sqlx::query_as::<_, SearchHit>(AssertSqlSafe(sql))
+            .bind(request.query.fts5())
+            .bind(scope)
+            .bind(request.project.as_deref())
+            .bind(request.agent.as_deref())
+            .bind(request.state.as_deref())
+            .bind(request.since_ms)
+            .bind(request.until_ms)
+            .bind(clamp_limit(request.limit))
+            .bind(i64::from(request.offset))
+            .fetch_all(&self.readers)
+            .await?)
+    }
+
+    async fn put_search_docs(
+        &self,
+        session: &str,
+        docs: &[(u64, i64, SearchDoc)],
+    ) -> Result<(), StoreError> {
+        let (session, docs) = (session.to_owned(), docs.to_vec());
+        self.writer
+            .transaction(move |tx| {
+                for (seq, at_ms, doc) in &docs {
+                    append::write_doc(tx, &session, seq_to_db(*seq), *at_ms, doc, true)?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
+        let sql = usage::usage_sql(
+            query,
+            |n, _| format!("?{n}"),
+            |p| format!("project IN (SELECT value FROM json_each({p}))"),
+        );
+        let scope = query
+            .projects
+            .as_ref()
+            .map(|p| serde_json::to_string(p).unwrap_or_else(|_| "[]".into()));
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(query.since_ms)
+            .bind(query.until_ms)
+            .bind(scope)
+            .bind(query.project.as_deref())
+            .bind(query.agent.as_deref())
+            .fetch_all(&self.readers)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| usage::usage_total(row, query.by.len()))
+            .collect::<Result<_, _>>()?)
+    }
+
+    async fn set_retention(&self, project: &str, days: Option<u32>) -> Result<(), StoreError> {
+        let project = project.to_owned();
+        self.writer
+            .transaction(move |tx| {
+                match days {
+                    Some(days) => tx
+                        .prepare_cached(
+                            "INSERT INTO retention (project, days, updated_ms) VALUES (?1, ?2, ?3) \
+                             ON CONFLICT (project) DO UPDATE SET days = excluded.days, \
+                                 updated_ms = excluded.updated_ms",
+                        )?
+                        .execute(rusqlite::params![project, days, now_ms()])?,
+                    None => tx
+                        .prepare_cached("DELETE FROM retention WHERE project = ?1")?
+                        .execute([project])?,
+                };
+                Ok(())
+            })
+            .await
+    }
+
+    async fn retention(&self, project: &str) -> Result<Option<u32>, StoreError> {
+        let days: Option<i64> = sqlx::query_scalar("SELECT days FROM retention WHERE project = ?")
+            .bind(project)
+            .fetch_optional(&self.readers)
+            .await?;
+        Ok(days.and_then(|d| u32::try_from(d).ok()))
+    }
+
+    async fn expired_sessions(&self, now_ms: i64, limit: u32) -> Result<Vec<Expired>, StoreError> {
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT s.id, s.project, s.last_seq FROM retention r \
+             JOIN sessions s ON s.project = r.project AND s.state <> 'live' \
+                 AND s.updated_ms < ?1 - r.days * 86400000 \
+             ORDER BY s.updated_ms LIMIT ?2",
+        )
+        .bind(now_ms)
+        .bind(clamp_limit(limit))
+        .fetch_all(&self.readers)
+        .await?;
+        Expired::from_rows(rows)
+    }
+
+    async fn delete_sessions(&self, sessions: &[Expired]) -> Result<Vec<String>, StoreError> {
+        let sessions = sessions.to_vec();
+        self.writer
+            .transaction(move |tx| {
+                let mut deleted = Vec::new();
+                for s in &sessions {
+                    let gone = tx
+                        .prepare_cached(
+                            "DELETE FROM sessions WHERE id = ?1 AND last_seq = ?2 \
+                             AND state <> 'live'",
+                        )?
+                        .execute(rusqlite::params![s.id, seq_to_db(s.last_seq)])?;
+                    if gone == 0 {
+                        continue;
+                    }
+                    for sql in super::owned_rows_sql("?1") {
+                        tx.prepare_cached(&sql)?.execute([&s.id])?;
+                    }
+                    deleted.push(s.id.clone());
+                }
+                Ok(deleted)
+            })
+            .await
+    }
+
+    async fn create_webhook(&self, webhook: &Webhook) -> Result<(), StoreError> {
+        let w = webhook.clone();
+        self.writer
+            .transaction(move |tx| {
+                tx.prepare_cached(
+                    "INSERT INTO webhooks (id, project, url, secret, events, created_ms, created_by) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )?
+                .execute(rusqlite::params![
+                    w.id, w.project, w.url, w.secret, w.events, w.created_ms, w.created_by
+                ])?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn webhooks(&self, project: &str) -> Result<Vec<Webhook>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT id, project, url, secret, events, created_ms, created_by FROM webhooks \
+             WHERE project = ? ORDER BY created_ms, id",
+        )
+        .bind(project)
+        .fetch_all(&self.readers)
+        .await?)
+    }
+
+    async fn delete_webhook(&self, project: &str, id: &str) -> Result<bool, StoreError> {
+        let (project, id) = (project.to_owned(), id.to_owned());
+        self.writer
+            .transaction(move |tx| {
+                let gone = tx
+                    .prepare_cached("DELETE FROM webhooks WHERE id = ?1 AND project = ?2")?
+                    .execute([&id, &project])?;
+                if gone > 0 {
+                    tx.prepare_cached("DELETE FROM deliveries WHERE webhook_id = ?1")?
+                        .execute([&id])?;
+                    // Events no delivery needs any more.
+                    tx.prepare_cached(
+                        "DELETE FROM outbox WHERE project = ?1 AND NOT EXISTS \
+                         (SELECT 1 FROM deliveries d WHERE d.event_id = outbox.event_id)",
+                    )?
+                    .execute([&project])?;
+                }
+                Ok(gone > 0)
+            })
+            .await
+    }
+
+    async fn claim_deliveries(
+        &self,
+        claimer: &str,
+        now_ms: i64,
+        hold_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<Due>, StoreError> {
+        let claimer = claimer.to_owned();
+        let keys: Vec<(String, String)> = self
+            .writer
+            .transaction({
+                let claimer = claimer.clone();
+                move |tx| {
+                    let mut claim = tx.prepare_cached(
+                        "UPDATE deliveries SET claimed_by = ?1, claimed_until = ?2 + ?3, \
+                             attempts = attempts + 1 \
+                         WHERE rowid IN (SELECT rowid FROM deliveries \
+                             WHERE delivered_ms IS NULL AND failed_ms IS NULL AND next_ms <= ?2 \
+                               AND (claimed_until IS NULL OR claimed_until < ?2) \
+                             ORDER BY next_ms LIMIT ?4) \
+                         RETURNING event_id, webhook_id",
+                    )?;
+                    let rows = claim
+                        .query_map(
+                            rusqlite::params![claimer, now_ms, hold_ms, i64::from(limit)],
+                            |row| Ok((row.get(0)?, row.get(1)?)),
+                        )?
+                        .collect::<Result<Vec<_>, _>>()?;
+                    Ok(rows)
+                }
+            })
+            .await?;
+        let mut due = Vec::with_capacity(keys.len());
+        for (event, webhook) in keys {
+            let found: Option<Due> = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT {} FROM deliveries d JOIN webhooks w ON w.id = d.webhook_id \
+                 JOIN outbox o ON o.event_id = d.event_id \
+                 WHERE d.event_id = ? AND d.webhook_id = ? AND d.claimed_by = ?",
+                webhooks::DUE_COLUMNS
+            )))
+            .bind(&event)
+            .bind(&webhook)
+            .bind(&claimer)
+            .fetch_optional(&self.readers)
+            .await?;
+            due.extend(found);
+        }
+        Ok(due)
+    }
+
+    async fn release_deliveries(&self, claimer: &str) -> Result<(), StoreError> {
+        let claimer = claimer.to_owned();
+        self.writer
+            .transaction(move |tx| {
+                tx.prepare_cached(
+                    "UPDATE deliveries SET claimed_by = NULL, claimed_until = NULL \
+                     WHERE claimed_by = ?1",
+                )?
+                .execute([claimer])?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn record_attempt(
+        &self,
+        event_id: &str,
+        webhook_id: &str,
+        attempt: &Attempt,
+    ) -> Result<(), StoreError> {
+        let (event, webhook, attempt) =
+            (event_id.to_owned(), webhook_id.to_owned(), attempt.clone());
+        self.writer
+            .transaction(move |tx| {
+                match attempt {
+                    Attempt::Delivered { status } => tx
+                        .prepare_cached(
+                            "UPDATE deliveries SET delivered_ms = ?3, last_status = ?4, \
+                                 last_error = NULL, claimed_by = NULL, claimed_until = NULL \
+                             WHERE event_id = ?1 AND webhook_id = ?2",
+                        )?
+                        .execute(rusqlite::params![event, webhook, now_ms(), status])?,
+                    Attempt::Failed {
+                        status,
+                        error,
+                        retry_ms,
+                    } => tx
+                        .prepare_cached(
+                            "UPDATE deliveries SET next_ms = COALESCE(?3, next_ms), \
+                                 failed_ms = CASE WHEN ?3 IS NULL THEN ?4 END, \
+                                 last_status = ?5, last_error = ?6, \
+                                 claimed_by = NULL, claimed_until = NULL \
+                             WHERE event_id = ?1 AND webhook_id = ?2",
+                        )?
+                        .execute(rusqlite::params![
+                            event,
+                            webhook,
+                            retry_ms,
+                            now_ms(),
+                            status,
+                            error
+                        ])?,
+                };
+                Ok(())
+            })
+            .await
+    }
+
+    async fn prune_deliveries(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        self.writer
+            .transaction(move |tx| {
+                let gone = tx
+                    .prepare_cached(
+                        "DELETE FROM deliveries WHERE rowid IN (SELECT d.rowid FROM deliveries d \
+                             JOIN outbox o ON o.event_id = d.event_id \
+                             WHERE (d.delivered_ms IS NOT NULL OR d.failed_ms IS NOT NULL) \
+                               AND o.at_ms < ?1 LIMIT ?2)",
+                    )?
+                    .execute(rusqlite::params![before_ms, i64::from(limit)])?;
+                tx.prepare_cached(
+                    "DELETE FROM outbox WHERE at_ms < ?1 AND NOT EXISTS \
+                     (SELECT 1 FROM deliveries d WHERE d.event_id = outbox.event_id)",
+                )?
+                .execute([before_ms])?;
+                Ok(gone as u64)
+            })
+            .await
+    }
+
+    async fn deliveries(
+        &self,
+        webhook_id: &str,
+        limit: u32,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        Ok(sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT {} FROM deliveries d JOIN outbox o ON o.event_id = d.event_id \
+             WHERE d.webhook_id = ? ORDER BY o.seq DESC, o.kind LIMIT ?",
+            webhooks::DELIVERY_COLUMNS
+        )))
+        .bind(webhook_id)
+        .bind(clamp_limit(limit))
+        .fetch_all(&self.readers)
+        .await?)
+    }
+
+    async fn search_pending(&self, limit: u32) -> Result<Vec<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT session_id FROM search_pending LIMIT ?")
+                .bind(clamp_limit(limit))
+                .fetch_all(&self.readers)
+                .await?,
+        )
+    }
+
+    async fn search_indexed(&self, session: &str) -> Result<(), StoreError> {
+        let session = session.to_owned();
+        self.writer
+            .transaction(move |tx| {
+                tx.prepare_cached("DELETE FROM search_pending WHERE session_id = ?1")?
+                    .execute([session])?;
+                Ok(())
+            })
+            .await
     }
 
     async fn close(&self) {

@@ -1,160 +1,18 @@
-//! The command line. Every flag has a `TETHER_*` environment fallback, so a
-//! container is configured with environment variables alone.
+//! `tether serve`: its flags, and the configuration they make.
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, ValueEnum};
 
+use super::{DatabaseArgs, read_secret};
 use crate::agents::AgentSpec;
 use crate::agents::sandbox::{ConfinementMode, SandboxConfig};
 use crate::engine::EngineConfig;
-use crate::store::{StoreOptions, redact_url};
+use crate::store::redact_url;
 use crate::ws::WsLimits;
-
-/// Tether: a durable, multi-user session host for coding agents.
-#[derive(Debug, Parser)]
-#[command(name = "tether", version, about, propagate_version = true)]
-pub struct Cli {
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// The subcommands.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run the server.
-    Serve(Box<ServeArgs>),
-    /// Check what `tether serve` would run with (the same flags and
-    /// environment) and say in plain words what is wrong: configuration,
-    /// store and migrations, bind address, allowed roots, agents, auth
-    /// secret, clock, open-file limit. Exits non-zero when a check fails.
-    Doctor(Box<ServeArgs>),
-    /// Print the OpenAPI document the server serves at /openapi.json.
-    Openapi,
-    /// Mint a bearer token from the server's auth secret and print it (and
-    /// only it) on stdout.
-    Token(TokenArgs),
-    /// Re-fold every session's transcript and rewrite the read-model rows
-    /// that differ. Run it with the server stopped.
-    RebuildProjections(DatabaseArgs),
-    /// Copy a SQLite database into an empty Postgres one and verify the
-    /// copy. Run it with the server stopped; an interrupted run resumes.
-    Migrate(crate::migrate::MigrateArgs),
-    /// The session's MCP server on stdio, for an agent that takes only stdio
-    /// MCP servers: Tether tells such agents to run it (with the session's
-    /// token in `TETHER_MCP_TOKEN`); not for people.
-    #[command(hide = true)]
-    McpStdio(crate::agents::mcp_stdio::McpStdioArgs),
-    /// Client commands, talking to a running server at `--url`.
-    #[command(flatten)]
-    Remote(crate::cli::RemoteCommand),
-}
-
-/// Database flags, shared by every command that opens the store.
-#[derive(Clone, Args)]
-pub struct DatabaseArgs {
-    /// The database: `sqlite:PATH` (or a plain path) for embedded SQLite, or
-    /// `postgres://USER:PASSWORD@HOST/DB`.
-    #[arg(
-        long,
-        env = "TETHER_DATABASE_URL",
-        default_value = "sqlite:./tether.db"
-    )]
-    pub database_url: String,
-
-    /// Seconds to wait for a database connection, also at start-up.
-    #[arg(
-        long,
-        env = "TETHER_DATABASE_CONNECT_TIMEOUT_SECS",
-        default_value_t = 5
-    )]
-    pub database_connect_timeout_secs: u64,
-
-    /// Largest number of database connections (read pool for SQLite).
-    #[arg(long, env = "TETHER_DATABASE_MAX_CONNECTIONS", default_value_t = 8)]
-    pub database_max_connections: u32,
-}
-
-impl fmt::Debug for DatabaseArgs {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DatabaseArgs")
-            .field("database_url", &redact_url(&self.database_url))
-            .finish_non_exhaustive()
-    }
-}
-
-impl DatabaseArgs {
-    /// The store connection settings.
-    pub fn store_options(&self) -> StoreOptions {
-        StoreOptions {
-            connect_timeout: Duration::from_secs(self.database_connect_timeout_secs),
-            max_connections: self.database_max_connections,
-            host_id: None,
-        }
-    }
-}
-
-/// Flags of `tether token`.
-#[derive(Clone, Args)]
-pub struct TokenArgs {
-    /// Who the token is for (its `sub`).
-    #[arg(long)]
-    pub sub: String,
-    /// Its role: viewer, operator, agent or admin.
-    #[arg(long)]
-    pub role: crate::auth::Role,
-    /// A project it may see (repeat for more); `*` for every project.
-    #[arg(long = "project", required = true)]
-    pub projects: Vec<String>,
-    /// How long it is valid: 90s, 30m, 24h, 7d.
-    #[arg(long, default_value = "24h", value_parser = crate::auth::token::parse_ttl)]
-    pub ttl: Duration,
-    /// The secret, as `tether serve` takes it.
-    #[arg(long, env = "TETHER_AUTH_SECRET", hide_env_values = true)]
-    pub auth_secret: Option<String>,
-    /// A file holding the secret, as `tether serve` takes it.
-    #[arg(long, env = "TETHER_AUTH_SECRET_FILE", conflicts_with = "auth_secret")]
-    pub auth_secret_file: Option<PathBuf>,
-}
-
-impl fmt::Debug for TokenArgs {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TokenArgs")
-            .field("sub", &self.sub)
-            .field("role", &self.role)
-            .field("projects", &self.projects)
-            .field("ttl", &self.ttl)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Reads a secret from a flag's value or a file (a trailing newline is
-/// ignored); `None` when neither is given.
-pub fn read_secret(
-    value: Option<&String>,
-    file: Option<&PathBuf>,
-) -> Result<Option<Vec<u8>>, ConfigError> {
-    if let Some(secret) = value {
-        return Ok(Some(secret.as_bytes().to_vec()));
-    }
-    let Some(path) = file else {
-        return Ok(None);
-    };
-    let mut bytes = std::fs::read(path).map_err(|e| {
-        ConfigError::AuthSecret(format!(
-            "cannot read the auth secret file {}: {e}",
-            path.display()
-        ))
-    })?;
-    while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-        bytes.pop();
-    }
-    Ok(Some(bytes))
-}
 
 pub use crate::telemetry::LogFormat;
 
@@ -352,6 +210,37 @@ pub struct ServeArgs {
     /// cancelled.
     #[arg(long, env = "TETHER_INPUT_TIMEOUT_SECS", default_value_t = 600)]
     pub input_timeout_secs: u64,
+
+    /// Seconds between two rounds of retention (deleting the settled
+    /// sessions of projects that keep them a limited number of days, at
+    /// most 100 a round).
+    #[arg(long, env = "TETHER_RETENTION_INTERVAL_SECS", default_value_t = 3600)]
+    pub retention_interval_secs: u64,
+
+    /// Write no search documents: what is appended from now on is not
+    /// found by `/v1/search` (for hosts that need no search, and to measure
+    /// what indexing costs).
+    #[arg(long, env = "TETHER_NO_SEARCH_INDEX")]
+    pub no_search_index: bool,
+
+    /// Milliseconds before a failed webhook delivery is tried again; each
+    /// next wait doubles, up to an hour.
+    #[arg(long, env = "TETHER_WEBHOOK_RETRY_BASE_MS", default_value_t = 1000)]
+    pub webhook_retry_base_ms: u64,
+
+    /// Attempts before a webhook delivery is given up (15: about nine hours
+    /// with the default first wait).
+    #[arg(long, env = "TETHER_WEBHOOK_MAX_ATTEMPTS", default_value_t = 15)]
+    pub webhook_max_attempts: u32,
+
+    /// Seconds one webhook delivery attempt may take.
+    #[arg(long, env = "TETHER_WEBHOOK_TIMEOUT_SECS", default_value_t = 10)]
+    pub webhook_timeout_secs: u64,
+
+    /// Milliseconds between two looks for due webhook deliveries (a commit
+    /// that raises events wakes this host's deliverer at once).
+    #[arg(long, env = "TETHER_WEBHOOK_POLL_MS", default_value_t = 1000)]
+    pub webhook_poll_ms: u64,
 
     /// Seconds a terminal command (an agent's `terminal/create`, or a
     /// client's `createTerminal`) may run before its processes are killed.
@@ -581,6 +470,14 @@ impl ServeArgs {
                 client_tool_timeout: Duration::from_secs(self.client_tool_timeout_secs.max(1)),
                 client_grace: Duration::from_millis(self.client_grace_ms),
                 input_timeout: Duration::from_secs(self.input_timeout_secs.max(1)),
+                retention_interval: Duration::from_secs(self.retention_interval_secs.max(1)),
+                search_index: !self.no_search_index,
+                webhooks: crate::webhooks::WebhookConfig {
+                    poll: Duration::from_millis(self.webhook_poll_ms.max(10)),
+                    retry_base: Duration::from_millis(self.webhook_retry_base_ms.max(10)),
+                    max_attempts: self.webhook_max_attempts.max(1),
+                    timeout: Duration::from_secs(self.webhook_timeout_secs.max(1)),
+                },
                 attachments: crate::engine::attachments::AttachmentLimits {
                     per_attachment: self.max_attachment_bytes,
                     per_session: self.max_session_attachment_bytes,
@@ -712,29 +609,11 @@ impl ServeArgs {
     }
 }
 
-/// Every `TETHER_*` environment variable the command line reads, for checks
-/// that deployment files only set variables that exist.
-pub fn env_vars() -> Vec<String> {
-    use clap::CommandFactory;
-    let mut out = Vec::new();
-    let mut stack = vec![Cli::command()];
-    while let Some(command) = stack.pop() {
-        out.extend(
-            command
-                .get_arguments()
-                .filter_map(|arg| arg.get_env())
-                .map(|env| env.to_string_lossy().into_owned()),
-        );
-        stack.extend(command.get_subcommands().cloned());
-    }
-    out.sort();
-    out.dedup();
-    out
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::{Cli, Command, env_vars};
     use super::*;
+    use clap::Parser as _;
 
     fn args(list: &[&str]) -> ServeArgs {
         let mut argv = vec!["tether", "serve"];

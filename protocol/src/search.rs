@@ -1,0 +1,477 @@
+//! Full-text search over transcripts: what of an envelope is searchable,
+//! how a person's query is read, and the snippet of a hit. Pure: the store
+//! writes the documents in the transaction that appends their envelope and
+//! runs the queries (SQLite FTS5, Postgres `tsvector`), both from what this
+//! module decides, so the two backends find the same things.
+//!
+//! A document is one thing a person would look for: a session's title, a
+//! message, an answer (the whole markdown part, re-written as it streams),
+//! a tool call's title, the paths a tool call edited, an agent's question.
+//! Each has a key unique within its session, so a streamed answer is one
+//! document that grows, not one per delta.
+
+use serde_json::Value;
+
+use crate::actions::action_type;
+use crate::model::SessionModel;
+
+/// The longest text indexed for one document, in bytes; the rest of a very
+/// long answer is not searchable (it stays in the transcript).
+pub const MAX_DOC_BYTES: usize = 64 * 1024;
+
+/// The longest query accepted, in characters.
+pub const MAX_QUERY_CHARS: usize = 512;
+
+/// The most terms a query may have.
+pub const MAX_QUERY_TERMS: usize = 16;
+
+/// One searchable document of a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SearchDoc {
+    /// Unique within the session; a later document with the same key
+    /// replaces the earlier one.
+    pub key: String,
+    /// The chat it was said in (`None`: the session itself).
+    pub chat: Option<String>,
+    /// The turn it belongs to.
+    pub turn_id: Option<String>,
+    /// What it is: `title`, `message`, `answer`, `tool`, `edit`, `question`.
+    pub kind: &'static str,
+    /// The text, at most [`MAX_DOC_BYTES`].
+    pub text: String,
+}
+
+fn str_of<'a>(value: &'a Value, key: &str) -> &'a str {
+    value.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+fn cut(mut text: String) -> String {
+    if text.len() > MAX_DOC_BYTES {
+        let mut end = MAX_DOC_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+/// The document an accepted action writes, read from the action and the
+/// session's model after it was folded in (a delta's document is its
+/// part's whole text so far). `None` when it says nothing searchable.
+pub fn doc(model: &SessionModel, channel: &str, action: &Value) -> Option<SearchDoc> {
+    let turn = str_of(action, "turnId");
+    let make = |key: String, kind: &'static str, text: String| {
+        (!text.trim().is_empty()).then(|| SearchDoc {
+            key,
+            chat: (channel != model.uri()).then(|| channel.to_owned()),
+            turn_id: (!turn.is_empty()).then(|| turn.to_owned()),
+            kind,
+            text: cut(text),
+        })
+    };
+    match action_type(action)? {
+        "session/titleChanged" if channel == model.uri() => {
+            make("title".into(), "title", str_of(action, "title").to_owned())
+        }
+        "chat/turnStarted" => {
+            let message = &action["message"];
+            let mut text = str_of(message, "text").to_owned();
+            for label in message["attachments"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|a| str_of(a, "label"))
+                .filter(|l| !l.is_empty())
+            {
+                text.push('\n');
+                text.push_str(label);
+            }
+            make(format!("message:{channel}#{turn}"), "message", text)
+        }
+        "chat/responsePart" => {
+            let part = &action["part"];
+            match str_of(part, "kind") {
+                "markdown" => make(
+                    format!("answer:{channel}#{turn}#{}", str_of(part, "id")),
+                    "answer",
+                    str_of(part, "content").to_owned(),
+                ),
+                "toolCall" => {
+                    let call = &part["toolCall"];
+                    tool_doc(call, channel).and_then(|(key, text)| make(key, "tool", text))
+                }
+                _ => None,
+            }
+        }
+        "chat/delta" => {
+            let part = str_of(action, "partId");
+            let whole = model
+                .chats
+                .get(channel)
+                .and_then(|chat| chat.active_turn.as_ref())
+                .and_then(|active| {
+                    active.response_parts.iter().find_map(|p| match p {
+                        ahp_types::state::ResponsePart::Markdown(m) if m.id == part => {
+                            Some(m.content.clone())
+                        }
+                        _ => None,
+                    })
+                })
+                .unwrap_or_else(|| str_of(action, "content").to_owned());
+            make(format!("answer:{channel}#{turn}#{part}"), "answer", whole)
+        }
+        "chat/toolCallStart" => {
+            tool_doc(action, channel).and_then(|(key, text)| make(key, "tool", text))
+        }
+        "chat/toolCallComplete" => {
+            let paths: Vec<&str> = action["result"]["content"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| str_of(c, "type") == "fileEdit")
+                .filter_map(|c| {
+                    c.pointer("/after/uri")
+                        .or_else(|| c.pointer("/before/uri"))
+                        .and_then(Value::as_str)
+                })
+                .map(|uri| uri.strip_prefix("file://").unwrap_or(uri))
+                .collect();
+            make(
+                format!("edit:{channel}#{}", str_of(action, "toolCallId")),
+                "edit",
+                paths.join("\n"),
+            )
+        }
+        "chat/inputRequested" => {
+            let request = &action["request"];
+            make(
+                format!("question:{channel}#{}", str_of(request, "id")),
+                "question",
+                str_of(request, "message").to_owned(),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// A tool call's key and title (its display name, else its tool name, and
+/// what it says it does).
+fn tool_doc(call: &Value, channel: &str) -> Option<(String, String)> {
+    let id = str_of(call, "toolCallId");
+    if id.is_empty() {
+        return None;
+    }
+    let name = [str_of(call, "displayName"), str_of(call, "toolName")]
+        .into_iter()
+        .find(|n| !n.is_empty())
+        .unwrap_or_default();
+    let mut text = name.to_owned();
+    if let Some(said) = call.get("invocationMessage").and_then(|m| match m {
+        Value::String(s) => Some(s.as_str()),
+        other => other.get("markdown").and_then(Value::as_str),
+    }) {
+        text.push('\n');
+        text.push_str(said);
+    }
+    Some((format!("tool:{channel}#{id}"), text))
+}
+
+/// The words of a text as both backends index them: runs of letters and
+/// digits (any script), lower-cased; everything else separates.
+pub fn words(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+}
+
+/// The text as Postgres indexes it: its [`words`], one space apart, so
+/// both backends split it the same way (Postgres's own parser would keep
+/// `src/main.rs` or an e-mail address as one token).
+pub fn normalized(text: &str) -> String {
+    words(text).collect::<Vec<_>>().join(" ")
+}
+
+/// One term of a query: a word, or a quoted phrase; either may end in a
+/// prefix (`pars*` finds `parser`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Term {
+    /// Its words, in order (one for a plain word).
+    pub words: Vec<String>,
+    /// Whether the last word is a prefix.
+    pub prefix: bool,
+}
+
+/// Why a query cannot be run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    /// Nothing to search for.
+    #[error("the query has no words to search for")]
+    Empty,
+    /// Too long.
+    #[error("the query is longer than {MAX_QUERY_CHARS} characters")]
+    TooLong,
+    /// Too many terms.
+    #[error("the query has more than {MAX_QUERY_TERMS} terms")]
+    TooManyTerms,
+}
+
+/// A person's query: every term must match (words anywhere, phrases in
+/// order); `"exact phrase"` quotes, `word*` is a prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Query {
+    /// The terms, all required.
+    pub terms: Vec<Term>,
+}
+
+impl Query {
+    /// Reads a query. Characters that are neither letters nor digits only
+    /// separate words, so no input can break the backend's query syntax.
+    pub fn parse(q: &str) -> Result<Self, QueryError> {
+        if q.chars().count() > MAX_QUERY_CHARS {
+            return Err(QueryError::TooLong);
+        }
+        let mut terms = Vec::new();
+        let mut rest = q;
+        while let Some(start) = rest.find(|c: char| c == '"' || c.is_alphanumeric()) {
+            rest = &rest[start..];
+            let (body, after) = if let Some(quoted) = rest.strip_prefix('"') {
+                match quoted.find('"') {
+                    Some(end) => (&quoted[..end], &quoted[end + 1..]),
+                    None => (quoted, ""),
+                }
+            } else {
+                let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+                (&rest[..end], &rest[end..])
+            };
+            let prefix = after.starts_with('*') || body.ends_with('*');
+            let words: Vec<String> = words(body).collect();
+            if !words.is_empty() {
+                terms.push(Term { words, prefix });
+            }
+            rest = after.trim_start_matches('*');
+        }
+        if terms.is_empty() {
+            return Err(QueryError::Empty);
+        }
+        if terms.len() > MAX_QUERY_TERMS {
+            return Err(QueryError::TooManyTerms);
+        }
+        Ok(Self { terms })
+    }
+
+    /// The query in FTS5's syntax: each word a quoted string (so nothing in
+    /// it is an operator), phrases as FTS5 phrases, prefixes with `*`.
+    pub fn fts5(&self) -> String {
+        self.terms
+            .iter()
+            .map(|t| {
+                let phrase = t
+                    .words
+                    .iter()
+                    .map(|w| format!("\"{}\"", w.replace('"', "\"\"")))
+                    .collect::<Vec<_>>()
+                    .join(" + ");
+                if t.prefix {
+                    format!("{phrase}*")
+                } else {
+                    phrase
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    }
+
+    /// The query as a Postgres `tsquery` text (for `to_tsquery('simple',
+    /// …)`): each word a quoted lexeme, phrases with `<->`, prefixes `:*`.
+    pub fn tsquery(&self) -> String {
+        self.terms
+            .iter()
+            .map(|t| {
+                let last = t.words.len() - 1;
+                let phrase = t
+                    .words
+                    .iter()
+                    .enumerate()
+                    .map(|(i, w)| {
+                        let star = if t.prefix && i == last { ":*" } else { "" };
+                        format!("'{}'{star}", w.replace('\'', "''").replace('\\', "\\\\"))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" <-> ");
+                format!("({phrase})")
+            })
+            .collect::<Vec<_>>()
+            .join(" & ")
+    }
+
+    /// A short extract of `text` around the first word the query matches,
+    /// about `width` characters, as pieces in order, each saying whether it
+    /// is a matching word.
+    pub fn snippet(&self, text: &str, width: usize) -> Vec<(String, bool)> {
+        // Each word of the text with its byte range.
+        let mut spans = Vec::new();
+        let mut start = None;
+        for (i, c) in text.char_indices().chain([(text.len(), ' ')]) {
+            match (c.is_alphanumeric() && i < text.len(), start) {
+                (true, None) => start = Some(i),
+                (false, Some(s)) => {
+                    spans.push((s, i));
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        let hit = |word: &str| {
+            let word = word.to_lowercase();
+            self.terms.iter().any(|t| {
+                t.words.iter().enumerate().any(|(i, w)| {
+                    if t.prefix && i == t.words.len() - 1 {
+                        word.starts_with(w.as_str())
+                    } else {
+                        word == *w
+                    }
+                })
+            })
+        };
+        let first = spans
+            .iter()
+            .position(|&(s, e)| hit(&text[s..e]))
+            .unwrap_or(0);
+        // Start a few words before the first hit; end when wide enough.
+        let from = first.saturating_sub(6);
+        let mut out: Vec<(String, bool)> = Vec::new();
+        let mut push = |piece: &str, matched: bool| match out.last_mut() {
+            Some((last, false)) if !matched => last.push_str(piece),
+            _ => out.push((piece.to_owned(), matched)),
+        };
+        let mut at = spans.get(from).map_or(0, |&(s, _)| s);
+        if from > 0 {
+            push("…", false);
+        }
+        let mut shown = 0;
+        for &(s, e) in &spans[from..] {
+            if shown >= width {
+                push("…", false);
+                return out;
+            }
+            // Line breaks and runs of blanks read as one space.
+            let mut gap = String::new();
+            for c in text[at..s].chars() {
+                if !c.is_whitespace() {
+                    gap.push(c);
+                } else if !gap.ends_with(' ') {
+                    gap.push(' ');
+                }
+            }
+            push(&gap, false);
+            let word = &text[s..e];
+            push(word, hit(word));
+            shown += gap.chars().count() + word.chars().count();
+            at = e;
+        }
+        push(text[at..].trim_end(), false);
+        out.retain(|(piece, _)| !piece.is_empty());
+        out
+    }
+}
+
+/// Snippet pieces as plain text.
+pub fn plain(pieces: &[(String, bool)]) -> String {
+    pieces.iter().map(|(p, _)| p.as_str()).collect()
+}
+
+/// Snippet pieces as HTML: the text escaped, each matching word in
+/// `<mark>`.
+pub fn html(pieces: &[(String, bool)]) -> String {
+    let mut out = String::new();
+    for (piece, matched) in pieces {
+        if *matched {
+            out.push_str("<mark>");
+        }
+        for c in piece.chars() {
+            match c {
+                '<' => out.push_str("&lt;"),
+                '>' => out.push_str("&gt;"),
+                '&' => out.push_str("&amp;"),
+                '"' => out.push_str("&quot;"),
+                '\'' => out.push_str("&#39;"),
+                c => out.push(c),
+            }
+        }
+        if *matched {
+            out.push_str("</mark>");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_words_phrases_and_prefixes() {
+        let q = Query::parse(r#"  Deploy "main.rs file" pars* -- "#).unwrap();
+        assert_eq!(q.terms.len(), 3);
+        assert_eq!(q.terms[0].words, ["deploy"]);
+        assert_eq!(q.terms[1].words, ["main", "rs", "file"]);
+        assert!(!q.terms[1].prefix);
+        assert_eq!(q.terms[2].words, ["pars"]);
+        assert!(q.terms[2].prefix);
+        assert_eq!(
+            q.fts5(),
+            r#""deploy" AND "main" + "rs" + "file" AND "pars"*"#
+        );
+        assert_eq!(
+            q.tsquery(),
+            "('deploy') & ('main' <-> 'rs' <-> 'file') & ('pars':*)"
+        );
+    }
+
+    #[test]
+    fn no_input_breaks_the_syntax() {
+        for q in [
+            r#"a"b"#,
+            "NEAR(x y)",
+            "x' OR 1=1 --",
+            "\"",
+            "* ^ :",
+            "o'brien",
+        ] {
+            if let Ok(parsed) = Query::parse(q) {
+                for t in &parsed.terms {
+                    assert!(t.words.iter().all(|w| w.chars().all(char::is_alphanumeric)));
+                }
+            }
+        }
+        assert_eq!(Query::parse(" \" * "), Err(QueryError::Empty));
+        assert_eq!(Query::parse(&"x".repeat(600)), Err(QueryError::TooLong));
+        assert_eq!(
+            Query::parse(&"a ".repeat(20)),
+            Err(QueryError::TooManyTerms)
+        );
+    }
+
+    #[test]
+    fn non_latin_words_are_words() {
+        let q = Query::parse("Привет 世界").unwrap();
+        assert_eq!(q.terms[0].words, ["привет"]);
+        assert_eq!(normalized("Сказал: «Привет», мир!"), "сказал привет мир");
+    }
+
+    #[test]
+    fn snippets_mark_the_hits() {
+        let q = Query::parse("parser").unwrap();
+        let text = "one two three four five six seven eight nine ten eleven the parser failed \
+                    on line 4 and then some more words follow here";
+        let s = html(&q.snippet(text, 40));
+        assert!(s.starts_with('…'), "{s}");
+        assert!(s.contains("the <mark>parser</mark> failed"), "{s}");
+        assert!(s.ends_with('…'), "{s}");
+        let q = Query::parse("ПРИВ*").unwrap();
+        let pieces = q.snippet("Привет, <мир>\n\n  & co", 80);
+        assert_eq!(plain(&pieces), "Привет, <мир> & co");
+        assert_eq!(html(&pieces), "<mark>Привет</mark>, &lt;мир&gt; &amp; co");
+    }
+}

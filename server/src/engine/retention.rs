@@ -1,0 +1,83 @@
+//! Retention: settled sessions past their project's limit are deleted
+//! with everything they own, by a background round every
+//! `retention_interval`, at most [`ROUND`] sessions a round, one host at a
+//! time (the store's delete is exclusive), never a session that is live or
+//! in memory on this host (its actor is kept from starting while it goes),
+//! logged and counted (DESIGN.md, "Finding, notifying, keeping").
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tether_protocol::channel::{Channel, ROOT};
+
+use super::Ctx;
+use crate::store::now_ms;
+
+/// Sessions deleted per round at most.
+pub const ROUND: u32 = 100;
+
+/// Days a finished webhook delivery (delivered or given up) is kept, for
+/// `GET …/deliveries`; older ones are deleted by the rounds.
+pub const DELIVERIES_KEPT_DAYS: i64 = 30;
+
+/// Finished deliveries deleted per round at most.
+const DELIVERIES_ROUND: u32 = 10_000;
+
+/// Starts the rounds.
+pub(super) fn start(ctx: Arc<Ctx>, every: Duration) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Err(err) = round(&ctx).await {
+                ctx.metrics.store_error("retention");
+                tracing::warn!(error = %err, "retention round failed; next round retries");
+            }
+        }
+    });
+}
+
+/// One round: finds the expired sessions and deletes those not in use;
+/// returns how many were deleted.
+pub(super) async fn round(ctx: &Arc<Ctx>) -> Result<usize, crate::store::StoreError> {
+    let kept_from = now_ms() - DELIVERIES_KEPT_DAYS * 86_400_000;
+    let pruned = ctx
+        .store
+        .prune_deliveries(kept_from, DELIVERIES_ROUND)
+        .await?;
+    if pruned > 0 {
+        tracing::info!(
+            deliveries = pruned,
+            "retention: finished webhook deliveries deleted"
+        );
+    }
+    let expired = ctx.store.expired_sessions(now_ms(), ROUND).await?;
+    if expired.is_empty() {
+        return Ok(0);
+    }
+    // Sessions with an actor here are in use: left for a later round.
+    let held: Vec<_> = expired
+        .into_iter()
+        .filter(|s| ctx.begin_retiring(&s.id))
+        .collect();
+    let result = ctx.store.delete_sessions(&held).await;
+    for s in &held {
+        ctx.end_retiring(&s.id);
+    }
+    let deleted = result?;
+    for s in held.iter().filter(|s| deleted.contains(&s.id)) {
+        tracing::info!(session = %s.id, project = %s.project, "retention: settled session deleted");
+        ctx.hub.notify(
+            ROOT,
+            &s.project,
+            super::notification(
+                "root/sessionRemoved",
+                json!({"channel": ROOT, "session": Channel::session_uri(&s.id)}),
+            ),
+        );
+    }
+    ctx.metrics.retention_deleted.inc_by(deleted.len() as u64);
+    Ok(deleted.len())
+}

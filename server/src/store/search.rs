@@ -1,0 +1,146 @@
+//! What the search index holds and how it is asked, for both backends.
+//!
+//! Documents ([`tether_protocol::search::SearchDoc`]) ride on the envelope
+//! they come from and are upserted in its transaction (the plan keeps the
+//! latest per key of a batch). A query joins the documents to the session
+//! read model, so it is always limited to the projects the caller may see
+//! and filtered on what the read model says.
+
+use std::collections::HashSet;
+
+use tether_protocol::search::{Query, SearchDoc};
+
+use super::plan::LogRow;
+
+/// One document to write: its session, seq and time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DocRow<'a> {
+    /// The session it belongs to.
+    pub session_id: &'a str,
+    /// The seq of the envelope that wrote it last.
+    pub seq: i64,
+    /// The document.
+    pub doc: &'a SearchDoc,
+}
+
+/// The documents of a batch's fresh rows, the latest per (session, key):
+/// a streamed answer's deltas in one batch write its document once.
+pub fn latest_docs<'a>(rows: &[LogRow<'a>]) -> Vec<DocRow<'a>> {
+    let mut seen = HashSet::new();
+    let mut docs: Vec<DocRow<'a>> = rows
+        .iter()
+        .rev()
+        .filter_map(|row| {
+            let envelope = row.envelope;
+            let doc = envelope.search.as_ref()?;
+            let session_id = envelope.session_id.as_deref()?;
+            seen.insert((session_id, doc.key.as_str()))
+                .then_some(DocRow {
+                    session_id,
+                    seq: row.seq,
+                    doc,
+                })
+        })
+        .collect();
+    docs.reverse();
+    docs
+}
+
+/// A search: the query, the caller's scope and the filters.
+#[derive(Debug, Clone)]
+pub struct SearchRequest {
+    /// What to find.
+    pub query: Query,
+    /// Only sessions of these projects (the caller's scope); `None`: all.
+    pub projects: Option<Vec<String>>,
+    /// Only this project's sessions.
+    pub project: Option<String>,
+    /// Only sessions of this agent (provider).
+    pub agent: Option<String>,
+    /// Only sessions in this projected state.
+    pub state: Option<String>,
+    /// Only documents written at or after this time (ms since the epoch).
+    pub since_ms: Option<i64>,
+    /// Only documents written before this time.
+    pub until_ms: Option<i64>,
+    /// Hits to skip (the page cursor).
+    pub offset: u32,
+    /// Hits to return at most.
+    pub limit: u32,
+}
+
+/// One document that matched, best first.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct SearchHit {
+    /// The session.
+    pub session_id: String,
+    /// Its project.
+    pub project: String,
+    /// Its agent.
+    pub provider: String,
+    /// Its title.
+    pub title: Option<String>,
+    /// Its projected state.
+    pub state: String,
+    /// The chat it was said in.
+    pub chat: Option<String>,
+    /// The turn.
+    pub turn_id: Option<String>,
+    /// What it is (`message`, `answer`, …).
+    pub kind: String,
+    /// The seq of the envelope that wrote it last.
+    pub seq: i64,
+    /// When, ms since the epoch.
+    pub at_ms: i64,
+    /// The text as said.
+    pub body: String,
+}
+
+/// The most recent matches a query ranks: a word most documents hold
+/// would otherwise cost a score for each of them (a second for a million
+/// envelopes); past this many, the newest matches are ranked and the rest
+/// are not found. A rarer query has fewer matches and is ranked whole.
+pub const RANKED_WINDOW: u32 = 5_000;
+
+/// The search statement, its parameters in a fixed order: 1 the query,
+/// 2 the scope (a list, or null for all projects), 3 the project, 4 the
+/// agent, 5 the state, 6 since, 7 until (each null when not given), 8 the
+/// limit, 9 the offset. `from` names the documents `d` (joined to the text
+/// index where the backend keeps one), `matches` is the text match,
+/// `score` a document's relevance (larger is better), `newest` orders the
+/// newest match first (the window of [`RANKED_WINDOW`]), `p(n)` is the
+/// backend's n-th parameter with its type (`kind`: `text`, `list` or
+/// `int`), and `in_list(p)` tests `s.project` against a list parameter.
+pub(super) fn search_sql(
+    from: &str,
+    matches: &str,
+    score: &str,
+    newest: &str,
+    p: impl Fn(usize, &str) -> String,
+    in_list: impl Fn(&str) -> String,
+) -> String {
+    let scope = p(2, "list");
+    format!(
+        "SELECT session_id, project, provider, title, state, chat, turn_id, kind, seq, at_ms, body \
+         FROM (SELECT d.session_id, s.project, s.provider, s.title, s.state, d.chat, d.turn_id, \
+                      d.kind, d.seq, d.at_ms, d.body, {score} AS score \
+               FROM {from} JOIN sessions s ON s.id = d.session_id \
+               WHERE {matches} \
+                 AND ({scope} IS NULL OR {in_list}) \
+                 AND ({project} IS NULL OR s.project = {project}) \
+                 AND ({agent} IS NULL OR s.provider = {agent}) \
+                 AND ({state} IS NULL OR s.state = {state}) \
+                 AND ({since} IS NULL OR d.at_ms >= {since}) \
+                 AND ({until} IS NULL OR d.at_ms < {until}) \
+               ORDER BY {newest} LIMIT {RANKED_WINDOW}) ranked \
+         ORDER BY score DESC, seq DESC LIMIT {limit} OFFSET {offset}",
+        in_list = in_list(&scope),
+        project = p(3, "text"),
+        agent = p(4, "text"),
+        state = p(5, "text"),
+        since = p(6, "int"),
+        until = p(7, "int"),
+        limit = p(8, "int"),
+        offset = p(9, "int"),
+    )
+}

@@ -1,0 +1,254 @@
+//! Retention through the real binary on both backends: a project that
+//! keeps settled sessions N days loses exactly those settled longer ago,
+//! with everything they own (transcript, chats, snapshots, search
+//! documents); live sessions, recent ones and other projects' stay; the
+//! round is logged and counted; only admins set it.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tether_tests::{Backend, ServerProcess, TestDb, backend_tests, call, metric};
+
+backend_tests!(settled_sessions_past_the_limit_go_with_everything_they_own,);
+
+const DAY_MS: i64 = 86_400_000;
+
+/// Rows a session owns, table by table.
+async fn owned(db: &TestDb, id: &str) -> Vec<(&'static str, i64)> {
+    let mut out = Vec::new();
+    for (table, sql) in [
+        (
+            "sessions",
+            format!("SELECT count(*) FROM sessions WHERE id = '{id}'"),
+        ),
+        (
+            "log",
+            format!("SELECT count(*) FROM log WHERE session_id = '{id}'"),
+        ),
+        (
+            "chats",
+            format!("SELECT count(*) FROM chats WHERE session_id = '{id}'"),
+        ),
+        (
+            "snapshots",
+            format!("SELECT count(*) FROM snapshots WHERE channel = 'ahp-session:/{id}'"),
+        ),
+        (
+            "search_docs",
+            format!("SELECT count(*) FROM search_docs WHERE session_id = '{id}'"),
+        ),
+    ] {
+        out.push((table, db.count(&sql).await));
+    }
+    out
+}
+
+const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
+
+async fn settled_sessions_past_the_limit_go_with_everything_they_own(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = format!(
+        "fake=FAKE_ACP_LOG={} {FAKE}",
+        dir.path().join("log").display()
+    );
+    let server = ServerProcess::start(
+        &db,
+        &[
+            "--retention-interval-secs",
+            "1",
+            "--snapshot-every",
+            "4",
+            "--actor-idle-secs",
+            "1",
+            "--agent",
+            &agent,
+            "--agent-confinement",
+            "off",
+        ],
+    )
+    .await;
+    let base = server.base_url();
+    for (id, project) in [
+        ("old-1", "keep"),
+        ("old-2", "keep"),
+        ("live-1", "keep"),
+        ("fresh-1", "keep"),
+        ("other-1", "forever"),
+    ] {
+        // live-1 runs an ACP agent, live as long as its process runs.
+        let provider = if id == "live-1" { "fake" } else { "echo" };
+        let (status, body) = call(
+            &base,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"id": id, "project": project, "provider": provider,
+                        "title": format!("aardvark {id}")})),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+        // Enough envelopes for a snapshot, and a turn.
+        for seq in 1..=6 {
+            let (status, body) = call(
+                &base,
+                "POST",
+                &format!("/v1/sessions/{id}/actions"),
+                Some(json!({"clientId": format!("retention-{id}"), "clientSeq": seq,
+                            "action": {"type": "session/titleChanged", "title": format!("aardvark {id} {seq}")}})),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+        }
+        if id.starts_with("old") {
+            let (status, body) = call(&base, "DELETE", &format!("/v1/sessions/{id}"), None).await;
+            assert!(status == 200 || status == 204, "{status} {body}");
+        }
+    }
+    // Its agent is started by a turn that stays open.
+    let (status, body) = call(
+        &base,
+        "POST",
+        "/v1/sessions/live-1/actions",
+        Some(
+            json!({"clientId": "retention-turn", "clientSeq": 1, "channel": "ahp-chat:/live-1.main",
+                    "action": {"type": "chat/turnStarted", "turnId": "t1",
+                               "startedAt": "2026-12-03T10:00:00.000Z",
+                               "message": {"text": "hang", "origin": {"kind": "user"}}}}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, live) = call(&base, "GET", "/v1/sessions/live-1", None).await;
+        if live["state"] == "live" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not live: {live}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, settled) = call(&base, "GET", "/v1/sessions/old-1", None).await;
+    assert_ne!(settled["state"], "live", "{settled}");
+    let owned_before = owned(&db, "old-1").await;
+    for (table, n) in &owned_before {
+        assert!(*n > 0, "old-1 owns {table} rows before: {owned_before:?}");
+    }
+
+    // Finished webhook deliveries older than 30 days go too; newer ones and
+    // pending ones stay (rows as the outbox writes them).
+    let old = "strftime('%s','now') * 1000 - 31 * 86400000";
+    let now = "strftime('%s','now') * 1000";
+    let (old, now) = match db.backend() {
+        Backend::Sqlite => (old.to_owned(), now.to_owned()),
+        Backend::Postgres => (
+            "(extract(epoch from now()) * 1000)::bigint - 31::bigint * 86400000".to_owned(),
+            "(extract(epoch from now()) * 1000)::bigint".to_owned(),
+        ),
+    };
+    for (event, at, delivered) in [
+        ("evt-old-done", &old, "1"),
+        ("evt-old-pending", &old, "NULL"),
+        ("evt-new-done", &now, "1"),
+    ] {
+        db.execute(&format!(
+            "INSERT INTO outbox (event_id, kind, project, session_id, seq, at_ms, data) \
+             VALUES ('{event}', 'turn.completed', 'keep', 'old-1', 1, {at}, '{{}}')"
+        ))
+        .await;
+        db.execute(&format!(
+            "INSERT INTO deliveries (event_id, webhook_id, next_ms, delivered_ms) \
+             VALUES ('{event}', 'w', 0, {delivered})"
+        ))
+        .await;
+    }
+
+    // Days pass for all but fresh-1; keep keeps 30 days.
+    db.execute(&format!(
+        "UPDATE sessions SET updated_ms = updated_ms - {} WHERE id <> 'fresh-1'",
+        31 * DAY_MS
+    ))
+    .await;
+    let (status, body) = call(
+        &base,
+        "PUT",
+        "/v1/projects/keep/retention",
+        Some(json!({"days": 30})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"project": "keep", "days": 30}));
+    let (_, read) = call(&base, "GET", "/v1/projects/keep/retention", None).await;
+    assert_eq!(read, json!({"project": "keep", "days": 30}));
+    let (_, forever) = call(&base, "GET", "/v1/projects/forever/retention", None).await;
+    assert_eq!(forever, json!({"project": "forever"}));
+    for bad in [
+        json!({"days": 0}),
+        json!({"days": 40000}),
+        json!({"days": "ten"}),
+        json!({}),
+    ] {
+        let (status, body) = call(
+            &base,
+            "PUT",
+            "/v1/projects/keep/retention",
+            Some(bad.clone()),
+        )
+        .await;
+        assert!(status == 422 || status == 400, "{bad}: {status} {body}");
+    }
+
+    // The next rounds delete exactly the two settled, expired sessions.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (one, _) = call(&base, "GET", "/v1/sessions/old-1", None).await;
+        let (two, _) = call(&base, "GET", "/v1/sessions/old-2", None).await;
+        if one == 404 && two == 404 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still there: old-1 {one}, old-2 {two}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for id in ["old-1", "old-2"] {
+        let owned = owned(&db, id).await;
+        assert!(
+            owned.iter().all(|(_, n)| *n == 0),
+            "{id} left rows: {owned:?}"
+        );
+    }
+    // Another round changes nothing more.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for id in ["live-1", "fresh-1", "other-1"] {
+        let (status, _) = call(&base, "GET", &format!("/v1/sessions/{id}"), None).await;
+        assert_eq!(status, 200, "{id} is kept");
+        let owned = owned(&db, id).await;
+        assert!(
+            owned.iter().all(|(_, n)| *n > 0),
+            "{id} lost rows: {owned:?}"
+        );
+    }
+    assert_eq!(
+        metric(&base, "tether_retention_deleted_sessions_total").await,
+        2
+    );
+    let (_, found) = call(&base, "GET", "/v1/search?q=aardvark&limit=100", None).await;
+    let mut sessions: Vec<&str> = found["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["sessionId"].as_str().unwrap())
+        .collect();
+    sessions.sort();
+    assert_eq!(sessions, ["fresh-1", "live-1", "other-1"]);
+    assert!(
+        server.log().contains("retention: settled session deleted"),
+        "the deletions are logged"
+    );
+
+    // Kept for good again: nothing more goes.
+    let (status, _) = call(&base, "DELETE", "/v1/projects/keep/retention", None).await;
+    assert_eq!(status, 204);
+    let (_, cleared) = call(&base, "GET", "/v1/projects/keep/retention", None).await;
+    assert_eq!(cleared, json!({"project": "keep"}));
+}
