@@ -239,43 +239,76 @@ pub async fn assert_followers_saw_everything(base: &str, token: &str, followers:
 
 /// Writers, one per session, through `base`: each retries its `clientSeq`
 /// until acknowledged, an attempt giving up after 2 s as a client behind
-/// a load balancer would, until `stop`.
-pub fn write_all(
-    base: &str,
-    token: &str,
-    sessions: &[String],
-    stop: &Arc<AtomicBool>,
-) -> Vec<tokio::task::JoinHandle<Writer>> {
-    sessions
+/// a load balancer would, until stopped.
+pub fn write_all(base: &str, token: &str, sessions: &[String]) -> Writing {
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked: Arc<Vec<std::sync::Mutex<Option<Instant>>>> = Arc::new(
+        sessions
+            .iter()
+            .map(|_| std::sync::Mutex::new(None))
+            .collect(),
+    );
+    let tasks = sessions
         .iter()
         .enumerate()
         .map(|(i, session)| {
             let mut writer =
                 Writer::new(session, &format!("w{i}")).authorized(token, Duration::from_secs(2));
-            let (base, stop) = (base.to_owned(), stop.clone());
+            let (base, stop, acked) = (base.to_owned(), stop.clone(), acked.clone());
             tokio::spawn(async move {
                 while !stop.load(Ordering::SeqCst) {
-                    if !matches!(writer.attempt(&base).await, ledger::Attempt::Acked(_)) {
+                    if matches!(writer.attempt(&base).await, ledger::Attempt::Acked(_)) {
+                        *acked[i].lock().unwrap() = writer.last_ack;
+                    } else {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                 }
                 writer
             })
         })
-        .collect()
+        .collect();
+    Writing { stop, tasks, acked }
 }
 
-/// Stops the writers and returns them.
-pub async fn stop_writing(
-    stop: &AtomicBool,
-    writing: Vec<tokio::task::JoinHandle<Writer>>,
-) -> Vec<Writer> {
-    stop.store(true, Ordering::SeqCst);
-    let mut writers = Vec::new();
-    for task in writing {
-        writers.push(task.await.expect("a writer"));
+/// The writers [`write_all`] started.
+#[derive(Debug)]
+pub struct Writing {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<Writer>>,
+    /// When each writer's last action was acknowledged.
+    acked: Arc<Vec<std::sync::Mutex<Option<Instant>>>>,
+}
+
+impl Writing {
+    /// Waits until every session had a write acknowledged after `since`,
+    /// then `settle` longer; fails after `limit`.
+    pub async fn until_all_written_after(&self, since: Instant, limit: Duration, settle: Duration) {
+        let began = Instant::now();
+        loop {
+            let behind: Vec<usize> = (0..self.acked.len())
+                .filter(|&i| !self.acked[i].lock().unwrap().is_some_and(|at| at > since))
+                .collect();
+            if behind.is_empty() {
+                break;
+            }
+            assert!(
+                began.elapsed() < limit,
+                "writers {behind:?} had nothing acknowledged within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(settle).await;
     }
-    writers
+
+    /// Stops the writers and returns them.
+    pub async fn stop(self) -> Vec<Writer> {
+        self.stop.store(true, Ordering::SeqCst);
+        let mut writers = Vec::new();
+        for task in self.tasks {
+            writers.push(task.await.expect("a writer"));
+        }
+        writers
+    }
 }
 
 /// How often `/readyz` of `base` is polled, and how long one poll may take.

@@ -11,6 +11,18 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+/// An error and its causes, as one line.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(err) = cause {
+        text.push_str(": ");
+        text.push_str(&err.to_string());
+        cause = err.source();
+    }
+    text
+}
+
 /// What one attempt came to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Attempt {
@@ -47,6 +59,9 @@ pub struct Writer {
     pub longest_wait: Duration,
     /// When that longest wait ended.
     pub longest_wait_ended: Option<std::time::Instant>,
+    /// The last attempts that were not acknowledged: when each was sent
+    /// and what came back (for a failing test to say why it waited).
+    pub misses: std::collections::VecDeque<(std::time::Instant, String)>,
 }
 
 impl Writer {
@@ -65,6 +80,7 @@ impl Writer {
             last_refusal: None,
             pad: 0,
             last_ack: None,
+            misses: std::collections::VecDeque::new(),
             longest_wait: Duration::ZERO,
             longest_wait_ended: None,
         }
@@ -100,6 +116,18 @@ impl Writer {
     /// Sends the current action to `base` once. Acknowledged: the next one
     /// is current. Refused or lost: the same one is sent next time.
     pub async fn attempt(&mut self, base: &str) -> Attempt {
+        let sent_at = std::time::Instant::now();
+        let attempt = self.attempt_once(base).await;
+        if !matches!(attempt, Attempt::Acked(_)) {
+            if self.misses.len() == 16 {
+                self.misses.pop_front();
+            }
+            self.misses.push_back((sent_at, format!("{attempt:?}")));
+        }
+        attempt
+    }
+
+    async fn attempt_once(&mut self, base: &str) -> Attempt {
         let title = format!("{}{}", self.title(self.next), " ".repeat(self.pad));
         let body = json!({"clientId": self.client_id, "clientSeq": self.next,
             "action": {"type": "session/titleChanged", "title": title}});
@@ -111,7 +139,7 @@ impl Writer {
             .await;
         let answer = match sent {
             Ok(answer) => answer,
-            Err(err) => return Attempt::Lost(err.to_string()),
+            Err(err) => return Attempt::Lost(chain(&err)),
         };
         let status = answer.status().as_u16();
         let body: Value = match answer.json().await {

@@ -9,13 +9,11 @@
 //! it).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use tether_tests::deploy::{
     Follower, Haproxy, SECRET, admin, assert_followers_saw_everything, compose_hosts,
-    create_sessions, follow, readiness_turns, stop_writing, write_all,
+    create_sessions, follow, readiness_turns, write_all,
 };
 use tether_tests::ledger;
 use tether_tests::{ServerProcess, TestDb};
@@ -38,8 +36,7 @@ async fn a_rolling_restart_behind_haproxy_loses_nothing_and_pauses_writes_briefl
     let token = admin();
     let sessions = create_sessions(&base, &token, "roll", 4).await;
     let followers: Vec<Follower> = sessions.iter().map(|s| follow(&base, &token, s)).collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let writing = write_all(&base, &token, &sessions, &stop);
+    let writing = write_all(&base, &token, &sessions);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut restarts = Vec::new();
     for host in &mut hosts {
@@ -58,8 +55,14 @@ async fn a_rolling_restart_behind_haproxy_loses_nothing_and_pauses_writes_briefl
         // HAProxy routes to it again after `rise` good checks.
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let writers = stop_writing(&stop, writing).await;
+    writing
+        .until_all_written_after(
+            Instant::now(),
+            Duration::from_secs(30),
+            Duration::from_secs(1),
+        )
+        .await;
+    let writers = writing.stop().await;
     let checked = ledger::audit_as(&base, &writers, Some(&token)).await;
     // Every subscriber ends with the gap-free sequence of its session.
     assert_followers_saw_everything(&base, &token, followers).await;
@@ -179,8 +182,7 @@ async fn partition(skew: Option<&str>) {
     // The sessions are created on the host to be cut off: it holds them.
     let sessions = create_sessions(&cut_off.base_url(), &token, "cut", 4).await;
     let followers: Vec<Follower> = sessions.iter().map(|s| follow(&base, &token, s)).collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let writing = write_all(&base, &token, &sessions, &stop);
+    let writing = write_all(&base, &token, &sessions);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let cut = Instant::now();
     link.stall();
@@ -193,8 +195,10 @@ async fn partition(skew: Option<&str>) {
     let healed = Instant::now();
     // It comes back by itself, without a restart.
     let rejoined = readiness_turns(&cut_off.base_url(), true, Duration::from_secs(30)).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let writers = stop_writing(&stop, writing).await;
+    writing
+        .until_all_written_after(healed, Duration::from_secs(30), Duration::from_secs(1))
+        .await;
+    let writers = writing.stop().await;
     // Nothing acknowledged is lost or applied twice; no seq is issued twice.
     let checked = ledger::audit_as(&base, &writers, Some(&token)).await;
     assert_followers_saw_everything(&base, &token, followers).await;

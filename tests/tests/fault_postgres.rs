@@ -209,11 +209,9 @@ async fn until_ready_is(base: &str, want: u16, limit: Duration) -> Option<Durati
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restarted_under_three_hosts_behind_haproxy_loses_nothing() {
-    use std::sync::Arc;
-    use std::sync::atomic::AtomicBool;
     use tether_tests::deploy::{
         Follower, Haproxy, admin, assert_followers_saw_everything, compose_hosts, create_sessions,
-        follow, stop_writing, write_all,
+        follow, write_all,
     };
 
     let _turn = TURN.lock().await;
@@ -228,8 +226,7 @@ async fn postgres_restarted_under_three_hosts_behind_haproxy_loses_nothing() {
     let token = admin();
     let sessions = create_sessions(&base, &token, "pg", 4).await;
     let followers: Vec<Follower> = sessions.iter().map(|s| follow(&base, &token, s)).collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let writing = write_all(&base, &token, &sessions, &stop);
+    let writing = write_all(&base, &token, &sessions);
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let stopped = Instant::now();
@@ -281,18 +278,18 @@ async fn postgres_restarted_under_three_hosts_behind_haproxy_loses_nothing() {
                 .expect("/readyz recovered without a restart"),
         );
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let writers = stop_writing(&stop, writing).await;
+    // HAProxy routes to them again after `rise` good checks; every session
+    // is written again, by itself, within seconds (a forwarded request
+    // whose answer was lost to the outage once held its session's writes
+    // from that host for the whole answer limit, 15 s and more).
+    writing
+        .until_all_written_after(started, Duration::from_secs(12), Duration::from_secs(1))
+        .await;
+    let writers = writing.stop().await;
     let checked = audit_as(&base, &writers, Some(&token)).await;
     assert_followers_saw_everything(&base, &token, followers).await;
     let mut resumed = Vec::new();
     for writer in &writers {
-        let last = writer.last_ack.expect("acknowledged");
-        assert!(
-            last > started,
-            "{}: written again after the restart",
-            writer.session
-        );
         resumed.push(writer.longest_wait);
         // The longest wait is the outage's; it ended with the first write
         // acknowledged after Postgres was back.
@@ -302,6 +299,20 @@ async fn postgres_restarted_under_three_hosts_behind_haproxy_loses_nothing() {
                 writer.session,
                 ended.saturating_duration_since(started)
             );
+        }
+        // Why a session took long: its attempts since the start.
+        let slow = writer
+            .longest_wait_ended
+            .is_none_or(|ended| ended.saturating_duration_since(started) > Duration::from_secs(3));
+        for (at, miss) in writer.misses.iter().filter(|_| slow) {
+            if *at > started {
+                let miss: String = miss.chars().take(200).collect();
+                eprintln!(
+                    "  {} +{:?}: {miss}",
+                    writer.session,
+                    at.saturating_duration_since(started)
+                );
+            }
         }
     }
     let worst = resumed.iter().max().copied().unwrap_or_default();

@@ -183,6 +183,20 @@ pub(super) fn join(request: Request, reply: ReplyTo) -> Command {
 }
 
 impl ReplyTo {
+    /// Whether whoever asked stopped waiting for the answer.
+    fn abandoned(&self) -> bool {
+        match self {
+            // Dispatched for its effect: nobody ever waited.
+            ReplyTo::Dispatch(None) => false,
+            ReplyTo::Dispatch(Some(reply)) => reply.is_closed(),
+            ReplyTo::View(reply) => reply.is_closed(),
+            ReplyTo::Unit(reply) => reply.is_closed(),
+            ReplyTo::Bool(reply) => reply.is_closed(),
+            ReplyTo::Seq(reply) => reply.is_closed(),
+            ReplyTo::Value(reply) => reply.is_closed(),
+        }
+    }
+
     fn fail(self, err: EngineError) {
         match self {
             ReplyTo::Dispatch(reply) => {
@@ -463,6 +477,13 @@ async fn forward_one(
             }
             return Sent::Answered;
         }
+        // Nobody waits for the answer any more (the client gave up, and
+        // retries with the same clientSeq if it cares): the session's
+        // later writes from this host must not queue behind it.
+        if reply.abandoned() {
+            cluster.abandon(&ctx.pending, row).await;
+            return Sent::Answered;
+        }
         if started.elapsed() > answer_limit(ctx, cluster) {
             cluster.abandon(&ctx.pending, row).await;
             reply.fail(EngineError::Unavailable(format!(
@@ -581,6 +602,37 @@ pub(super) async fn recover_claimed(cluster: &Cluster) {
     }
 }
 
+/// Writes the answer to a claimed request, again and again while the
+/// store is unreachable: its sender waits for it (holding its session's
+/// later writes from that host behind it) and cannot tell an answer that
+/// was never written from one that is slow. Given up after
+/// [`ANSWER_RETRIES`]; the sender's own limit then answers its client.
+async fn deliver_answer(cluster: &Cluster, row: i64, session: &str, text: &str) {
+    let mut pause = Duration::from_millis(100);
+    for attempt in 1..=ANSWER_RETRIES {
+        match cluster.answer(row, text).await {
+            Ok(()) => {
+                if attempt > 1 {
+                    tracing::info!(session, attempt, "forwarded answer written after all");
+                }
+                return;
+            }
+            Err(err) if attempt == ANSWER_RETRIES => {
+                tracing::warn!(session, error = %err, "forwarded answer lost; the sender times out and its client retries");
+            }
+            Err(err) => {
+                tracing::debug!(session, attempt, error = %err, "forwarded answer not written yet; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// How often the answer to a forwarded request is tried (about 30 s when
+/// each attempt fails at once, longer when each waits for a connection).
+const ANSWER_RETRIES: u32 = 32;
+
 /// Serves forwarded commands for the sessions this host holds.
 pub(super) fn start_server(engine: Engine, cluster: Arc<Cluster>) {
     let stop = cluster.stop.clone();
@@ -603,9 +655,7 @@ pub(super) fn start_server(engine: Engine, cluster: Arc<Cluster>) {
                                 ))),
                             };
                             let text = serde_json::to_string(&answer).unwrap_or_default();
-                            if let Err(err) = cluster.answer(row, &text).await {
-                                tracing::warn!(session, error = %err, "forwarded answer lost; the sender retries");
-                            }
+                            deliver_answer(&cluster, row, &session, &text).await;
                         });
                     }
                 }
