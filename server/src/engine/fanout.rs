@@ -278,8 +278,13 @@ pub fn action_frame(
     origin: Option<&Origin>,
     rejection: Option<&str>,
 ) -> String {
-    let params = envelope_text(seq, channel, action, origin, rejection);
-    format!(r#"{{"jsonrpc":"2.0","method":"action","params":{params}}}"#)
+    const HEAD: &str = r#"{"jsonrpc":"2.0","method":"action","params":"#;
+    let mut frame =
+        String::with_capacity(HEAD.len() + ENVELOPE_ROOM + channel.len() + action.len());
+    frame.push_str(HEAD);
+    write_envelope(&mut frame, seq, channel, action, origin, rejection);
+    frame.push('}');
+    frame
 }
 
 /// The envelope object as JSON text (the `params` of an `action`
@@ -292,23 +297,55 @@ pub fn envelope_text(
     origin: Option<&Origin>,
     rejection: Option<&str>,
 ) -> String {
-    let mut params = serde_json::json!({
-        "channel": channel,
-        "serverSeq": seq,
-    });
+    let mut text = String::with_capacity(ENVELOPE_ROOM + channel.len() + action.len());
+    write_envelope(&mut text, seq, channel, action, origin, rejection);
+    text
+}
+
+/// Room for an envelope's keys, seq and origin besides its channel and
+/// action.
+const ENVELOPE_ROOM: usize = 128;
+
+/// Appends the envelope object to `out`, written straight into it (no
+/// value tree): `channel`, `serverSeq`, `origin`, `rejectionReason`, then
+/// the action.
+pub fn write_envelope(
+    out: &mut String,
+    seq: u64,
+    channel: &str,
+    action: &str,
+    origin: Option<&Origin>,
+    rejection: Option<&str>,
+) {
+    use std::fmt::Write as _;
+    out.push_str(r#"{"channel":"#);
+    push_json_string(out, channel);
+    let _ = write!(out, r#","serverSeq":{seq}"#);
     if let Some(origin) = origin {
-        params["origin"] =
-            serde_json::json!({"clientId": origin.client_id, "clientSeq": origin.client_seq});
+        out.push_str(r#","origin":{"clientId":"#);
+        push_json_string(out, &origin.client_id);
+        let _ = write!(out, r#","clientSeq":{}}}"#, origin.client_seq);
     }
     if let Some(reason) = rejection {
-        params["rejectionReason"] = serde_json::Value::String(reason.to_owned());
+        out.push_str(r#","rejectionReason":"#);
+        push_json_string(out, reason);
     }
-    let mut text = serde_json::to_string(&params).unwrap_or_default();
-    text.pop();
-    text.push_str(",\"action\":");
-    text.push_str(action);
-    text.push('}');
-    text
+    out.push_str(r#","action":"#);
+    out.push_str(action);
+    out.push('}');
+}
+
+/// Appends `text` as a JSON string: as it is when nothing in it needs
+/// escaping (channel URIs and client ids nearly always), through
+/// serde_json otherwise.
+fn push_json_string(out: &mut String, text: &str) {
+    if text.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push('"');
+        out.push_str(text);
+        out.push('"');
+    } else {
+        out.push_str(&serde_json::to_string(text).unwrap_or_else(|_| "\"\"".into()));
+    }
 }
 
 /// The envelope object (`params` of an `action` notification) of a stored
@@ -343,5 +380,46 @@ pub fn published_from_store(envelope: &StoredEnvelope) -> Published {
             None,
         )
         .into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// The envelope written by hand is the JSON a value tree would give,
+    /// in the same key order, escaping included.
+    #[test]
+    fn an_envelope_is_the_json_of_its_parts() {
+        let origin = Origin {
+            client_id: "tab \"1\"\n\\".into(),
+            client_seq: 7,
+            scope: "conn:x".into(),
+        };
+        let cases = [
+            ("ahp://session/s1", None, None),
+            ("ahp://session/é☃", Some(&origin), None),
+            ("ahp://chat/c\u{1}", Some(&origin), Some("no \"way\"\t")),
+        ];
+        for (channel, origin, rejection) in cases {
+            let action = r#"{"type":"session/titleChanged","title":"x"}"#;
+            let text = envelope_text(42, channel, action, origin, rejection);
+            let mut want = json!({"channel": channel, "serverSeq": 42});
+            if let Some(o) = origin {
+                want["origin"] = json!({"clientId": o.client_id, "clientSeq": o.client_seq});
+            }
+            if let Some(reason) = rejection {
+                want["rejectionReason"] = json!(reason);
+            }
+            want["action"] = serde_json::from_str(action).unwrap();
+            assert_eq!(text, serde_json::to_string(&want).unwrap());
+            let frame: Value =
+                serde_json::from_str(&action_frame(42, channel, action, origin, rejection))
+                    .unwrap();
+            assert_eq!(frame["params"], want);
+            assert_eq!(frame["method"], "action");
+        }
     }
 }

@@ -10,7 +10,7 @@ use super::connection::{Answered, Connection, Next, Reply, Subscription, hidden_
 use super::rpc::{
     RpcError, channel_param, client_id_param, session_param, strings_param, u64_param,
 };
-use crate::engine::fanout::{action_frame, envelope_text};
+use crate::engine::fanout::{action_frame, write_envelope};
 use crate::engine::{CreateSession, DispatchOutcome, EngineError, RefusalKind, summary};
 use crate::store::{Origin, SessionFilter};
 
@@ -175,8 +175,11 @@ impl Connection {
             .map_err(RpcError::unavailable)?;
         let horizon = host.last_seq;
         let limit = self.limits.max_replay;
-        let mut bytes = 0;
-        let mut actions = Vec::new();
+        // The reply is written into one buffer as the pages come: the
+        // envelopes straight after its head, never a list joined later.
+        const HEAD: &str = r#"{"type":"replay","actions":["#;
+        let mut reply = String::from(HEAD);
+        let mut count = 0usize;
         let mut after = last_seen;
         // A client that saw seqs this database never issued (it was
         // restored from a backup, or a Postgres failover lost commits the
@@ -198,17 +201,20 @@ impl Connection {
                 .filter(|e| e.seq <= horizon)
                 .filter(|e| !hidden_from(&self.principal, &e.channel, &e.action))
             {
-                let text = envelope_text(
+                if count > 0 {
+                    reply.push(',');
+                }
+                write_envelope(
+                    &mut reply,
                     envelope.seq,
                     &envelope.channel,
                     &envelope.action,
                     envelope.origin.as_ref(),
                     None,
                 );
-                bytes += text.len() + 1;
-                actions.push(text);
+                count += 1;
             }
-            if actions.len() > limit as usize || bytes > self.limits.max_replay_bytes {
+            if count > limit as usize || reply.len() - HEAD.len() > self.limits.max_replay_bytes {
                 too_many = true;
                 break;
             }
@@ -229,11 +235,10 @@ impl Connection {
         }
         // Rendered as text around the stored actions: a large replay is
         // never parsed into a value tree and serialised again.
-        let missing = serde_json::to_string(&missing).unwrap_or_else(|_| "[]".into());
-        Ok(Reply::Raw(format!(
-            r#"{{"type":"replay","actions":[{}],"missing":{missing}}}"#,
-            actions.join(",")
-        )))
+        reply.push_str(r#"],"missing":"#);
+        reply.push_str(&serde_json::to_string(&missing).unwrap_or_else(|_| "[]".into()));
+        reply.push('}');
+        Ok(Reply::Raw(reply))
     }
 
     /// Submits a dispatch in order and returns at once; its outcome comes

@@ -11,6 +11,7 @@
 mod append;
 pub mod backup;
 mod checkpoint;
+mod pages;
 mod writer;
 
 use std::path::Path;
@@ -25,6 +26,7 @@ use sqlx::sqlite::{
 use tether_protocol::channel::Channel;
 use uuid::Uuid;
 
+use self::pages::Pages;
 use self::writer::Writer;
 use super::search::{self, SearchHit, SearchRequest};
 use super::usage::{self, UsageQuery, UsageTotal};
@@ -51,6 +53,8 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct SqliteStore {
     writer: Arc<Writer>,
     readers: SqlitePool,
+    /// Log pages, read a page per thread hop (catch-up, delivery).
+    pages: Arc<Pages>,
     /// The database's lock file, locked exclusively while the store is open: SQLite serves
     /// one host (several hosts share a Postgres database instead), and a
     /// second `tether serve` on the same file would split the stream.
@@ -105,6 +109,7 @@ impl SqliteStore {
         Ok(Self {
             writer: Arc::new(writer),
             readers,
+            pages: Pages::new(Path::new(path), options.max_connections.max(1) as usize),
             lock: Arc::new(Mutex::new(lock)),
         })
     }
@@ -185,33 +190,7 @@ impl Store for SqliteStore {
         channels: Option<&[String]>,
         limit: u32,
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
-        let found: Vec<rows::Envelope> = match channels {
-            None => {
-                sqlx::query_as(
-                    "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
-                     FROM log WHERE seq > ? ORDER BY seq LIMIT ?",
-                )
-                .bind(seq_to_db(after))
-                .bind(clamp_limit(limit))
-                .fetch_all(&self.readers)
-                .await?
-            }
-            Some(channels) => {
-                let channels = serde_json::to_string(channels)
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                sqlx::query_as(
-                    "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
-                     FROM log WHERE seq > ? AND channel IN (SELECT value FROM json_each(?)) \
-                     ORDER BY seq LIMIT ?",
-                )
-                .bind(seq_to_db(after))
-                .bind(channels)
-                .bind(clamp_limit(limit))
-                .fetch_all(&self.readers)
-                .await?
-            }
-        };
-        found.into_iter().map(TryInto::try_into).collect()
+        self.pages.read_after(after, channels, limit).await
     }
 
     async fn transcript(
