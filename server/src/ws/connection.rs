@@ -164,8 +164,9 @@ impl Drop for Counted {
 pub(super) enum Reply {
     /// A value to serialise.
     Json(Value),
-    /// Result JSON already rendered.
-    Raw(String),
+    /// The whole response frame, written by the method itself: a large
+    /// replay is written once, never copied into a frame around it.
+    Frame(String),
 }
 
 /// What handling one message decided.
@@ -512,7 +513,7 @@ impl Connection {
             };
         }
         let result = match method.as_str() {
-            "reconnect" => self.reconnect(params).await,
+            "reconnect" => self.reconnect(params, id.as_ref()).await,
             other => match self.call(other, params, &id).await {
                 Ok(Some(value)) => Ok(Reply::Json(value)),
                 // A dispatch: answered when its outcome arrives (requests)
@@ -527,9 +528,7 @@ impl Connection {
         };
         let next = match result {
             Ok(Reply::Json(value)) => self.send_result(id, value),
-            Ok(Reply::Raw(result)) => self.send(format!(
-                r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#
-            )),
+            Ok(Reply::Frame(frame)) => self.send(frame),
             Err(err) => {
                 let closing = err.code == ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION;
                 let next = self.send_error(id, err.code, &err.message, err.data);

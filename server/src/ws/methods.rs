@@ -139,7 +139,11 @@ impl Connection {
         Ok(json!({"snapshot": snapshot}))
     }
 
-    pub(super) async fn reconnect(&mut self, params: Value) -> Result<Reply, RpcError> {
+    pub(super) async fn reconnect(
+        &mut self,
+        params: Value,
+        id: Option<&Value>,
+    ) -> Result<Reply, RpcError> {
         let client_id = client_id_param(&params)?;
         let last_seen = u64_param(&params, "lastSeenServerSeq")?;
         let wanted = strings_param(&params, "subscriptions", "an array of channel URIs")?;
@@ -175,10 +179,17 @@ impl Connection {
             .map_err(RpcError::unavailable)?;
         let horizon = host.last_seq;
         let limit = self.limits.max_replay;
-        // The reply is written into one buffer as the pages come: the
-        // envelopes straight after its head, never a list joined later.
-        const HEAD: &str = r#"{"type":"replay","actions":["#;
-        let mut reply = String::from(HEAD);
+        // The response frame is written into one buffer as the pages come:
+        // the envelopes straight after its head, never a list joined later
+        // or a result copied into its frame.
+        let mut reply = String::new();
+        if let Some(id) = id {
+            reply.push_str(r#"{"jsonrpc":"2.0","id":"#);
+            reply.push_str(&id.to_string());
+            reply.push_str(r#","result":"#);
+        }
+        reply.push_str(r#"{"type":"replay","actions":["#);
+        let head = reply.len();
         let mut count = 0usize;
         let mut after = last_seen;
         // A client that saw seqs this database never issued (it was
@@ -214,7 +225,7 @@ impl Connection {
                 );
                 count += 1;
             }
-            if count > limit as usize || reply.len() - HEAD.len() > self.limits.max_replay_bytes {
+            if count > limit as usize || reply.len() - head > self.limits.max_replay_bytes {
                 too_many = true;
                 break;
             }
@@ -238,7 +249,10 @@ impl Connection {
         reply.push_str(r#"],"missing":"#);
         reply.push_str(&serde_json::to_string(&missing).unwrap_or_else(|_| "[]".into()));
         reply.push('}');
-        Ok(Reply::Raw(reply))
+        if id.is_some() {
+            reply.push('}');
+        }
+        Ok(Reply::Frame(reply))
     }
 
     /// Submits a dispatch in order and returns at once; its outcome comes
