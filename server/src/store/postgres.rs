@@ -625,7 +625,7 @@ impl Store for PostgresStore {
         channels: Option<&[String]>,
         limit: u32,
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
-        let found: Vec<rows::Envelope> = match channels {
+        let found: Vec<rows::EnvelopeColumns> = match channels {
             None => {
                 sqlx::query_as(
                     "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
@@ -657,7 +657,10 @@ impl Store for PostgresStore {
                 found
             }
         };
-        found.into_iter().map(TryInto::try_into).collect()
+        found
+            .into_iter()
+            .map(|columns| rows::Envelope::from(columns).try_into())
+            .collect()
     }
 
     async fn transcript(

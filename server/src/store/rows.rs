@@ -60,6 +60,37 @@ pub(super) struct Envelope {
     pub(super) at_ms: i64,
 }
 
+/// An envelope row decoded by position, not by column name: a catch-up
+/// decodes a thousand rows a page, and sqlx looks each name up in a map.
+/// The columns are [`Envelope`]'s, in its order.
+pub(super) type EnvelopeColumns = (
+    i64,
+    String,
+    Option<String>,
+    String,
+    Option<String>,
+    Option<i64>,
+    String,
+    i64,
+);
+
+impl From<EnvelopeColumns> for Envelope {
+    fn from(
+        (seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms): EnvelopeColumns,
+    ) -> Self {
+        Envelope {
+            seq,
+            channel,
+            session_id,
+            action,
+            client_id,
+            client_seq,
+            origin_scope,
+            at_ms,
+        }
+    }
+}
+
 impl TryFrom<Envelope> for StoredEnvelope {
     type Error = StoreError;
 
