@@ -11,6 +11,7 @@
 mod append;
 pub mod backup;
 mod checkpoint;
+mod outbox;
 mod pages;
 mod writer;
 
@@ -617,16 +618,7 @@ impl Store for SqliteStore {
     async fn create_webhook(&self, webhook: &Webhook) -> Result<(), StoreError> {
         let w = webhook.clone();
         self.writer
-            .transaction(move |tx| {
-                tx.prepare_cached(
-                    "INSERT INTO webhooks (id, project, url, secret, events, created_ms, created_by) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                )?
-                .execute(rusqlite::params![
-                    w.id, w.project, w.url, w.secret, w.events, w.created_ms, w.created_by
-                ])?;
-                Ok(())
-            })
+            .transaction(move |tx| outbox::create_webhook(tx, &w))
             .await
     }
 
@@ -643,22 +635,7 @@ impl Store for SqliteStore {
     async fn delete_webhook(&self, project: &str, id: &str) -> Result<bool, StoreError> {
         let (project, id) = (project.to_owned(), id.to_owned());
         self.writer
-            .transaction(move |tx| {
-                let gone = tx
-                    .prepare_cached("DELETE FROM webhooks WHERE id = ?1 AND project = ?2")?
-                    .execute([&id, &project])?;
-                if gone > 0 {
-                    tx.prepare_cached("DELETE FROM deliveries WHERE webhook_id = ?1")?
-                        .execute([&id])?;
-                    // Events no delivery needs any more.
-                    tx.prepare_cached(
-                        "DELETE FROM outbox WHERE project = ?1 AND NOT EXISTS \
-                         (SELECT 1 FROM deliveries d WHERE d.event_id = outbox.event_id)",
-                    )?
-                    .execute([&project])?;
-                }
-                Ok(gone > 0)
-            })
+            .transaction(move |tx| outbox::delete_webhook(tx, &project, &id))
             .await
     }
 
@@ -674,24 +651,7 @@ impl Store for SqliteStore {
             .writer
             .transaction({
                 let claimer = claimer.clone();
-                move |tx| {
-                    let mut claim = tx.prepare_cached(
-                        "UPDATE deliveries SET claimed_by = ?1, claimed_until = ?2 + ?3, \
-                             attempts = attempts + 1 \
-                         WHERE rowid IN (SELECT rowid FROM deliveries \
-                             WHERE delivered_ms IS NULL AND failed_ms IS NULL AND next_ms <= ?2 \
-                               AND (claimed_until IS NULL OR claimed_until < ?2) \
-                             ORDER BY next_ms LIMIT ?4) \
-                         RETURNING event_id, webhook_id",
-                    )?;
-                    let rows = claim
-                        .query_map(
-                            rusqlite::params![claimer, now_ms, hold_ms, i64::from(limit)],
-                            |row| Ok((row.get(0)?, row.get(1)?)),
-                        )?
-                        .collect::<Result<Vec<_>, _>>()?;
-                    Ok(rows)
-                }
+                move |tx| outbox::claim_deliveries(tx, &claimer, now_ms, hold_ms, limit)
             })
             .await?;
         let mut due = Vec::with_capacity(keys.len());
@@ -735,59 +695,13 @@ impl Store for SqliteStore {
         let (event, webhook, attempt) =
             (event_id.to_owned(), webhook_id.to_owned(), attempt.clone());
         self.writer
-            .transaction(move |tx| {
-                match attempt {
-                    Attempt::Delivered { status } => tx
-                        .prepare_cached(
-                            "UPDATE deliveries SET delivered_ms = ?3, last_status = ?4, \
-                                 last_error = NULL, claimed_by = NULL, claimed_until = NULL \
-                             WHERE event_id = ?1 AND webhook_id = ?2",
-                        )?
-                        .execute(rusqlite::params![event, webhook, now_ms(), status])?,
-                    Attempt::Failed {
-                        status,
-                        error,
-                        retry_ms,
-                    } => tx
-                        .prepare_cached(
-                            "UPDATE deliveries SET next_ms = COALESCE(?3, next_ms), \
-                                 failed_ms = CASE WHEN ?3 IS NULL THEN ?4 END, \
-                                 last_status = ?5, last_error = ?6, \
-                                 claimed_by = NULL, claimed_until = NULL \
-                             WHERE event_id = ?1 AND webhook_id = ?2",
-                        )?
-                        .execute(rusqlite::params![
-                            event,
-                            webhook,
-                            retry_ms,
-                            now_ms(),
-                            status,
-                            error
-                        ])?,
-                };
-                Ok(())
-            })
+            .transaction(move |tx| outbox::record_attempt(tx, &event, &webhook, &attempt))
             .await
     }
 
     async fn prune_deliveries(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
         self.writer
-            .transaction(move |tx| {
-                let gone = tx
-                    .prepare_cached(
-                        "DELETE FROM deliveries WHERE rowid IN (SELECT d.rowid FROM deliveries d \
-                             JOIN outbox o ON o.event_id = d.event_id \
-                             WHERE (d.delivered_ms IS NOT NULL OR d.failed_ms IS NOT NULL) \
-                               AND o.at_ms < ?1 LIMIT ?2)",
-                    )?
-                    .execute(rusqlite::params![before_ms, i64::from(limit)])?;
-                tx.prepare_cached(
-                    "DELETE FROM outbox WHERE at_ms < ?1 AND NOT EXISTS \
-                     (SELECT 1 FROM deliveries d WHERE d.event_id = outbox.event_id)",
-                )?
-                .execute([before_ms])?;
-                Ok(gone as u64)
-            })
+            .transaction(move |tx| outbox::prune_deliveries(tx, before_ms, limit))
             .await
     }
 
