@@ -76,16 +76,18 @@ pub struct SessionModel {
     pub created: SessionCreated,
     /// The AHP session state.
     pub session: SessionState,
-    /// Each chat's AHP state, by chat URI.
-    pub chats: BTreeMap<String, ChatState>,
+    /// Each chat's AHP state, by chat URI. Boxed, as the other states: a
+    /// B-tree node holds room for eleven values, and an AHP state is over
+    /// a kilobyte, so a session's one chat cost a 17 KiB node unboxed.
+    pub chats: BTreeMap<String, Box<ChatState>>,
     /// Each changeset's AHP state, by its URI (`ahp-changeset:/<id>/<name>`):
     /// one comes to be with the first action on it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub changesets: BTreeMap<String, ChangesetState>,
+    pub changesets: BTreeMap<String, Box<ChangesetState>>,
     /// Each terminal's AHP state, by its URI (`ahp-terminal:/<id>/<name>`):
     /// one comes to be when it is first claimed (`terminal/claimed`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub terminals: BTreeMap<String, TerminalState>,
+    pub terminals: BTreeMap<String, Box<TerminalState>>,
     /// What the transcript says about the session.
     pub projection: Projection,
     /// The seq of the last envelope folded in.
@@ -153,7 +155,7 @@ impl SessionModel {
         let mut chats = BTreeMap::new();
         chats.insert(
             created.default_chat.clone(),
-            chat_state(&created.default_chat, &created.created_at)?,
+            Box::new(chat_state(&created.default_chat, &created.created_at)?),
         );
         let mut projection = Projection::default();
         if !created.title.trim().is_empty() {
@@ -229,19 +231,13 @@ impl SessionModel {
         } else if let Some(chat) = self.chats.get(channel) {
             let mut chat = chat.clone();
             let outcome = apply_action_to_chat(&mut chat, typed);
-            (outcome, Target::Chat(channel.to_owned(), Box::new(chat)))
+            (outcome, Target::Chat(channel.to_owned(), chat))
         } else if let Some(mut changeset) = self.changeset(channel) {
             let outcome = apply_action_to_changeset(&mut changeset, typed);
-            (
-                outcome,
-                Target::Changeset(channel.to_owned(), Box::new(changeset)),
-            )
+            (outcome, Target::Changeset(channel.to_owned(), changeset))
         } else if let Some(mut terminal) = self.terminal(channel, typed) {
             let outcome = apply_action_to_terminal(&mut terminal, typed);
-            (
-                outcome,
-                Target::Terminal(channel.to_owned(), Box::new(terminal)),
-            )
+            (outcome, Target::Terminal(channel.to_owned(), terminal))
         } else {
             (ReduceOutcome::OutOfScope, Target::Extension)
         };
@@ -282,13 +278,13 @@ impl SessionModel {
                 if *window == TurnWindow::default() {
                     self.windows.remove(&uri);
                 }
-                self.chats.insert(uri, *chat);
+                self.chats.insert(uri, chat);
             }
             Target::Changeset(uri, changeset) => {
-                self.changesets.insert(uri, *changeset);
+                self.changesets.insert(uri, changeset);
             }
             Target::Terminal(uri, terminal) => {
-                self.terminals.insert(uri, *terminal);
+                self.terminals.insert(uri, terminal);
             }
             Target::Extension => {
                 if action_type(action) == Some(CONFIG_SCHEMA_CHANGED) {
@@ -306,17 +302,19 @@ impl SessionModel {
 
     /// A copy of the changeset `channel` names, if it is one of this
     /// session's: the one there is, or a new, empty one.
-    fn changeset(&self, channel: &str) -> Option<ChangesetState> {
+    fn changeset(&self, channel: &str) -> Option<Box<ChangesetState>> {
         if let Some(existing) = self.changesets.get(channel) {
             return Some(existing.clone());
         }
         match Channel::parse(channel) {
-            Ok(Channel::Changeset { session, .. }) if session == self.id => Some(ChangesetState {
-                status: ChangesetStatus::Ready,
-                error: None,
-                files: Vec::new(),
-                operations: None,
-            }),
+            Ok(Channel::Changeset { session, .. }) if session == self.id => {
+                Some(Box::new(ChangesetState {
+                    status: ChangesetStatus::Ready,
+                    error: None,
+                    files: Vec::new(),
+                    operations: None,
+                }))
+            }
             _ => None,
         }
     }
@@ -324,7 +322,7 @@ impl SessionModel {
     /// A copy of the terminal `channel` names, if it is one of this
     /// session's: the one there is, or, for the claim that makes it, a new
     /// one, running, titled by its name.
-    fn terminal(&self, channel: &str, typed: &StateAction) -> Option<TerminalState> {
+    fn terminal(&self, channel: &str, typed: &StateAction) -> Option<Box<TerminalState>> {
         if let Some(existing) = self.terminals.get(channel) {
             return Some(existing.clone());
         }
@@ -332,17 +330,19 @@ impl SessionModel {
             return None;
         };
         match Channel::parse(channel) {
-            Ok(Channel::Terminal { session, name }) if session == self.id => Some(TerminalState {
-                title: name,
-                cwd: None,
-                cols: None,
-                rows: None,
-                content: Vec::new(),
-                lifecycle: TerminalLifecycleState::Running(TerminalRunningLifecycleState {}),
-                claim: claimed.claim.clone(),
-                supports_command_detection: None,
-                is_pty: Some(false),
-            }),
+            Ok(Channel::Terminal { session, name }) if session == self.id => {
+                Some(Box::new(TerminalState {
+                    title: name,
+                    cwd: None,
+                    cols: None,
+                    rows: None,
+                    content: Vec::new(),
+                    lifecycle: TerminalLifecycleState::Running(TerminalRunningLifecycleState {}),
+                    claim: claimed.claim.clone(),
+                    supports_command_detection: None,
+                    is_pty: Some(false),
+                }))
+            }
             _ => None,
         }
     }
@@ -355,7 +355,7 @@ impl SessionModel {
                 if !self.chats.contains_key(&summary.resource)
                     && let Ok(chat) = chat_state(&summary.resource, &summary.modified_at)
                 {
-                    self.chats.insert(summary.resource.clone(), chat);
+                    self.chats.insert(summary.resource.clone(), Box::new(chat));
                 }
             }
             StateAction::SessionChatRemoved(removed) => {

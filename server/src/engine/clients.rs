@@ -189,7 +189,7 @@ impl Engine {
         let (reply, answer) = oneshot::channel();
         let command = Command::CallTool {
             name: name.to_owned(),
-            arguments,
+            arguments: Box::new(arguments),
             reply,
         };
         self.send(session, command).await;

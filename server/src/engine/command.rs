@@ -78,7 +78,10 @@ pub enum Operation {
 #[derive(Debug)]
 pub enum Command {
     /// Validate, apply and commit an action.
-    Dispatch(Dispatch),
+    /// Boxed, as the operation below: a mailbox allocates room for 32
+    /// commands up front, so the command's size is paid 32 times by every
+    /// live session.
+    Dispatch(Box<Dispatch>),
     /// Create the session.
     Create {
         /// Its first record.
@@ -132,8 +135,8 @@ pub enum Command {
     CallTool {
         /// The tool.
         name: String,
-        /// Its arguments, as the model wrote them.
-        arguments: Value,
+        /// Its arguments, as the model wrote them (boxed, as a dispatch).
+        arguments: Box<Value>,
         /// The client's result, or why the call failed.
         reply: oneshot::Sender<Result<Value, String>>,
     },
@@ -153,7 +156,7 @@ pub enum Command {
     /// holder like a write).
     Operate {
         /// What to do.
-        operation: Operation,
+        operation: Box<Operation>,
         /// Its result, or why it was refused.
         reply: oneshot::Sender<Result<Value, EngineError>>,
     },

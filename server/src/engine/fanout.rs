@@ -62,21 +62,26 @@ impl Published {
     }
 }
 
-/// What the hub carries.
+/// What the hub carries: one pointer, since every connection's inbox
+/// allocates room for 32 items when it is made.
 #[derive(Debug, Clone)]
 pub enum HubItem {
     /// A committed envelope.
     Envelope(Arc<Published>),
     /// A protocol notification for a channel's subscribers (root
     /// notifications); not part of the log and never replayed.
-    Notice {
-        /// The channel whose subscribers get it.
-        channel: Arc<str>,
-        /// The whole JSON-RPC notification.
-        frame: Utf8Bytes,
-        /// The project it tells of: only principals who may see it get it.
-        project: Arc<str>,
-    },
+    Notice(Arc<Notice>),
+}
+
+/// A notification on its way to a channel's subscribers.
+#[derive(Debug)]
+pub struct Notice {
+    /// The channel whose subscribers get it.
+    pub channel: String,
+    /// The whole JSON-RPC notification.
+    pub frame: Utf8Bytes,
+    /// The project it tells of: only principals who may see it get it.
+    pub project: String,
 }
 
 /// The sending side of one connection's inbox.
@@ -162,15 +167,13 @@ impl Hub {
     pub fn notify(&self, channel: &str, project: &str, frame: String) {
         let routes = self.routes();
         if let Some(inboxes) = routes.by_channel.get(channel) {
-            let channel: Arc<str> = channel.into();
-            let frame: Utf8Bytes = frame.into();
-            let project: Arc<str> = project.into();
+            let notice = Arc::new(Notice {
+                channel: channel.to_owned(),
+                frame: frame.into(),
+                project: project.to_owned(),
+            });
             for inbox in inboxes {
-                inbox.offer(HubItem::Notice {
-                    channel: channel.clone(),
-                    frame: frame.clone(),
-                    project: project.clone(),
-                });
+                inbox.offer(HubItem::Notice(notice.clone()));
             }
         }
     }

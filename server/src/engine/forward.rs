@@ -97,15 +97,18 @@ pub(super) enum ReplyTo {
 /// goes; reads come back unchanged.
 pub(super) fn split(command: Command) -> Result<(Request, ReplyTo), Box<Command>> {
     Ok(match command {
-        Command::Dispatch(d) => (
-            Request::Dispatch {
-                origin: d.origin,
-                channel: d.channel,
-                action: d.action,
-                principal: d.principal,
-            },
-            ReplyTo::Dispatch(d.reply),
-        ),
+        Command::Dispatch(d) => {
+            let d = *d;
+            (
+                Request::Dispatch {
+                    origin: d.origin,
+                    channel: d.channel,
+                    action: d.action,
+                    principal: d.principal,
+                },
+                ReplyTo::Dispatch(d.reply),
+            )
+        }
         Command::Create { created, reply } => (Request::Create { created }, ReplyTo::View(reply)),
         Command::Dispose { reply } => (Request::Dispose, ReplyTo::View(reply)),
         Command::CreateChat { chat, reply } => (Request::CreateChat { chat }, ReplyTo::Unit(reply)),
@@ -120,9 +123,12 @@ pub(super) fn split(command: Command) -> Result<(Request, ReplyTo), Box<Command>
             cursor,
             reply,
         } => (Request::FetchTurns { chat, cursor }, ReplyTo::Seq(reply)),
-        Command::Operate { operation, reply } => {
-            (Request::Operate { operation }, ReplyTo::Value(reply))
-        }
+        Command::Operate { operation, reply } => (
+            Request::Operate {
+                operation: *operation,
+            },
+            ReplyTo::Value(reply),
+        ),
         // Presence is per host: a proxy copy has no client calls to fail.
         read @ (Command::View { .. }
         | Command::Snapshot { .. }
@@ -145,14 +151,14 @@ pub(super) fn join(request: Request, reply: ReplyTo) -> Command {
                 principal,
             },
             ReplyTo::Dispatch(reply),
-        ) => Command::Dispatch(Dispatch {
+        ) => Command::Dispatch(Box::new(Dispatch {
             origin,
             channel,
             action,
             principal,
             directed: None,
             reply,
-        }),
+        })),
         (Request::Create { created }, ReplyTo::View(reply)) => Command::Create { created, reply },
         (Request::Dispose, ReplyTo::View(reply)) => Command::Dispose { reply },
         (Request::Resume { cwd, additional }, ReplyTo::View(reply)) => Command::Resume {
@@ -167,9 +173,10 @@ pub(super) fn join(request: Request, reply: ReplyTo) -> Command {
             cursor,
             reply,
         },
-        (Request::Operate { operation }, ReplyTo::Value(reply)) => {
-            Command::Operate { operation, reply }
-        }
+        (Request::Operate { operation }, ReplyTo::Value(reply)) => Command::Operate {
+            operation: Box::new(operation),
+            reply,
+        },
         // `split` never pairs them otherwise.
         (_, reply) => {
             reply.fail(EngineError::Unavailable(
@@ -691,7 +698,8 @@ impl Engine {
                     reply: Some(reply),
                     directed: None,
                 };
-                self.send(session, Command::Dispatch(dispatch)).await;
+                self.send(session, Command::Dispatch(Box::new(dispatch)))
+                    .await;
                 match answer.await {
                     Ok(DispatchOutcome::Accepted(published)) => Answer::Accepted {
                         seq: published.seq,
@@ -748,7 +756,10 @@ impl Engine {
             }
             Request::Operate { operation } => {
                 match self
-                    .ask(session, |reply| Command::Operate { operation, reply })
+                    .ask(session, |reply| Command::Operate {
+                        operation: Box::new(operation),
+                        reply,
+                    })
                     .await
                 {
                     Ok(value) => Answer::Result { value },

@@ -678,14 +678,14 @@ impl Engine {
         let (reply, answer) = oneshot::channel();
         self.send(
             &session,
-            Command::Dispatch(Dispatch {
+            Command::Dispatch(Box::new(Dispatch {
                 origin,
                 channel: channel.to_owned(),
                 action,
                 principal: Some(principal.clone()),
                 reply: Some(reply),
                 directed: None,
-            }),
+            })),
         )
         .await;
         Answer::Pending(answer)
@@ -766,4 +766,26 @@ impl Engine {
 /// A JSON-RPC notification's text.
 pub fn notification(method: &str, params: Value) -> String {
     json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string()
+}
+
+#[cfg(test)]
+mod item_sizes {
+    /// Every session actor's mailbox and every connection's inbox
+    /// allocate room for 32 items when they are made (tokio's channel
+    /// blocks), so an item's size is paid 32 times by every session in
+    /// memory and every connection, busy or idle. A large variant goes in a
+    /// box.
+    #[test]
+    fn queued_items_stay_small() {
+        let command = std::mem::size_of::<super::actor::Command>();
+        assert!(
+            command <= 64,
+            "a session command is {command} bytes; box the large variant"
+        );
+        let item = std::mem::size_of::<super::fanout::HubItem>();
+        assert!(
+            item <= 16,
+            "a hub item is {item} bytes; box the large variant"
+        );
+    }
 }

@@ -62,8 +62,11 @@ impl Engine {
             changeset: channel.to_owned(),
             resource,
         };
-        self.ask(&session, |reply| Command::Operate { operation, reply })
-            .await
+        self.ask(&session, |reply| Command::Operate {
+            operation: Box::new(operation),
+            reply,
+        })
+        .await
     }
 }
 
@@ -108,8 +111,11 @@ impl Engine {
             title,
             cwd,
         };
-        self.ask(&session, |reply| Command::Operate { operation, reply })
-            .await
+        self.ask(&session, |reply| Command::Operate {
+            operation: Box::new(operation),
+            reply,
+        })
+        .await
     }
 
     /// `disposeTerminal`: kills the terminal's process and forgets it (its
@@ -123,8 +129,11 @@ impl Engine {
         let operation = Operation::DisposeTerminal {
             terminal: channel.to_owned(),
         };
-        self.ask(&session, |reply| Command::Operate { operation, reply })
-            .await
+        self.ask(&session, |reply| Command::Operate {
+            operation: Box::new(operation),
+            reply,
+        })
+        .await
     }
 
     /// The session of terminal `channel`, for a caller who may see it and

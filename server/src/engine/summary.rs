@@ -15,10 +15,6 @@ use super::fanout::Hub;
 /// per this window, the last one trailing. Every other change goes at once.
 pub(super) const SUMMARY_COALESCE: Duration = Duration::from_secs(1);
 
-/// Summary fields that never change and are never carried in
-/// `root/sessionSummaryChanged`.
-const SUMMARY_IDENTITY: [&str; 3] = ["resource", "provider", "createdAt"];
-
 /// The fields of a summary, wherever they are read from.
 struct Fields<'a> {
     resource: &'a str,
@@ -64,11 +60,12 @@ pub fn summary(view: &SessionView) -> Value {
     .to_json()
 }
 
-/// The summary of a live model, read from it directly: the actor computes
-/// it after every batch, and a whole view would copy the projection.
-fn summary_of(model: &SessionModel, modified_at: &str) -> Value {
+/// The summary fields of a live model, read from it directly (the actor
+/// looks at them after every batch, and a whole view would copy the
+/// projection), handed to `f`.
+fn with_fields_of<R>(model: &SessionModel, modified_at: &str, f: impl FnOnce(&Fields) -> R) -> R {
     let title = model.projection.title();
-    Fields {
+    f(&Fields {
         resource: &model.uri(),
         provider: &model.session.provider,
         title: title.as_deref().unwrap_or_default(),
@@ -82,8 +79,57 @@ fn summary_of(model: &SessionModel, modified_at: &str) -> Value {
         created_at: &model.created.created_at,
         modified_at,
         default_chat: model.session.default_chat.as_deref(),
+    })
+}
+
+/// The summary fields that can change (those `root/sessionSummaryChanged`
+/// carries), as root subscribers last heard them. Kept as plain values,
+/// not as the summary's JSON: every session in memory holds one.
+#[derive(Debug, Clone, PartialEq)]
+struct Heard {
+    title: String,
+    status: u32,
+    project: String,
+    working_directories: Vec<String>,
+    modified_at: String,
+    default_chat: Option<String>,
+}
+
+impl Fields<'_> {
+    fn heard(&self) -> Heard {
+        Heard {
+            title: self.title.to_owned(),
+            status: self.status,
+            project: self.project.to_owned(),
+            working_directories: self.working_directories.to_vec(),
+            modified_at: self.modified_at.to_owned(),
+            default_chat: self.default_chat.map(str::to_owned),
+        }
     }
-    .to_json()
+
+    /// The summary's keys whose values differ from what was heard.
+    fn changed_since(&self, heard: &Heard) -> Vec<&'static str> {
+        let mut keys = Vec::new();
+        if self.title != heard.title {
+            keys.push("title");
+        }
+        if self.status != heard.status {
+            keys.push("status");
+        }
+        if self.project != heard.project {
+            keys.push("project");
+        }
+        if self.working_directories != heard.working_directories.as_slice() {
+            keys.push("workingDirectories");
+        }
+        if self.modified_at != heard.modified_at {
+            keys.push("modifiedAt");
+        }
+        if self.default_chat != heard.default_chat.as_deref() {
+            keys.push("defaultChat");
+        }
+        keys
+    }
 }
 
 /// What root subscribers last heard of one session's summary.
@@ -91,7 +137,7 @@ fn summary_of(model: &SessionModel, modified_at: &str) -> Value {
 pub(super) struct Announcer {
     /// The summary they last heard of (`listSessions`, `root/sessionAdded`,
     /// then each `root/sessionSummaryChanged`); `None` before the baseline.
-    announced: Option<Value>,
+    announced: Option<Heard>,
     /// When the last change went out.
     at: Instant,
     /// A change of `modifiedAt` alone is waiting for the coalescing window.
@@ -112,18 +158,27 @@ impl Announcer {
     /// coalescing window unless `now` says it is due. The first call sets
     /// the baseline.
     pub(super) fn announce(&mut self, hub: &Hub, model: &SessionModel, now: bool) {
-        let current = summary_of(model, &super::rfc3339(crate::store::now_ms()));
-        let Some(before) = &self.announced else {
-            self.announced = Some(current);
-            return;
-        };
-        let mut changes = serde_json::Map::new();
-        if let Value::Object(fields) = &current {
-            for (key, value) in fields {
-                if !SUMMARY_IDENTITY.contains(&key.as_str()) && before.get(key) != Some(value) {
-                    changes.insert(key.clone(), value.clone());
+        let modified_at = super::rfc3339(crate::store::now_ms());
+        let (current, changes) = with_fields_of(model, &modified_at, |fields| {
+            let changed = match &self.announced {
+                Some(before) => fields.changed_since(before),
+                None => Vec::new(),
+            };
+            let mut changes = serde_json::Map::new();
+            if !changed.is_empty()
+                && let Value::Object(mut summary) = fields.to_json()
+            {
+                for key in changed {
+                    if let Some(value) = summary.remove(key) {
+                        changes.insert(key.to_owned(), value);
+                    }
                 }
             }
+            (fields.heard(), changes)
+        });
+        if self.announced.is_none() {
+            self.announced = Some(current);
+            return;
         }
         if changes.is_empty() {
             self.pending = false;

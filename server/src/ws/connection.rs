@@ -83,8 +83,10 @@ pub(super) struct Connection {
     /// Subscriptions opened by the current request whose gap between
     /// snapshot and cursor is sent from the store after the reply.
     pub(super) after_reply: Vec<String>,
-    /// Where pipelined dispatch outcomes come back.
-    pub(super) answers: mpsc::UnboundedSender<Answered>,
+    /// Where pipelined dispatch outcomes come back. Boxed: a channel
+    /// allocates room for 32 items when it is made, and every connection,
+    /// idle or not, has this one.
+    pub(super) answers: mpsc::UnboundedSender<Box<Answered>>,
     /// Permits for dispatches awaiting their outcome.
     pub(super) inflight: Arc<tokio::sync::Semaphore>,
     /// Per-principal bounds.
@@ -268,7 +270,7 @@ impl Connection {
                 },
                 Some(item) = inbox.recv() => connection.on_hub(item),
                 () = lag.lagged() => Box::pin(connection.catch_up_all()).await,
-                Some(reply) = answered.recv() => connection.on_answer(reply),
+                Some(reply) = answered.recv() => connection.on_answer(*reply),
                 _ = ping.tick() => {
                     if last_heard.elapsed() > connection.limits.ping_timeout {
                         Next::Close(CLOSE_PING_TIMEOUT, "ping timeout: no frame or pong received in time".into())
@@ -391,15 +393,11 @@ impl Connection {
                 }
                 _ => Next::Continue,
             },
-            HubItem::Notice {
-                channel,
-                frame,
-                project,
-            } => {
+            HubItem::Notice(notice) => {
                 // Another project's session is never told of.
-                if self.subscriptions.contains_key(&*channel)
-                    && self.principal.can_see(&project)
-                    && !self.queue.push(frame)
+                if self.subscriptions.contains_key(&notice.channel)
+                    && self.principal.can_see(&notice.project)
+                    && !self.queue.push(notice.frame.clone())
                 {
                     return self.overflow();
                 }

@@ -316,14 +316,14 @@ impl Connection {
         tokio::spawn(async move {
             let outcome = submitted.outcome().await;
             drop(permit);
-            let _ = answers.send(Answered {
+            let _ = answers.send(Box::new(Answered {
                 channel,
                 action,
                 origin,
                 routed_at,
                 outcome,
                 id,
-            });
+            }));
         });
         Ok(())
     }

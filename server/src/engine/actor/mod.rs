@@ -77,11 +77,15 @@ impl SessionActor {
     /// With several hosts it starts as a proxy (see `forward`) and becomes
     /// the session's writer only once it holds the lease; it lets the lease
     /// go when it stops.
+    ///
+    /// Every step is boxed: this future is the task's size for as long as
+    /// the session stays in memory, and unboxed it held room for the
+    /// largest step's state (kilobytes) while it waited idle.
     pub(super) async fn run(id: String, ctx: Arc<Ctx>, mut mailbox: mpsc::Receiver<Command>) {
         let mut first = None;
         let mut taken_from = None;
         if let Some(cluster) = ctx.cluster.clone() {
-            match super::forward::run_proxy(&id, &ctx, &cluster, &mut mailbox).await {
+            match Box::pin(super::forward::run_proxy(&id, &ctx, &cluster, &mut mailbox)).await {
                 ProxyEnd::Stopped => return,
                 ProxyEnd::TakeOver { command, from } => {
                     first = Some(*command);
@@ -105,7 +109,7 @@ impl SessionActor {
             tool_owners: std::collections::HashMap::new(),
             turn_by: String::new(),
         };
-        if let Err(err) = actor.reload().await {
+        if let Err(err) = Box::pin(actor.reload()).await {
             tracing::error!(session = %actor.id, error = %err, "cannot load session");
             actor.ctx.forget_actor(&actor.id);
             // Answer what is queued so nobody waits for a dead actor.
@@ -116,7 +120,7 @@ impl SessionActor {
             while let Some(command) = mailbox.recv().await {
                 command.fail(EngineError::Unavailable(err.clone()));
             }
-            actor.release().await;
+            Box::pin(actor.release()).await;
             return;
         }
         actor.announce(true);
@@ -124,7 +128,7 @@ impl SessionActor {
             // The host that held the session before let it go or died: its
             // agent is gone with it, so the session is settled as the boot
             // sweep settles a restarted host's.
-            match actor.sweep().await {
+            match Box::pin(actor.sweep()).await {
                 Ok(true) => tracing::info!(session = %actor.id, from = %from,
                     "took the session over from another host and settled it"),
                 Ok(false) => {
@@ -136,11 +140,11 @@ impl SessionActor {
             }
         }
         if let Some(command) = first {
-            actor.handle(command).await;
+            Box::pin(actor.handle(command)).await;
         }
         loop {
             if actor.stepped_down {
-                actor.step_down(mailbox).await;
+                Box::pin(actor.step_down(mailbox)).await;
                 return;
             }
             let wait = if actor.announcer.pending {
@@ -177,23 +181,23 @@ impl SessionActor {
                 Wake::Command(Some(command)) => command,
                 Wake::Command(None) => break,
                 Wake::Agent(event) => {
-                    actor.on_agent_event(event).await;
+                    Box::pin(actor.on_agent_event(event)).await;
                     continue;
                 }
                 Wake::Timeout => {
                     if !actor.client_calls.is_empty() {
                         actor.expire_client_calls();
-                        actor.run_follow_ups().await;
+                        Box::pin(actor.run_follow_ups()).await;
                     }
                     actor.expire_questions();
                     if !actor.follow_ups.is_empty() {
-                        actor.run_follow_ups().await;
+                        Box::pin(actor.run_follow_ups()).await;
                     }
                     if actor.announcer.pending {
                         actor.announce(true);
                         continue;
                     }
-                    if actor.stop_idle_agent().await
+                    if Box::pin(actor.stop_idle_agent()).await
                         || actor.running.is_some()
                         || !actor.client_calls.is_empty()
                     {
@@ -207,11 +211,11 @@ impl SessionActor {
             };
             match command {
                 Command::Dispatch(first) => {
-                    let mut batch = vec![first];
+                    let mut batch = vec![*first];
                     let mut other = None;
                     while batch.len() < actor.ctx.config.actor_batch {
                         match mailbox.try_recv() {
-                            Ok(Command::Dispatch(next)) => batch.push(next),
+                            Ok(Command::Dispatch(next)) => batch.push(*next),
                             Ok(command) => {
                                 other = Some(command);
                                 break;
@@ -219,21 +223,21 @@ impl SessionActor {
                             Err(_) => break,
                         }
                     }
-                    actor.dispatch_batch(batch).await;
-                    actor.run_follow_ups().await;
+                    Box::pin(actor.dispatch_batch(batch)).await;
+                    Box::pin(actor.run_follow_ups()).await;
                     if let Some(command) = other {
-                        actor.handle(command).await;
+                        Box::pin(actor.handle(command)).await;
                     }
                 }
-                command => actor.handle(command).await,
+                command => Box::pin(actor.handle(command)).await,
             }
         }
         if actor.announcer.pending {
             actor.announce(true);
         }
-        actor.write_snapshot().await;
+        Box::pin(actor.write_snapshot()).await;
         actor.ctx.mcp.forget(&actor.id);
-        actor.release().await;
+        Box::pin(actor.release()).await;
     }
 
     /// Lets the lease go (several hosts): the actor has stopped. A session
@@ -321,7 +325,7 @@ impl SessionActor {
     async fn handle(&mut self, command: Command) {
         match command {
             Command::Dispatch(d) => {
-                self.dispatch_batch(vec![d]).await;
+                self.dispatch_batch(vec![*d]).await;
                 self.run_follow_ups().await;
             }
             Command::Create { created, reply } => {
@@ -357,7 +361,7 @@ impl SessionActor {
                 let _ = reply.send(self.fetch_turns(chat, cursor).await);
             }
             Command::Operate { operation, reply } => {
-                let answer = match operation {
+                let answer = match *operation {
                     super::command::Operation::Revert {
                         changeset,
                         resource,
@@ -379,7 +383,7 @@ impl SessionActor {
                 arguments,
                 reply,
             } => {
-                self.agent_tool_call(&name, arguments, reply);
+                self.agent_tool_call(&name, *arguments, reply);
                 self.run_follow_ups().await;
             }
             Command::Shutdown { reply } => {
