@@ -25,6 +25,7 @@ use std::time::Instant;
 
 use serde_json::json;
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+use tether_bench::measure::{USER_HZ, cpu_ticks, rss_kib};
 use tether_server::AppState;
 use tether_server::auth::Principal;
 use tether_server::config::ServeConfig;
@@ -110,29 +111,16 @@ impl Counters {
     }
 }
 
-/// The process's CPU time (user and system, every thread), from
-/// `/proc/self/stat` in clock ticks of 10 ms.
+/// The process's CPU time (user and system, every thread), in
+/// nanoseconds (`/proc/self/stat` counts in ticks of 10 ms).
 fn process_cpu_ns() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command's closing parenthesis: utime is the 12th,
-    // stime the 13th.
-    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
-    ticks(11)
-        .unwrap_or(0)
-        .saturating_add(ticks(12).unwrap_or(0))
-        * 10_000_000
+    let ticks = cpu_ticks(None).unwrap_or(0);
+    (ticks as f64 * 1e9 / USER_HZ) as u64
 }
 
 /// Resident set size of this process, KiB.
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
+fn rss() -> u64 {
+    rss_kib(None).unwrap_or(0)
 }
 
 fn main() {
@@ -220,11 +208,11 @@ async fn run(args: Args) {
     let ids: Vec<String> = (0..args.actors).map(|i| format!("actor-{i}")).collect();
     settle().await;
     let before = Counters::now();
-    let rss_before = rss_kib();
+    let rss_before = rss();
     create_all(&engine, &admin, &ids).await;
     settle().await;
     let after = Counters::now();
-    let rss_after = rss_kib();
+    let rss_after = rss();
     let actors = args.actors.max(1) as f64;
     println!("  {} sessions created, actors resident", args.actors);
     println!(

@@ -159,6 +159,7 @@ impl Announcer {
     /// the baseline.
     pub(super) fn announce(&mut self, hub: &Hub, model: &SessionModel, now: bool) {
         let modified_at = super::rfc3339(crate::store::now_ms());
+        let first = self.announced.is_none();
         let (current, changes) = with_fields_of(model, &modified_at, |fields| {
             let changed = match &self.announced {
                 Some(before) => fields.changed_since(before),
@@ -174,14 +175,17 @@ impl Announcer {
                     }
                 }
             }
-            (fields.heard(), changes)
+            // Copied only when kept: the baseline, or a change to tell.
+            let keep = first || !changes.is_empty();
+            (keep.then(|| fields.heard()), changes)
         });
-        if self.announced.is_none() {
-            self.announced = Some(current);
-            return;
-        }
-        if changes.is_empty() {
+        let Some(current) = current else {
+            // Nothing changed since they last heard.
             self.pending = false;
+            return;
+        };
+        if first {
+            self.announced = Some(current);
             return;
         }
         let only_time = changes.keys().all(|key| key == "modifiedAt");
