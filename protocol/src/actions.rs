@@ -7,7 +7,9 @@ use serde_json::Value;
 /// activeClient?, defaultChat, createdAt}`: the first record of every
 /// session; the session's initial AHP state is a pure function of it.
 pub const SESSION_CREATED: &str = "x-tether/sessionCreated";
-/// `x-tether/agentOpened {acpSessionRef?, loadSession, resumed}`.
+/// `x-tether/agentOpened {acpSessionRef?, loadSession, resumed, chat?}`:
+/// with `chat`, the agent's own session of that chat (one other than the
+/// default chat, which has the session's).
 pub const AGENT_OPENED: &str = "x-tether/agentOpened";
 /// `x-tether/sessionSettled {state: dormant|ended|closed, cause?}`.
 pub const SESSION_SETTLED: &str = "x-tether/sessionSettled";

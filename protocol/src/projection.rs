@@ -5,6 +5,8 @@
 //! the same transaction as each append; folding the stored transcript afresh
 //! gives the same value (invariant 5).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -73,6 +75,10 @@ pub struct Projection {
     /// Whether the agent said, at its most recent open, that it can load sessions.
     #[serde(default)]
     pub load_session: bool,
+    /// The agent's own session handle of each chat other than the default
+    /// one (ACP has one conversation per session), by chat URI.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub acp_chat_refs: BTreeMap<String, String>,
     /// Turns started.
     #[serde(default)]
     pub turns: u64,
@@ -226,6 +232,12 @@ impl Projection {
         };
         let text = |key: &str| action.get(key).and_then(Value::as_str).map(str::to_owned);
         match kind {
+            AGENT_OPENED if action.get("chat").is_some() => {
+                // A chat's own session: the session's agent is as it was.
+                if let (Some(chat), Some(reference)) = (text("chat"), text("acpSessionRef")) {
+                    self.acp_chat_refs.insert(chat, reference);
+                }
+            }
             AGENT_OPENED => {
                 self.acp_session_ref = text("acpSessionRef");
                 self.load_session = action

@@ -161,6 +161,15 @@ impl AgentSpec {
         self.acp_capabilities().and_then(|c| c.categories.clone())
     }
 
+    /// Whether a chat of its sessions can be forked: the built-in agents
+    /// keep no conversation of their own; an ACP agent needs `session/fork`.
+    pub fn forks(&self) -> bool {
+        match &self.kind {
+            AgentKind::Builtin => true,
+            AgentKind::Acp(_, capabilities) => capabilities.as_ref().is_some_and(|c| c.fork),
+        }
+    }
+
     /// The AHP `AgentInfo` advertised in the root state.
     pub fn agent_info(&self) -> Value {
         let mut capabilities = json!({});
@@ -173,6 +182,13 @@ impl AgentSpec {
                 multiple["primaryReplacement"] = json!(true);
             }
             capabilities["multipleWorkingDirectories"] = multiple;
+        }
+        // Every session takes more chats; a fork copies the source chat's
+        // turns, and an ACP agent's conversation with them
+        // (`session/fork`), so it is offered where the agent has one.
+        capabilities["multipleChats"] = json!({});
+        if self.forks() {
+            capabilities["multipleChats"]["fork"] = json!(true);
         }
         json!({
             "provider": self.provider,

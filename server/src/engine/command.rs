@@ -71,10 +71,18 @@ pub enum Operation {
     },
 }
 
+/// Where a forked chat comes from (AHP `createChat {source: {kind: fork}}`):
+/// a chat of the same session and one of its completed turns.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChatFork {
+    /// The source chat's URI.
+    pub chat: String,
+    /// The turn through which its history is copied.
+    pub turn_id: String,
+}
+
 /// A message to a session actor.
-// `Dispatch` is the hot path, one per action: boxing it would allocate for
-// every action to make the rare commands smaller.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Command {
     /// Validate, apply and commit an action.
@@ -105,6 +113,8 @@ pub enum Command {
     CreateChat {
         /// The new chat's URI.
         chat: String,
+        /// The chat and turn it is forked from, if it is.
+        fork: Option<Box<ChatFork>>,
         /// The outcome.
         reply: oneshot::Sender<Result<(), EngineError>>,
     },

@@ -11,7 +11,7 @@ use tether_protocol::model::{SessionCreated, SessionModel};
 use tether_protocol::view::SessionView;
 use tokio::sync::{mpsc, oneshot};
 
-use super::command::{Command, Dispatch, DispatchOutcome, Operation};
+use super::command::{ChatFork, Command, Dispatch, DispatchOutcome, Operation};
 use super::fanout::Published;
 use super::{Ctx, Engine, EngineError, Refusal, RefusalKind};
 use crate::auth::Principal;
@@ -35,6 +35,8 @@ pub(super) enum Request {
     Dispose,
     CreateChat {
         chat: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fork: Option<Box<ChatFork>>,
     },
     Resume {
         cwd: String,
@@ -111,7 +113,9 @@ pub(super) fn split(command: Command) -> Result<(Request, ReplyTo), Box<Command>
         }
         Command::Create { created, reply } => (Request::Create { created }, ReplyTo::View(reply)),
         Command::Dispose { reply } => (Request::Dispose, ReplyTo::View(reply)),
-        Command::CreateChat { chat, reply } => (Request::CreateChat { chat }, ReplyTo::Unit(reply)),
+        Command::CreateChat { chat, fork, reply } => {
+            (Request::CreateChat { chat, fork }, ReplyTo::Unit(reply))
+        }
         Command::Resume {
             cwd,
             additional,
@@ -166,7 +170,9 @@ pub(super) fn join(request: Request, reply: ReplyTo) -> Command {
             additional,
             reply,
         },
-        (Request::CreateChat { chat }, ReplyTo::Unit(reply)) => Command::CreateChat { chat, reply },
+        (Request::CreateChat { chat, fork }, ReplyTo::Unit(reply)) => {
+            Command::CreateChat { chat, fork, reply }
+        }
         (Request::Sweep, ReplyTo::Bool(reply)) => Command::Sweep { reply },
         (Request::FetchTurns { chat, cursor }, ReplyTo::Seq(reply)) => Command::FetchTurns {
             chat,
@@ -728,9 +734,9 @@ impl Engine {
                 });
                 viewed(asked.await)
             }
-            Request::CreateChat { chat } => {
+            Request::CreateChat { chat, fork } => {
                 match self
-                    .ask(session, |reply| Command::CreateChat { chat, reply })
+                    .ask(session, |reply| Command::CreateChat { chat, fork, reply })
                     .await
                 {
                     Ok(()) => Answer::Done,

@@ -2,12 +2,14 @@
 //! disposing of it, adding a chat, resuming, the boot sweep and loading
 //! older turns. Each routes to the session's actor (`actor::lifecycle`).
 
+use serde_json::Value;
 use tether_protocol::channel::Channel;
 use tether_protocol::model::SessionCreated;
 use tether_protocol::view::SessionView;
 use tether_protocol::workdir::canonical_file_uri;
 
 use super::actor::Command;
+use super::command::ChatFork;
 use super::{CreateSession, Engine, EngineError, rfc3339};
 use crate::auth::Principal;
 use crate::store::now_ms;
@@ -110,12 +112,14 @@ impl Engine {
         self.ask(id, |reply| Command::Dispose { reply }).await
     }
 
-    /// Adds a chat to a session.
+    /// Adds a chat to a session; with `source` (AHP `ChatSource`), a fork
+    /// of one of its chats through one of its completed turns.
     pub async fn create_chat(
         &self,
         principal: &Principal,
         session: &str,
         chat: &str,
+        source: Option<&Value>,
     ) -> Result<(), EngineError> {
         if !principal.can_write() {
             return Err(EngineError::Forbidden(
@@ -145,8 +149,9 @@ impl Engine {
                 "Chat {chat} already exists."
             )));
         }
+        let fork = source.map(chat_fork).transpose()?.map(Box::new);
         let chat = chat.to_owned();
-        self.ask(session, |reply| Command::CreateChat { chat, reply })
+        self.ask(session, |reply| Command::CreateChat { chat, fork, reply })
             .await
     }
 
@@ -372,4 +377,27 @@ fn capitalise_first(text: &str) -> String {
         .next()
         .map(|c| c.to_uppercase().collect::<String>() + chars.as_str())
         .unwrap_or_default()
+}
+
+/// A `createChat` source: a fork (`{kind: "fork", chat, turnId}`) is
+/// offered; a side chat is not (no agent advertises `sideChat`).
+fn chat_fork(source: &Value) -> Result<ChatFork, EngineError> {
+    let invalid = |why: &str| EngineError::InvalidParams(format!("params.source {why}"));
+    match source.get("kind").and_then(Value::as_str) {
+        Some("fork") => {
+            let text = |key: &str| source.get(key).and_then(Value::as_str).map(str::to_owned);
+            match (text("chat"), text("turnId")) {
+                (Some(chat), Some(turn_id)) => Ok(ChatFork { chat, turn_id }),
+                _ => Err(invalid(
+                    "of kind \"fork\" needs chat (the source chat's URI) and turnId (one of its \
+                     completed turns).",
+                )),
+            }
+        }
+        Some("sideChat") => Err(invalid(
+            "of kind \"sideChat\" is not offered: no agent here advertises \
+             capabilities.multipleChats.sideChat.",
+        )),
+        _ => Err(invalid("must be {kind: \"fork\", chat, turnId}.")),
+    }
 }

@@ -20,7 +20,7 @@ pub(super) const ARCHIVE_CHUNK: usize = 500;
 /// The most bytes of turns one `chat/turnsLoaded` carries: clients cap the
 /// messages they read (the upstream Rust client at 16 MiB), and a page of
 /// turns must fit one with room to spare.
-const MAX_LOAD_BYTES: usize = 4 * 1024 * 1024;
+pub(super) const MAX_LOAD_BYTES: usize = 4 * 1024 * 1024;
 
 /// The `chat/turnsLoaded` that brings `ordinals` of `chat` back from the
 /// archive into its window. With `partial`, a range over the byte budget is

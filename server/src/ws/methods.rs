@@ -480,7 +480,7 @@ impl Connection {
             .ok_or_else(|| RpcError::invalid("params.chat (the new chat's URI) is required."))?
             .to_owned();
         self.engine
-            .create_chat(&self.principal, &session, &chat)
+            .create_chat(&self.principal, &session, &chat, params.get("source"))
             .await
             .map_err(RpcError::from)?;
         Ok(Value::Null)

@@ -2,13 +2,16 @@
 //! side. What it does is chosen per test:
 //!
 //! * `FAKE_ACP_CAPS` (comma-separated): `load`, `resume`, `dirs`, `mcp`,
-//!   `close`, `title`, `image` — the capabilities it reports at
-//!   `initialize` (`mcp`: MCP over HTTP; `title`: `session/set_title`); `config`: its sessions offer modes (`ask`, `code`) and
+//!   `close`, `title`, `image`, `fork` — the capabilities it reports at
+//!   `initialize` (`mcp`: MCP over HTTP; `title`: `session/set_title`;
+//!   `fork`: `session/fork`, the new session remembering what the source
+//!   was told); `config`: its sessions offer modes (`ask`, `code`) and
 //!   options `model` (`fast`, `smart`) and `thought` (`low`, `high`, and
 //!   `deep` while the model is `smart`), changed with `session/set_mode` /
 //!   `session/set_config_option` (a value `broken` is refused).
-//! * `FAKE_ACP_LOG`: a file it appends each `session/set_*` and
-//!   `session/close` it receives to, one line each.
+//! * `FAKE_ACP_LOG`: a file it appends each `session/set_*`,
+//!   `session/close`, `session/fork`, `session/load` and `authenticate` it
+//!   receives to, one line each.
 //! * `FAKE_ACP_MODE`: `never-init` (reads, never answers), `garbage` (writes
 //!   a line that is not JSON-RPC before anything else), `stubborn` (ignores
 //!   SIGTERM and stays after stdin closes); default: normal.
@@ -25,8 +28,10 @@
 //!   error), `edit PATH TEXT` (it writes the file and reports a tool call
 //!   with the diff), `fs-write PATH TEXT` / `fs-read PATH` (through the
 //!   client's `fs/*`; it says the answer), `term [cwd=DIR] CMD ARGS` (in a
-//!   host terminal: it says how it ended and the output); anything else is
-//!   echoed back.
+//!   host terminal: it says how it ended and the output), `history` (the
+//!   session's id and the prompts it was given before, in order; a fork
+//!   starts with its source's);
+//!   anything else is echoed back.
 //!
 //! `session/load` replays one old exchange (which a host must not record
 //! again); `session/resume` refuses a directory whose path contains
@@ -40,12 +45,12 @@ use std::time::Duration;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     AuthenticateRequest, AuthenticateResponse, CancelNotification, CloseSessionRequest,
-    CloseSessionResponse, CreateElicitationRequest, LoadSessionRequest, LoadSessionResponse,
-    NewSessionRequest, NewSessionResponse, PromptRequest, PromptResponse, ReadTextFileRequest,
-    RequestPermissionOutcome, RequestPermissionRequest, ResumeSessionRequest,
-    ResumeSessionResponse, SessionNotification, SessionUpdate, SetSessionConfigOptionRequest,
-    SetSessionConfigOptionResponse, SetSessionModeRequest, SetSessionModeResponse, StopReason,
-    WriteTextFileRequest,
+    CloseSessionResponse, CreateElicitationRequest, ForkSessionRequest, ForkSessionResponse,
+    LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse, PromptRequest,
+    PromptResponse, ReadTextFileRequest, RequestPermissionOutcome, RequestPermissionRequest,
+    ResumeSessionRequest, ResumeSessionResponse, SessionNotification, SessionUpdate,
+    SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest,
+    SetSessionModeResponse, StopReason, WriteTextFileRequest,
 };
 use agent_client_protocol::v1::schema::{
     CreateTerminalRequest, ReleaseTerminalRequest, TerminalOutputRequest,
@@ -129,6 +134,9 @@ struct State {
     cancels: HashMap<String, Arc<Notify>>,
     /// The HTTP MCP servers each session was opened with: `(url, token)`.
     mcp: HashMap<String, Vec<McpServer>>,
+    /// The prompts each session was given, in order (a fork starts with
+    /// its source's).
+    history: HashMap<String, Vec<String>>,
     next: u32,
 }
 
@@ -372,7 +380,7 @@ async fn main() -> Result<(), Error> {
         state.clone(),
         state.clone(),
     );
-    let (s6, s7) = (state.clone(), state.clone());
+    let (s6, s7, s8) = (state.clone(), state.clone(), state.clone());
     Agent
         .v1()
         .name("fake-acp-agent")
@@ -390,6 +398,9 @@ async fn main() -> Result<(), Error> {
                 }
                 if caps.iter().any(|c| c == "title") {
                     session["title"] = json!({});
+                }
+                if caps.iter().any(|c| c == "fork") {
+                    session["fork"] = json!({});
                 }
                 let mcp_http = caps.iter().any(|c| c == "mcp");
                 // Written as JSON, not through the schema's types: its login
@@ -449,6 +460,7 @@ async fn main() -> Result<(), Error> {
                     return responder.respond_with_error(Error::auth_required());
                 }
                 let id = request.session_id.to_string();
+                log_line(&format!("load {id}"));
                 s2.lock()
                     .expect("state")
                     .dirs
@@ -560,6 +572,33 @@ async fn main() -> Result<(), Error> {
             agent_client_protocol::on_receive_request!(),
         )
         .on_receive_request(
+            async move |request: ForkSessionRequest, responder, _cx| {
+                let source = request.session_id.to_string();
+                log_line(&format!("fork {source}"));
+                let mut state = s8.lock().expect("state");
+                if !state.settings.contains_key(&source) {
+                    return responder.respond_with_error(
+                        Error::invalid_params().data(json!(format!("no session {source} to fork"))),
+                    );
+                }
+                state.next += 1;
+                let id = format!("fake-{}-{}", std::process::id(), state.next);
+                let history = state.history.get(&source).cloned().unwrap_or_default();
+                let settings = state.settings.get(&source).cloned().unwrap_or_default();
+                state.history.insert(id.clone(), history);
+                state.dirs.insert(id.clone(), dirs_of(&request.additional_directories));
+                state.mcp.insert(id.clone(), mcp_servers(&request.mcp_servers));
+                let mut response = json!({"sessionId": id});
+                if configurable {
+                    response["modes"] = settings.modes();
+                    response["configOptions"] = settings.options();
+                }
+                state.settings.insert(id, settings);
+                responder.respond(serde_json::from_value::<ForkSessionResponse>(response).expect("a response"))
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
             async move |request: CloseSessionRequest, responder, _cx| {
                 log_line(&format!("close {}", request.session_id));
                 responder.respond(CloseSessionResponse::new())
@@ -582,7 +621,6 @@ async fn main() -> Result<(), Error> {
                     .iter()
                     .filter_map(|block| serde_json::to_value(block).ok())
                     .collect();
-                state.lock().expect("state").blocks.insert(session.clone(), blocks);
                 let text = request
                     .prompt
                     .iter()
@@ -590,6 +628,20 @@ async fn main() -> Result<(), Error> {
                     .filter_map(|b| b.get("text").and_then(Value::as_str).map(str::to_owned))
                     .collect::<Vec<_>>()
                     .join(" ");
+                {
+                    let mut state = state.lock().expect("state");
+                    state.blocks.insert(session.clone(), blocks);
+                    let history = state.history.entry(session.clone()).or_default();
+                    if text == "history" {
+                        let told = if history.is_empty() { "nothing".to_owned() } else { history.join(" | ") };
+                        history.push(text.clone());
+                        drop(state);
+                        let said = format!("{session} was told: {told}");
+                        cx.send_notification(chunk(&session, "agent_message_chunk", &said))?;
+                        return responder.respond(PromptResponse::new(StopReason::EndTurn));
+                    }
+                    history.push(text.clone());
+                }
                 let cancel = cancel_of(&state, &session);
                 let worker = cx.clone();
                 cx.spawn(async move {

@@ -83,6 +83,9 @@ pub struct AcpCapabilities {
     pub title: Option<String>,
     /// `sessionCapabilities.close`: it takes `session/close`.
     pub close: bool,
+    /// `sessionCapabilities.fork`: it takes `session/fork` (AHP
+    /// `createChat` with a fork source).
+    pub fork: bool,
     /// How it says users log in (`authMethods`, as ACP sends them).
     pub auth_methods: Vec<Value>,
     /// Its configuration as a session of its opened at the probe:
@@ -119,6 +122,7 @@ impl AcpCapabilities {
             (self.audio, "audio"),
             (self.embedded_context, "embedded context"),
             (self.mcp_http, "MCP over HTTP"),
+            (self.fork, "fork"),
         ];
         let on: Vec<&str> = flags
             .iter()
@@ -138,6 +142,7 @@ impl AcpCapabilities {
             "loadSession": self.load_session,
             "resume": self.resume,
             "close": self.close,
+            "fork": self.fork,
             "additionalDirectories": self.additional_directories,
             "promptCapabilities": {"image": self.image, "audio": self.audio, "embeddedContext": self.embedded_context},
             "mcpCapabilities": {"http": self.mcp_http},
@@ -215,6 +220,9 @@ pub struct OpenRequest {
     /// agent is moved to these values once it has opened the session, and
     /// whatever it reports that differs is recorded.
     pub config: Option<Value>,
+    /// The agent's session of each chat other than the default one, as
+    /// recorded (reopened when the chat next has a turn).
+    pub chats: std::collections::BTreeMap<String, String>,
 }
 
 /// How a client answered a permission request.
@@ -255,6 +263,17 @@ pub enum AgentEvent {
         acp_session_ref: String,
         /// Whether the agent can reopen it later.
         load_session: bool,
+        /// Whether it was reopened rather than new.
+        resumed: bool,
+    },
+    /// The agent opened a chat's own session, new or reopened, when the
+    /// chat first had a turn in this process (record `x-tether/agentOpened`
+    /// with the chat).
+    ChatOpened {
+        /// The chat.
+        chat: String,
+        /// The agent's session for it.
+        acp_session_ref: String,
         /// Whether it was reopened rather than new.
         resumed: bool,
     },
@@ -317,6 +336,11 @@ pub(crate) enum ToAgent {
     },
     Close {
         reply: oneshot::Sender<()>,
+    },
+    Fork {
+        source: String,
+        chat: String,
+        reply: oneshot::Sender<Result<String, String>>,
     },
     SetTitle {
         title: String,
@@ -385,6 +409,22 @@ impl AgentProcess {
         let (reply, answer) = oneshot::channel();
         self.commands
             .send(ToAgent::Configure { values, reply })
+            .map_err(|_| "the agent's process has stopped".to_owned())?;
+        answer
+            .await
+            .unwrap_or_else(|_| Err("the agent's process has stopped".to_owned()))
+    }
+
+    /// Forks the agent's session of chat `source` (`session/fork`) for the
+    /// new chat `chat`: the new session's id, or the agent's refusal.
+    pub async fn fork(&self, source: &str, chat: &str) -> Result<String, String> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(ToAgent::Fork {
+                source: source.to_owned(),
+                chat: chat.to_owned(),
+                reply,
+            })
             .map_err(|_| "the agent's process has stopped".to_owned())?;
         answer
             .await

@@ -128,6 +128,11 @@ impl SessionActor {
                 .config
                 .as_ref()
                 .and_then(|c| serde_json::to_value(c).ok()),
+            chats: if reopen {
+                model.projection.acp_chat_refs.clone()
+            } else {
+                Default::default()
+            },
         };
         let process = acp::spawn(
             command,
@@ -378,6 +383,17 @@ impl SessionActor {
                         self.uri.clone(),
                         json!({"type": AGENT_OPENED, "acpSessionRef": acp_session_ref,
                                "loadSession": load_session, "resumed": resumed}),
+                    ));
+                }
+                AgentEvent::ChatOpened {
+                    chat,
+                    acp_session_ref,
+                    resumed,
+                } => {
+                    self.follow_ups.push((
+                        self.uri.clone(),
+                        json!({"type": AGENT_OPENED, "acpSessionRef": acp_session_ref,
+                               "resumed": resumed, "chat": chat}),
                     ));
                 }
                 AgentEvent::Actions(actions) => {

@@ -10,6 +10,7 @@ use tether_protocol::model::{SessionCreated, SessionModel};
 use tether_protocol::view::SessionView;
 
 use super::super::EngineError;
+use super::super::command::ChatFork;
 use super::super::commit::CommitOutcome;
 use super::super::turns::turns_loaded;
 use super::super::{self as engine};
@@ -298,7 +299,11 @@ impl SessionActor {
         Ok(true)
     }
 
-    pub(super) async fn create_chat(&mut self, chat: String) -> Result<(), EngineError> {
+    pub(super) async fn create_chat(
+        &mut self,
+        chat: String,
+        fork: Option<Box<ChatFork>>,
+    ) -> Result<(), EngineError> {
         let Some(model) = &self.model else {
             return Err(EngineError::NotFound(format!(
                 "Session {} does not exist.",
@@ -309,6 +314,9 @@ impl SessionActor {
             return Err(EngineError::AlreadyExists(format!(
                 "Chat {chat} already exists."
             )));
+        }
+        if let Some(fork) = fork {
+            return self.fork_chat(chat, &fork).await;
         }
         let action = serde_json::json!({
             "type": "session/chatAdded",

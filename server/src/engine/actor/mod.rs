@@ -24,6 +24,7 @@ pub use super::command::{Command, Dispatch, DispatchOutcome};
 mod agent;
 mod changesets;
 mod dispatch;
+mod forks;
 mod lifecycle;
 mod terminals;
 mod tools;
@@ -341,8 +342,8 @@ impl SessionActor {
             Command::View { reply } => {
                 let _ = reply.send(Ok(self.model.as_ref().map(|m| self.view(m))));
             }
-            Command::CreateChat { chat, reply } => {
-                let _ = reply.send(self.create_chat(chat).await);
+            Command::CreateChat { chat, fork, reply } => {
+                let _ = reply.send(self.create_chat(chat, fork).await);
             }
             Command::Resume {
                 cwd,

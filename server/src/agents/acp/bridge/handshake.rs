@@ -192,6 +192,7 @@ pub(super) fn capabilities_of(response: &InitializeResponse) -> AcpCapabilities 
             .as_ref()
             .map(|i| i.title.clone().unwrap_or_else(|| i.name.clone())),
         close: caps.session_capabilities.close.is_some(),
+        fork: caps.session_capabilities.fork.is_some(),
         auth_methods: response
             .auth_methods
             .iter()

@@ -661,17 +661,27 @@ impl Bridge {
                 agent_client_protocol::on_receive_request!(),
             )
             .connect_with(transport, async move |cx: ConnectionTo<Agent>| {
-                let session = match self.open(&cx, open, cwd).await {
-                    Ok(session) => session,
+                let mut sessions = match self.open(&cx, open, cwd).await {
+                    Ok(sessions) => sessions,
                     Err(reason) => return Err(fail(&self.verdict, reason)),
                 };
                 let mut queue: VecDeque<Queued> = VecDeque::new();
-                let mut running: Option<String> = None;
+                // The running turn and the agent's session it runs in.
+                let mut running: Option<(String, String)> = None;
                 loop {
                     if running.is_none()
                         && let Some(next) = queue.pop_front()
                     {
-                        running = Some(next.turn_id.clone());
+                        let session = match self.session_for(&cx, &mut sessions, &next.chat).await {
+                            Ok(session) => session,
+                            Err(reason) => {
+                                // The chat's own session could not be had:
+                                // its turn fails with the agent's words.
+                                self.refuse_turn(next, reason).await;
+                                continue;
+                            }
+                        };
+                        running = Some((next.turn_id.clone(), session.clone()));
                         if let Some(model) = &next.model {
                             self.choose_model(&cx, &session, model).await;
                         }
@@ -685,11 +695,24 @@ impl Bridge {
                                 queue.push_back(Queued { chat, turn_id, text, model, attachments });
                             }
                             Some(ToAgent::Configure { values, reply }) => {
-                                let _ = reply.send(self.configure(&cx, &session, &values).await);
+                                let answer = self.configure(&cx, &sessions.main, &values).await;
+                                if answer.is_ok() {
+                                    // The configuration is the session's: every
+                                    // chat's session follows it.
+                                    for other in sessions.all().skip(1) {
+                                        if let Err(reason) = self.apply(&cx, other, &values).await {
+                                            tracing::warn!(%reason, "a chat's agent session did not take the session's configuration");
+                                        }
+                                    }
+                                }
+                                let _ = reply.send(answer);
+                            }
+                            Some(ToAgent::Fork { source, chat, reply }) => {
+                                let _ = reply.send(self.fork(&cx, &mut sessions, &source, &chat).await);
                             }
                             Some(ToAgent::SetTitle { title }) => {
                                 if self.titles.load(std::sync::atomic::Ordering::Relaxed) {
-                                    let params = serde_json::json!({"sessionId": session, "title": title});
+                                    let params = serde_json::json!({"sessionId": sessions.main, "title": title});
                                     let request = agent_client_protocol::UntypedMessage::new(
                                         "session/set_title",
                                         params,
@@ -706,38 +729,45 @@ impl Bridge {
                             }
                             Some(ToAgent::Close { reply }) => {
                                 if self.closes.load(std::sync::atomic::Ordering::Relaxed) {
-                                    let request = CloseSessionRequest::new(session.clone());
-                                    let _ = tokio::time::timeout(
-                                        self.limits.init_timeout,
-                                        cx.send_request(request).block_task(),
-                                    )
-                                    .await;
+                                    for session in sessions.all() {
+                                        let request = CloseSessionRequest::new(session.clone());
+                                        let _ = tokio::time::timeout(
+                                            self.limits.init_timeout,
+                                            cx.send_request(request).block_task(),
+                                        )
+                                        .await;
+                                    }
                                 }
                                 let _ = reply.send(());
                             }
                             Some(ToAgent::Cancel { turn_id }) => {
-                                if running.as_deref() == Some(turn_id.as_str()) {
-                                    if let Ok(mut m) = self.map.lock() {
-                                        m.cancelled();
+                                match &running {
+                                    Some((id, session)) if *id == turn_id => {
+                                        if let Ok(mut m) = self.map.lock() {
+                                            m.cancelled();
+                                        }
+                                        cx.send_notification(CancelNotification::new(session.clone()))?;
                                     }
-                                    cx.send_notification(CancelNotification::new(session.clone()))?;
-                                } else {
-                                    queue.retain(|q| q.turn_id != turn_id);
+                                    _ => queue.retain(|q| q.turn_id != turn_id),
                                 }
                             }
                             Some(ToAgent::Resume { cwd, additional, reply }) => {
-                                let request = ResumeSessionRequest::new(session.clone(), cwd)
-                                    .additional_directories(additional);
+                                let request = ResumeSessionRequest::new(sessions.main.clone(), cwd.clone())
+                                    .additional_directories(additional.clone());
                                 let answer = tokio::time::timeout(
                                     self.limits.init_timeout,
                                     cx.send_request(request).block_task(),
                                 )
                                 .await;
-                                let _ = reply.send(match answer {
+                                let answer = match answer {
                                     Ok(Ok(_)) => Ok(()),
                                     Ok(Err(err)) => Err(format!("the agent refused: {}", said(&err))),
                                     Err(_) => Err("the agent did not answer session/resume in time".to_owned()),
-                                });
+                                };
+                                if answer.is_ok() {
+                                    sessions.moved(cwd, additional);
+                                }
+                                let _ = reply.send(answer);
                             }
                         },
                         Some(()) = done.recv() => running = None,

@@ -3,6 +3,10 @@
 //! chat's), moving them to the session's configuration, and a turn's
 //! prompt.
 
+use std::collections::{BTreeMap, HashMap};
+
+use agent_client_protocol::v1::schema::ForkSessionRequest;
+
 use super::*;
 
 /// A stored attachment as an ACP content block (as JSON): an image or
@@ -28,15 +32,52 @@ pub(super) fn stored_block(uri: &str, stored: &crate::store::Attachment) -> Valu
     serde_json::json!({"type": "resource", "resource": resource})
 }
 
+/// The agent's sessions in one process, by chat: ACP has one
+/// conversation per session, AHP several chats per session, so each chat
+/// other than the default one has a session of its own.
+pub(super) struct Sessions {
+    /// The default chat's, opened at start.
+    pub(super) main: String,
+    default_chat: String,
+    /// Each other chat's, opened in this process.
+    live: HashMap<String, String>,
+    /// Each other chat's as the transcript records it (reopened when the
+    /// chat next has a turn).
+    recorded: BTreeMap<String, String>,
+    /// Where sessions open and what they get (as the default chat's).
+    cwd: PathBuf,
+    additional: Vec<PathBuf>,
+    mcp_servers: Vec<McpServer>,
+    logins: Logins,
+    /// Whether the agent can reopen a session, and with `session/resume`.
+    reopen: bool,
+    resume: bool,
+}
+
+impl Sessions {
+    /// Every session open in this process, the default chat's first.
+    pub(super) fn all(&self) -> impl Iterator<Item = &String> {
+        std::iter::once(&self.main).chain(self.live.values())
+    }
+
+    /// After `session/resume` moved the default chat's session to other
+    /// directories: the others are reopened with them when next used.
+    pub(super) fn moved(&mut self, cwd: PathBuf, additional: Vec<PathBuf>) {
+        self.cwd = cwd;
+        self.additional = additional;
+        self.live.clear();
+    }
+}
+
 impl Bridge {
-    /// `initialize`, then `session/new`, `session/resume` or `session/load`;
-    /// the agent's session id.
+    /// `initialize`, then `session/new`, `session/resume` or `session/load`
+    /// for the default chat; the agent's sessions, that one open.
     pub(super) async fn open(
         &self,
         cx: &ConnectionTo<Agent>,
         open: OpenRequest,
         cwd: PathBuf,
-    ) -> Result<String, String> {
+    ) -> Result<Sessions, String> {
         let timeout = self.limits.init_timeout;
         let (response, raw) = initialize(cx, timeout).await?;
         let caps = capabilities_of(&response);
@@ -81,8 +122,8 @@ impl Bridge {
         let (session, resumed, settings) = match &open.mode {
             OpenMode::New => {
                 let request = NewSessionRequest::new(cwd.clone())
-                    .additional_directories(additional)
-                    .mcp_servers(mcp_servers);
+                    .additional_directories(additional.clone())
+                    .mcp_servers(mcp_servers.clone());
                 let response = open_request(cx, timeout, "session/new", request, &logins).await?;
                 let options = response.config_options.unwrap_or_default();
                 let settings = AgentConfig::new(response.modes.as_ref(), &options);
@@ -90,8 +131,8 @@ impl Bridge {
             }
             OpenMode::Reopen(id) if caps.resume => {
                 let request = ResumeSessionRequest::new(id.clone(), cwd.clone())
-                    .additional_directories(additional)
-                    .mcp_servers(mcp_servers);
+                    .additional_directories(additional.clone())
+                    .mcp_servers(mcp_servers.clone());
                 let response =
                     open_request(cx, timeout, "session/resume", request, &logins).await?;
                 let options = response.config_options.unwrap_or_default();
@@ -105,8 +146,8 @@ impl Bridge {
                     m.replaying = true;
                 }
                 let request = LoadSessionRequest::new(id.clone(), cwd.clone())
-                    .additional_directories(additional)
-                    .mcp_servers(mcp_servers);
+                    .additional_directories(additional.clone())
+                    .mcp_servers(mcp_servers.clone());
                 let answer = open_request(cx, timeout, "session/load", request, &logins).await;
                 if let Ok(mut m) = self.map.lock() {
                     m.replaying = false;
@@ -154,7 +195,154 @@ impl Bridge {
         if !actions.is_empty() {
             let _ = self.events.send(AgentEvent::Actions(actions)).await;
         }
+        Ok(Sessions {
+            main: session,
+            default_chat: tether_protocol::channel::Channel::default_chat_uri(&self.session_id),
+            live: HashMap::new(),
+            recorded: open.chats,
+            cwd,
+            additional,
+            mcp_servers,
+            logins,
+            reopen: caps.resume || caps.load_session,
+            resume: caps.resume,
+        })
+    }
+
+    /// The agent's session for `chat`, opened first when it is not yet:
+    /// the default chat's is the one opened at start; another chat's is
+    /// the one the transcript records for it, reopened (`session/resume`,
+    /// or `session/load` with its replay dropped), or a new one, which the
+    /// actor records (`x-tether/agentOpened` with the chat).
+    pub(super) async fn session_for(
+        &self,
+        cx: &ConnectionTo<Agent>,
+        sessions: &mut Sessions,
+        chat: &str,
+    ) -> Result<String, String> {
+        if chat == sessions.default_chat {
+            return Ok(sessions.main.clone());
+        }
+        if let Some(session) = sessions.live.get(chat) {
+            return Ok(session.clone());
+        }
+        let timeout = self.limits.init_timeout;
+        let (cwd, additional, mcp) = (
+            sessions.cwd.clone(),
+            sessions.additional.clone(),
+            sessions.mcp_servers.clone(),
+        );
+        let recorded = sessions.recorded.get(chat).filter(|_| sessions.reopen);
+        let (session, resumed) = match recorded {
+            Some(id) if sessions.resume => {
+                let request = ResumeSessionRequest::new(id.clone(), cwd)
+                    .additional_directories(additional)
+                    .mcp_servers(mcp);
+                open_request(cx, timeout, "session/resume", request, &sessions.logins).await?;
+                (id.clone(), true)
+            }
+            Some(id) => {
+                if let Ok(mut m) = self.map.lock() {
+                    m.replaying = true;
+                }
+                let request = LoadSessionRequest::new(id.clone(), cwd)
+                    .additional_directories(additional)
+                    .mcp_servers(mcp);
+                let answer =
+                    open_request(cx, timeout, "session/load", request, &sessions.logins).await;
+                if let Ok(mut m) = self.map.lock() {
+                    m.replaying = false;
+                }
+                answer?;
+                (id.clone(), true)
+            }
+            None => {
+                let request = NewSessionRequest::new(cwd)
+                    .additional_directories(additional)
+                    .mcp_servers(mcp);
+                let response =
+                    open_request(cx, timeout, "session/new", request, &sessions.logins).await?;
+                (response.session_id.to_string(), false)
+            }
+        };
+        self.join_settings(cx, &session).await;
+        sessions.live.insert(chat.to_owned(), session.clone());
+        sessions.recorded.insert(chat.to_owned(), session.clone());
+        let opened = AgentEvent::ChatOpened {
+            chat: chat.to_owned(),
+            acp_session_ref: session.clone(),
+            resumed,
+        };
+        self.events
+            .send(opened)
+            .await
+            .map_err(|_| "the session stopped".to_owned())?;
         Ok(session)
+    }
+
+    /// A new chat forked from `source`'s (`session/fork` of the agent's
+    /// session for that chat, which holds the whole conversation): the
+    /// new session's id, which the actor records with the chat it creates.
+    pub(super) async fn fork(
+        &self,
+        cx: &ConnectionTo<Agent>,
+        sessions: &mut Sessions,
+        source: &str,
+        chat: &str,
+    ) -> Result<String, String> {
+        let from = self.session_for(cx, sessions, source).await?;
+        let request = ForkSessionRequest::new(from, sessions.cwd.clone())
+            .additional_directories(sessions.additional.clone())
+            .mcp_servers(sessions.mcp_servers.clone());
+        let response = tokio::time::timeout(
+            self.limits.init_timeout,
+            cx.send_request(request).block_task(),
+        )
+        .await
+        .map_err(|_| "it did not answer session/fork in time".to_owned())?
+        .map_err(|e| format!("it refused session/fork: {}", said(&e)))?;
+        let session = response.session_id.to_string();
+        sessions.live.insert(chat.to_owned(), session.clone());
+        sessions.recorded.insert(chat.to_owned(), session.clone());
+        Ok(session)
+    }
+
+    /// Fails a turn that cannot be prompted (its chat's session could not
+    /// be opened), with why.
+    pub(super) async fn refuse_turn(&self, turn: Queued, reason: String) {
+        let actions = self
+            .map
+            .lock()
+            .map(|mut m| {
+                let turn = Turn {
+                    chat: turn.chat,
+                    turn_id: turn.turn_id,
+                };
+                m.begin(turn, now_ms());
+                let why = format!("the agent could not open this chat's session: {reason}");
+                m.finish(Err(why), now_ms())
+            })
+            .unwrap_or_default();
+        if !actions.is_empty() {
+            let _ = self.events.send(AgentEvent::Actions(actions)).await;
+        }
+    }
+
+    /// Moves a chat's session to the session's configuration as clients
+    /// know it (a configuration is the session's, whichever chat runs);
+    /// a value it does not take is logged.
+    async fn join_settings(&self, cx: &ConnectionTo<Agent>, session: &str) {
+        let values = match self.map.lock() {
+            Ok(m) => m
+                .known_config
+                .as_ref()
+                .and_then(|c| c["values"].as_object().cloned())
+                .unwrap_or_default(),
+            Err(_) => return,
+        };
+        if let Err(reason) = self.apply(cx, session, &values).await {
+            tracing::warn!(%reason, "a chat's agent session did not take the session's configuration");
+        }
     }
 
     /// Moves the agent to `values` (`session/set_mode`,
