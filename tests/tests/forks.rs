@@ -74,7 +74,7 @@ async fn a_forked_chat_carries_the_source_turns_and_the_agents_conversation(db: 
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("agent.log");
     let agent = format!(
-        "fake=FAKE_ACP_CAPS=fork,load FAKE_ACP_LOG={} {FAKE}",
+        "fake=FAKE_ACP_CAPS=fork,load,config FAKE_ACP_LOG={} {FAKE}",
         log.display()
     );
     let mut server =
@@ -156,6 +156,10 @@ async fn a_forked_chat_carries_the_source_turns_and_the_agents_conversation(db: 
     let in_main = ahp.ask(main, "t3", "history", None).await;
     assert_eq!(told(&in_main), "alpha | beta", "{in_main}");
     assert_ne!(in_main.split_once(" was told: ").unwrap().0, fork_session);
+    // The configuration is the session's: a change reaches every chat's
+    // session, and a chat opened later joins it.
+    let changed = json!({"type": "session/configChanged", "config": {"thought": "high"}});
+    assert_eq!(ahp.dispatch("ahp-session:/fk", changed).await, None);
     let side = "ahp-chat:/fk-side";
     ahp.call(
         "createChat",
@@ -170,6 +174,15 @@ async fn a_forked_chat_carries_the_source_turns_and_the_agents_conversation(db: 
     assert_eq!(told(&in_side), "nothing", "{in_side}");
     let in_fork = ahp.ask(fork, "f2", "history", None).await;
     assert_eq!(told(&in_fork), "alpha | beta | history", "{in_fork}");
+    let changed = json!({"type": "session/configChanged", "config": {"model": "smart"}});
+    assert_eq!(ahp.dispatch("ahp-session:/fk", changed).await, None);
+    for (chat, turn) in [(main, "t4"), (fork, "f2b"), (side, "s2")] {
+        let settings = ahp.ask(chat, turn, "settings", None).await;
+        assert!(
+            settings.ends_with("model=smart thought=high"),
+            "{chat}: {settings}"
+        );
+    }
 
     // A restarted host reopens the fork's own session for its next turn.
     drop(ahp);
@@ -192,7 +205,11 @@ async fn a_forked_chat_carries_the_source_turns_and_the_agents_conversation(db: 
         log_lines(&log)
     );
     let state = chat_state(&mut ahp, fork).await;
-    assert_eq!(turn_ids(&state), ["t1", "t2", "f1", "f2", "f3"], "{state}");
+    assert_eq!(
+        turn_ids(&state),
+        ["t1", "t2", "f1", "f2", "f2b", "f3"],
+        "{state}"
+    );
 }
 
 async fn what_cannot_be_forked_is_refused_and_nothing_is_recorded(db: TestDb) {

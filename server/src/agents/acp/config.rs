@@ -188,11 +188,24 @@ impl AgentConfig {
     /// does not offer is skipped: the session's config was checked against
     /// its schema, and an option an agent dropped since cannot be set.
     pub fn settings_for(&self, values: &Map<String, Value>) -> Vec<Setting> {
+        self.settings(values, true)
+    }
+
+    /// The requests that set every one of `values` the agent offers, also
+    /// those it has already: for another session of the agent's, which
+    /// may have other values than the one this configuration follows.
+    pub fn every_setting(&self, values: &Map<String, Value>) -> Vec<Setting> {
+        self.settings(values, false)
+    }
+
+    fn settings(&self, values: &Map<String, Value>, only_changed: bool) -> Vec<Setting> {
         let current = self.to_ahp();
         let modes = self.modes_property();
         values
             .iter()
-            .filter(|(key, value)| current["values"].get(key.as_str()) != Some(value))
+            .filter(|(key, value)| {
+                !only_changed || current["values"].get(key.as_str()) != Some(*value)
+            })
             .filter_map(|(key, value)| {
                 if modes && key == MODE_PROPERTY {
                     return value.as_str().map(|m| Setting::Mode(m.to_owned()));

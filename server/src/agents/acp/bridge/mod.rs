@@ -683,7 +683,7 @@ impl Bridge {
                         };
                         running = Some((next.turn_id.clone(), session.clone()));
                         if let Some(model) = &next.model {
-                            self.choose_model(&cx, &session, model).await;
+                            self.choose_model(&cx, &sessions, &session, model).await;
                         }
                         let blocks = self.content(&next).await;
                         self.prompt(&cx, &session, next, blocks, done_tx.clone())?;
@@ -697,13 +697,7 @@ impl Bridge {
                             Some(ToAgent::Configure { values, reply }) => {
                                 let answer = self.configure(&cx, &sessions.main, &values).await;
                                 if answer.is_ok() {
-                                    // The configuration is the session's: every
-                                    // chat's session follows it.
-                                    for other in sessions.all().skip(1) {
-                                        if let Err(reason) = self.apply(&cx, other, &values).await {
-                                            tracing::warn!(%reason, "a chat's agent session did not take the session's configuration");
-                                        }
-                                    }
+                                    self.spread(&cx, &sessions, &sessions.main, &values).await;
                                 }
                                 let _ = reply.send(answer);
                             }

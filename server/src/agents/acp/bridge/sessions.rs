@@ -182,7 +182,7 @@ impl Bridge {
             .as_ref()
             .and_then(|c| c["values"].as_object().cloned())
             .unwrap_or_default();
-        if let Err(reason) = self.apply(cx, &session, &wanted).await {
+        if let Err(reason) = self.apply(cx, &session, &wanted, false).await {
             // A value the agent no longer takes: the session goes on with
             // what the agent has, which is recorded below.
             tracing::warn!(%reason, "the agent did not take the session's configuration");
@@ -340,22 +340,42 @@ impl Bridge {
                 .unwrap_or_default(),
             Err(_) => return,
         };
-        if let Err(reason) = self.apply(cx, session, &values).await {
+        if let Err(reason) = self.apply(cx, session, &values, true).await {
             tracing::warn!(%reason, "a chat's agent session did not take the session's configuration");
+        }
+    }
+
+    /// Sends `values`, taken by the agent's session `done`, to each of its
+    /// other sessions in this process: the configuration is the AHP
+    /// session's, whichever chat runs. A refusal is logged.
+    pub(super) async fn spread(
+        &self,
+        cx: &ConnectionTo<Agent>,
+        sessions: &Sessions,
+        done: &str,
+        values: &serde_json::Map<String, Value>,
+    ) {
+        for other in sessions.all().filter(|s| s.as_str() != done) {
+            if let Err(reason) = self.apply(cx, other, values, true).await {
+                tracing::warn!(%reason, "a chat's agent session did not take the session's configuration");
+            }
         }
     }
 
     /// Moves the agent to `values` (`session/set_mode`,
     /// `session/set_config_option`), one request at a time, keeping what
     /// it reports in the map; stops at the first refusal, with the
-    /// agent's words.
+    /// agent's words. With `every`, also the values the map says the agent
+    /// has (they are the default chat's session's).
     pub(super) async fn apply(
         &self,
         cx: &ConnectionTo<Agent>,
         session: &str,
         values: &serde_json::Map<String, Value>,
+        every: bool,
     ) -> Result<(), String> {
         let settings = match self.map.lock() {
+            Ok(m) if every => m.config.every_setting(values),
             Ok(m) => m.config.settings_for(values),
             Err(_) => return Err("the session's state is unavailable".to_owned()),
         };
@@ -407,7 +427,7 @@ impl Bridge {
         session: &str,
         values: &serde_json::Map<String, Value>,
     ) -> Result<Vec<(String, Value)>, String> {
-        let applied = self.apply(cx, session, values).await;
+        let applied = self.apply(cx, session, values, false).await;
         let mut m = self
             .map
             .lock()
@@ -424,19 +444,36 @@ impl Bridge {
         applied.map(|()| actions)
     }
 
-    /// Moves the agent to the model a turn's message asks for, recording
-    /// the change; a refusal is logged and the turn goes on with the
-    /// current model.
-    pub(super) async fn choose_model(&self, cx: &ConnectionTo<Agent>, session: &str, model: &str) {
-        let option = match self.map.lock() {
-            Ok(m) => m.config.model_option().map(str::to_owned),
-            Err(_) => None,
+    /// Moves the agent to the model a turn's message asks for (the turn's
+    /// session, then the others), recording the change; a refusal is
+    /// logged and the turn goes on with the current model.
+    pub(super) async fn choose_model(
+        &self,
+        cx: &ConnectionTo<Agent>,
+        sessions: &Sessions,
+        session: &str,
+        model: &str,
+    ) {
+        let (option, changes) = match self.map.lock() {
+            Ok(m) => {
+                let option = m.config.model_option().map(str::to_owned);
+                let mut values = serde_json::Map::new();
+                if let Some(option) = &option {
+                    values.insert(option.clone(), Value::String(model.to_owned()));
+                }
+                (option, !m.config.settings_for(&values).is_empty())
+            }
+            Err(_) => (None, false),
         };
         let Some(option) = option else { return };
+        if !changes {
+            return;
+        }
         let mut values = serde_json::Map::new();
         values.insert(option, Value::String(model.to_owned()));
-        if let Err(reason) = self.apply(cx, session, &values).await {
-            tracing::warn!(%reason, "the agent did not take the turn's model");
+        match self.apply(cx, session, &values, false).await {
+            Ok(()) => self.spread(cx, sessions, session, &values).await,
+            Err(reason) => tracing::warn!(%reason, "the agent did not take the turn's model"),
         }
         let actions = self
             .map
