@@ -103,7 +103,7 @@ impl Inbox {
 
 #[derive(Debug, Default)]
 struct Routes {
-    by_channel: HashMap<String, Vec<Arc<Inbox>>>,
+    by_channel: HashMap<String, Vec<Arc<Inbox>>, foldhash::fast::RandomState>,
 }
 
 /// The routing hub.
@@ -140,7 +140,7 @@ impl Hub {
         let routing = Routing {
             hub: self.clone(),
             inbox: inbox.clone(),
-            channels: HashSet::new(),
+            channels: HashSet::default(),
         };
         (routing, InboxReceiver { inbox, receiver })
     }
@@ -190,7 +190,7 @@ impl Hub {
 pub struct Routing {
     hub: Arc<Hub>,
     inbox: Arc<Inbox>,
-    channels: HashSet<String>,
+    channels: HashSet<String, foldhash::fast::RandomState>,
 }
 
 impl Routing {

@@ -8,6 +8,8 @@
 //! inbox after it.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant};
 use ahp_types::errors::{ahp_error_codes, json_rpc_error_codes};
 use axum::extract::ws::{Message, WebSocket};
 use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use serde_json::{Value, json};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
@@ -76,22 +79,24 @@ pub(super) struct Connection {
     /// The token of this connection's own scope.
     pub(super) connection_scope: String,
     /// Channel → the seq its subscriber already has everything up to.
-    pub(super) subscriptions: HashMap<String, Subscription>,
+    pub(super) subscriptions: HashMap<String, Subscription, foldhash::fast::RandomState>,
     /// Which channels the hub routes to this connection.
     pub(super) routing: Routing,
     pub(super) closing: bool,
     /// Subscriptions opened by the current request whose gap between
     /// snapshot and cursor is sent from the store after the reply.
     pub(super) after_reply: Vec<String>,
-    /// Where pipelined dispatch outcomes come back. Boxed: a channel
-    /// allocates room for 32 items when it is made, and every connection,
-    /// idle or not, has this one.
-    pub(super) answers: mpsc::UnboundedSender<Box<Answered>>,
-    /// Permits for dispatches awaiting their outcome.
-    pub(super) inflight: Arc<tokio::sync::Semaphore>,
+    /// Pipelined dispatches awaiting their outcome, polled by the
+    /// connection's own loop (no task per dispatch, no channel back); at
+    /// most [`MAX_INFLIGHT_DISPATCHES`]: past that the connection stops
+    /// reading until one is answered.
+    pub(super) pending: FuturesUnordered<PendingAnswer>,
     /// Per-principal bounds.
     pub(super) principal_limits: PrincipalLimits,
 }
+
+/// A dispatch waiting for its outcome.
+pub(super) type PendingAnswer = Pin<Box<dyn Future<Output = Answered> + Send>>;
 
 /// A dispatch's outcome on its way back to the connection that sent it.
 pub(super) struct Answered {
@@ -198,7 +203,6 @@ impl Connection {
         let writer = tokio::spawn(write_loop(sink, receiver, backlog.clone()));
         let (routing, mut inbox) = state.engine.hub().subscribe();
         let lag = inbox.lag_signal();
-        let (answers, mut answered) = mpsc::unbounded_channel();
         let mut connection = Connection {
             engine: state.engine.clone(),
             limits: state.ws.clone(),
@@ -207,12 +211,11 @@ impl Connection {
             client_id: None,
             origin_scope: String::new(),
             connection_scope: format!("conn:{}", uuid::Uuid::new_v4().simple()),
-            subscriptions: HashMap::new(),
+            subscriptions: HashMap::default(),
             routing,
             closing: false,
             after_reply: Vec::new(),
-            answers,
-            inflight: Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_DISPATCHES)),
+            pending: FuturesUnordered::new(),
             principal_limits: state.auth.limits.clone(),
         };
         tracing::info!(connection = %connection.connection_scope, sub = %connection.principal.sub,
@@ -236,7 +239,7 @@ impl Connection {
         tokio::pin!(expired);
         let verdict = loop {
             let next = tokio::select! {
-                incoming = stream.next() => match incoming {
+                incoming = stream.next(), if connection.pending.len() < MAX_INFLIGHT_DISPATCHES => match incoming {
                     Some(Ok(Message::Text(text))) => {
                         last_heard = Instant::now();
                         bytes_in += text.len() as u64;
@@ -270,7 +273,9 @@ impl Connection {
                 },
                 Some(item) = inbox.recv() => connection.on_hub(item),
                 () = lag.lagged() => Box::pin(connection.catch_up_all()).await,
-                Some(reply) = answered.recv() => connection.on_answer(*reply),
+                Some(reply) = connection.pending.next(), if !connection.pending.is_empty() => {
+                    connection.on_answer(reply)
+                }
                 _ = ping.tick() => {
                     if last_heard.elapsed() > connection.limits.ping_timeout {
                         Next::Close(CLOSE_PING_TIMEOUT, "ping timeout: no frame or pong received in time".into())

@@ -260,14 +260,14 @@ impl Connection {
     /// dispatches are pipelined instead of one commit per round trip.
     pub(super) async fn dispatch(
         &mut self,
-        params: Value,
+        mut params: Value,
         id: Option<Value>,
     ) -> Result<(), RpcError> {
         let channel = channel_param(&params)?;
         let client_seq = u64_param(&params, "clientSeq")?;
         let action = params
-            .get("action")
-            .cloned()
+            .get_mut("action")
+            .map(Value::take)
             .filter(Value::is_object)
             .ok_or_else(|| RpcError::invalid("params.action (an action object) is required."))?;
         let origin = Origin {
@@ -294,14 +294,8 @@ impl Connection {
                 }
             });
         }
-        // Bounded: past this many unanswered dispatches the connection stops
-        // reading until one is answered.
-        let permit = self
-            .inflight
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| RpcError::unavailable("connection closing"))?;
+        // Bounded: past MAX_INFLIGHT_DISPATCHES unanswered dispatches the
+        // connection's loop stops reading until one is answered.
         let submitted = self
             .engine
             .submit(
@@ -311,20 +305,18 @@ impl Connection {
                 action.clone(),
             )
             .await;
-        let answers = self.answers.clone();
         let routed_at = self.subscriptions.get(&channel).map(|s| s.routed_at);
-        tokio::spawn(async move {
+        self.pending.push(Box::pin(async move {
             let outcome = submitted.outcome().await;
-            drop(permit);
-            let _ = answers.send(Box::new(Answered {
+            Answered {
                 channel,
                 action,
                 origin,
                 routed_at,
                 outcome,
                 id,
-            }));
-        });
+            }
+        }));
         Ok(())
     }
 

@@ -161,6 +161,8 @@ async fn upgrade(
 /// Bytes read from a socket at a time. The WebSocket codec zero-fills this
 /// much before every read and keeps it for the connection's life: its
 /// 128 KiB default cost a third of the server's CPU in memset under load and
-/// 128 KiB of RSS per idle connection. Client messages are small; a larger
-/// one is still read whole, in several reads.
-const READ_CHUNK: usize = 4 * 1024;
+/// 128 KiB of RSS per idle connection; at 4 KiB the zero-filling was still
+/// ~5,600 instructions per ingested action (callgrind, BENCHMARKS.md). A
+/// dispatch is a few hundred bytes, so a read rarely holds more than a
+/// kilobyte of them; a larger message is still read whole, in several reads.
+const READ_CHUNK: usize = 1024;

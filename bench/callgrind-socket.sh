@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Instructions per durable action through the real socket: the release
+# server runs under callgrind (which counts the same whatever else the
+# machine does) while tether-load's ingest drives it twice, a short run and
+# a long one; the difference of the two runs' instructions over the
+# difference of their committed actions cancels start-up and session
+# creation. Prints the per-action total and the inclusive cost of the
+# functions that matter most, per action.
+#
+#   cargo build --release -p tether-server -p tether-bench
+#   bench/callgrind-socket.sh                 # SQLite, 10 sessions x 16
+#   bench/callgrind-socket.sh --short 10 --long 30 --top 40
+#   bench/callgrind-socket.sh --keep DIR      # keeps both callgrind files
+#
+# Environment: TETHER_BIN, TETHER_LOAD_BIN (default: the release build),
+# TETHER_BENCH_PORT (default 17989).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+short=10
+long=30
+top=30
+keep=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --short) short="$2"; shift ;;
+    --long) long="$2"; shift ;;
+    --top) top="$2"; shift ;;
+    --keep) keep="$2"; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+for tool in valgrind callgrind_control callgrind_annotate; do
+  command -v "$tool" >/dev/null || { echo "$tool is missing (apt-get install valgrind)" >&2; exit 2; }
+done
+target="${CARGO_TARGET_DIR:-target}"
+tether="${TETHER_BIN:-$target/release/tether}"
+load="${TETHER_LOAD_BIN:-$target/release/tether-load}"
+port="${TETHER_BENCH_PORT:-17989}"
+work=$(mktemp -d)
+server=""
+cleanup() {
+  if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" \
+  "$tether" serve --bind "127.0.0.1:$port" --database-url "sqlite:$work/tether.db" \
+  >"$work/server.log" 2>&1 &
+server=$!
+for _ in $(seq 1 600); do
+  curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+  sleep 0.5
+done
+curl -sf "http://127.0.0.1:$port/readyz" >/dev/null || { tail -20 "$work/server.log"; exit 1; }
+
+# One measured run: zero the counters, drive, dump; prints "actions file".
+run() { # seconds, name
+  callgrind_control -z "$server" >/dev/null
+  "$load" --url "ws://127.0.0.1:$port/ahp" ingest --sessions 10 --in-flight 16 \
+    --duration "$1" --warmup 0 >"$work/$2.txt"
+  callgrind_control -d "$2" "$server" >/dev/null
+  local actions
+  actions=$(grep -o 'serverSeq advanced by [0-9]*' "$work/$2.txt" | grep -o '[0-9]*$')
+  local file
+  file=$(ls -t "$work"/cg.out.* | head -1)
+  echo "$actions $file"
+}
+read -r short_actions short_file < <(run "$short" short)
+read -r long_actions long_file < <(run "$long" long)
+if [ -n "$keep" ]; then mkdir -p "$keep" && cp "$short_file" "$keep/short.cg" && cp "$long_file" "$keep/long.cg"; fi
+callgrind_annotate --inclusive=yes "$short_file" >"$work/short.txt" 2>/dev/null
+callgrind_annotate --inclusive=yes "$long_file" >"$work/long.txt" 2>/dev/null
+
+python3 - "$work/short.txt" "$work/long.txt" "$short_actions" "$long_actions" "$top" <<'EOF'
+import re, sys
+short_path, long_path, a, b, top = sys.argv[1:]
+a, b, top = int(a), int(b), int(top)
+def read(path):
+    total, costs = 0, {}
+    for line in open(path, errors="replace"):
+        m = re.match(r"\s*([\d,]+)\s+\([^)]*\)\s+PROGRAM TOTALS", line) or re.match(r"\s*([\d,]+)\s+PROGRAM TOTALS", line)
+        if m:
+            total = int(m.group(1).replace(",", ""))
+            continue
+        m = re.match(r"\s*([\d,]+)\s+(?:\([^)]*\)\s+)?\*?\s*(\S.*)$", line)
+        if m and ":" in m.group(2):
+            name = m.group(2).split(":", 1)[1].strip()
+            name = re.sub(r" \[[^\]]*\]$", "", name)
+            costs[name] = costs.get(name, 0) + int(m.group(1).replace(",", ""))
+    return total, costs
+ta, ca = read(short_path)
+tb, cb = read(long_path)
+n = b - a
+print(f"actions: {a} and {b}; instructions: {ta:,} and {tb:,}")
+print(f"instructions per durable action: {(tb - ta) / n:,.0f}")
+rows = sorted(((cb.get(k, 0) - ca.get(k, 0)) / n, k) for k in set(ca) | set(cb))
+rows.reverse()
+print(f"\ninclusive instructions per action, top {top}:")
+for cost, name in rows[:top]:
+    print(f"{cost:12,.0f}  {name[:150]}")
+EOF
