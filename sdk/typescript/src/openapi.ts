@@ -657,6 +657,13 @@ export interface components {
         };
         /** @description The fold's accumulated facts. */
         Projection: {
+            /**
+             * @description The agent's own session handle of each chat other than the default
+             *     one (ACP has one conversation per session), by chat URI.
+             */
+            acpChatRefs?: {
+                [key: string]: string;
+            };
             /** @description The agent's own session handle from its most recent open. */
             acpSessionRef?: string | null;
             /** @description The commands the agent advertised most recently (replaced whole). */

@@ -187,14 +187,7 @@ impl Bridge {
             // what the agent has, which is recorded below.
             tracing::warn!(%reason, "the agent did not take the session's configuration");
         }
-        let actions = self
-            .map
-            .lock()
-            .map(|mut m| m.config_moved())
-            .unwrap_or_default();
-        if !actions.is_empty() {
-            let _ = self.events.send(AgentEvent::Actions(actions)).await;
-        }
+        self.record_config_moved().await;
         Ok(Sessions {
             main: session,
             default_chat: tether_protocol::channel::Channel::default_chat_uri(&self.session_id),
@@ -362,6 +355,19 @@ impl Bridge {
         }
     }
 
+    /// Records what the agent's configuration became, if it moved from
+    /// what clients know.
+    async fn record_config_moved(&self) {
+        let actions = self
+            .map
+            .lock()
+            .map(|mut m| m.config_moved())
+            .unwrap_or_default();
+        if !actions.is_empty() {
+            let _ = self.events.send(AgentEvent::Actions(actions)).await;
+        }
+    }
+
     /// Moves the agent to `values` (`session/set_mode`,
     /// `session/set_config_option`), one request at a time, keeping what
     /// it reports in the map; stops at the first refusal, with the
@@ -475,14 +481,7 @@ impl Bridge {
             Ok(()) => self.spread(cx, sessions, session, &values).await,
             Err(reason) => tracing::warn!(%reason, "the agent did not take the turn's model"),
         }
-        let actions = self
-            .map
-            .lock()
-            .map(|mut m| m.config_moved())
-            .unwrap_or_default();
-        if !actions.is_empty() {
-            let _ = self.events.send(AgentEvent::Actions(actions)).await;
-        }
+        self.record_config_moved().await;
     }
 
     /// A message's content blocks: its text, then each attachment as the
