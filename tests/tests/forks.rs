@@ -220,13 +220,19 @@ async fn what_cannot_be_forked_is_refused_and_nothing_is_recorded(db: TestDb) {
             &format!("fake=FAKE_ACP_CAPS=fork {FAKE}"),
             "--agent",
             &format!("plain={FAKE}"),
+            "--agent",
+            &format!("stubborn=FAKE_ACP_CAPS=fork,refuse-fork {FAKE}"),
         ],
     )
     .await;
     let mut ahp = Ahp::connect(&server.ws_url(), "fork-refusals").await;
     let plain = agent_info(&mut ahp, "plain").await;
     assert_eq!(plain["capabilities"]["multipleChats"], json!({}), "{plain}");
-    for (session, provider) in [("ahp-session:/rf", "fake"), ("ahp-session:/rp", "plain")] {
+    for (session, provider) in [
+        ("ahp-session:/rf", "fake"),
+        ("ahp-session:/rp", "plain"),
+        ("ahp-session:/rs", "stubborn"),
+    ] {
         ahp.call(
             "createSession",
             json!({"channel": session, "provider": provider}),
@@ -243,6 +249,10 @@ async fn what_cannot_be_forked_is_refused_and_nothing_is_recorded(db: TestDb) {
     ahp.ask("ahp-chat:/rf.main", "r1", "one", None).await;
     ahp.ask("ahp-chat:/rf.main", "r2", "two", None).await;
     ahp.ask("ahp-chat:/rp.main", "p1", "one", None).await;
+    ahp.call("subscribe", json!({"channel": "ahp-chat:/rs.main"}))
+        .await
+        .unwrap();
+    ahp.ask("ahp-chat:/rs.main", "s1", "one", None).await;
 
     let fork = |session: &str, chat: &str, source: Value| json!({"channel": session, "chat": chat, "source": source});
     let refusals = [
@@ -294,6 +304,16 @@ async fn what_cannot_be_forked_is_refused_and_nothing_is_recorded(db: TestDb) {
             ),
             "cannot fork chats",
         ),
+        (
+            // The agent's own refusal, in its words, before anything is
+            // committed.
+            fork(
+                "ahp-session:/rs",
+                "ahp-chat:/rs-a",
+                json!({"kind": "fork", "chat": "ahp-chat:/rs.main", "turnId": "s1"}),
+            ),
+            "this agent forks nothing today",
+        ),
     ];
     for (params, needle) in refusals {
         let refused = ahp
@@ -303,7 +323,7 @@ async fn what_cannot_be_forked_is_refused_and_nothing_is_recorded(db: TestDb) {
         assert!(refused.contains(needle), "{params}: {refused}");
     }
     // None of them made a chat.
-    for session in ["ahp-session:/rf", "ahp-session:/rp"] {
+    for session in ["ahp-session:/rf", "ahp-session:/rp", "ahp-session:/rs"] {
         let state = ahp
             .call("subscribe", json!({"channel": session}))
             .await

@@ -5,7 +5,8 @@
 //!   `close`, `title`, `image`, `fork` — the capabilities it reports at
 //!   `initialize` (`mcp`: MCP over HTTP; `title`: `session/set_title`;
 //!   `fork`: `session/fork`, the new session remembering what the source
-//!   was told); `config`: its sessions offer modes (`ask`, `code`) and
+//!   was told; with `refuse-fork` too, every fork is refused); `config`:
+//!   its sessions offer modes (`ask`, `code`) and
 //!   options `model` (`fast`, `smart`) and `thought` (`low`, `high`, and
 //!   `deep` while the model is `smart`), changed with `session/set_mode` /
 //!   `session/set_config_option` (a value `broken` is refused).
@@ -369,6 +370,9 @@ async fn main() -> Result<(), Error> {
         .unwrap_or_default()
         .split(',')
         .any(|c| c == "config");
+    // `refuse-fork`: it advertises `session/fork` (with `fork`) and refuses
+    // every one.
+    let refuses_forks = caps.iter().any(|c| c == "refuse-fork");
     let transport = ByteStreams::new(
         tokio::io::stdout().compat_write(),
         tokio::io::stdin().compat(),
@@ -575,6 +579,11 @@ async fn main() -> Result<(), Error> {
             async move |request: ForkSessionRequest, responder, _cx| {
                 let source = request.session_id.to_string();
                 log_line(&format!("fork {source}"));
+                if refuses_forks {
+                    return responder.respond_with_error(
+                        Error::invalid_params().data(json!("this agent forks nothing today")),
+                    );
+                }
                 let mut state = s8.lock().expect("state");
                 if !state.settings.contains_key(&source) {
                     return responder.respond_with_error(
