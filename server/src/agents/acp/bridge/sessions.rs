@@ -460,23 +460,21 @@ impl Bridge {
         session: &str,
         model: &str,
     ) {
-        let (option, changes) = match self.map.lock() {
-            Ok(m) => {
-                let option = m.config.model_option().map(str::to_owned);
-                let mut values = serde_json::Map::new();
-                if let Some(option) = &option {
-                    values.insert(option.clone(), Value::String(model.to_owned()));
-                }
-                (option, !m.config.settings_for(&values).is_empty())
-            }
-            Err(_) => (None, false),
+        // The one value to move, when the agent has a model option and is
+        // not on that model already.
+        let values = match self.map.lock() {
+            Ok(m) => m
+                .config
+                .model_option()
+                .map(|option| {
+                    let mut values = serde_json::Map::new();
+                    values.insert(option.to_owned(), Value::String(model.to_owned()));
+                    values
+                })
+                .filter(|values| !m.config.settings_for(values).is_empty()),
+            Err(_) => None,
         };
-        let Some(option) = option else { return };
-        if !changes {
-            return;
-        }
-        let mut values = serde_json::Map::new();
-        values.insert(option, Value::String(model.to_owned()));
+        let Some(values) = values else { return };
         match self.apply(cx, session, &values, false).await {
             Ok(()) => self.spread(cx, sessions, session, &values).await,
             Err(reason) => tracing::warn!(%reason, "the agent did not take the turn's model"),
