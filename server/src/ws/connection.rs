@@ -8,20 +8,19 @@
 //! inbox after it.
 
 use std::collections::HashMap;
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use ahp_types::errors::{ahp_error_codes, json_rpc_error_codes};
 use axum::extract::ws::{Message, WebSocket};
-use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::OwnedSemaphorePermit;
 
-use super::queue::{Backlog, Outbound, Queue, write_loop};
+use super::queue::{Gone, Outbound, Queue};
 use super::rpc::RpcError;
 use super::{
     CATCH_UP_PAGE, CLOSE_LINGER, CLOSE_PING_TIMEOUT, CLOSE_SLOW_CONSUMER, CLOSE_TOKEN_EXPIRED,
@@ -71,6 +70,9 @@ pub(super) struct Connection {
     pub(super) engine: Engine,
     pub(super) limits: WsLimits,
     pub(super) principal: Principal,
+    /// The client's socket, read and written by this connection's task.
+    pub(super) socket: WebSocket,
+    /// What waits to be written to it.
     pub(super) queue: Queue,
     pub(super) client_id: Option<String>,
     /// The scope this connection's origins are unique in: its own token
@@ -192,22 +194,14 @@ impl Connection {
     ) {
         let opened = Instant::now();
         let mut bytes_in = 0u64;
-        let (sink, mut stream) = socket.split();
-        let (sender, receiver) = mpsc::unbounded_channel();
-        let backlog = Arc::new(Backlog {
-            bytes: AtomicUsize::new(0),
-            over_since: std::sync::atomic::AtomicU64::new(0),
-            epoch: Instant::now(),
-            limit: state.ws.max_outbound_bytes,
-        });
-        let writer = tokio::spawn(write_loop(sink, receiver, backlog.clone()));
         let (routing, mut inbox) = state.engine.hub().subscribe();
         let lag = inbox.lag_signal();
         let mut connection = Connection {
             engine: state.engine.clone(),
             limits: state.ws.clone(),
             principal,
-            queue: Queue { sender, backlog },
+            socket,
+            queue: Queue::new(state.ws.max_outbound_bytes),
             client_id: None,
             origin_scope: String::new(),
             connection_scope: format!("conn:{}", uuid::Uuid::new_v4().simple()),
@@ -238,9 +232,15 @@ impl Connection {
         };
         tokio::pin!(expired);
         let verdict = loop {
+            // What the socket takes now is written before anything else.
+            if connection.write_what_fits().await.is_err() {
+                break None;
+            }
+            let reading = connection.pending.len() < MAX_INFLIGHT_DISPATCHES;
             let next = tokio::select! {
-                incoming = stream.next(), if connection.pending.len() < MAX_INFLIGHT_DISPATCHES => match incoming {
-                    Some(Ok(Message::Text(text))) => {
+                io = poll_fn(|cx| poll_io(cx, &mut connection.socket, &mut connection.queue, reading)) => match io {
+                    Io::Gone => break None,
+                    Io::Read(Some(Ok(Message::Text(text)))) => {
                         last_heard = Instant::now();
                         bytes_in += text.len() as u64;
                         // Boxed: the handlers' state lives on the heap
@@ -249,18 +249,18 @@ impl Connection {
                         // its size for the connection's whole life).
                         Box::pin(connection.on_text(text.as_str())).await
                     }
-                    Some(Ok(Message::Binary(_))) => {
+                    Io::Read(Some(Ok(Message::Binary(_)))) => {
                         last_heard = Instant::now();
                         connection.send_error(Value::Null, json_rpc_error_codes::INVALID_REQUEST,
                             "AHP messages are JSON text frames, not binary frames.", None);
                         Next::Continue
                     }
-                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => {
+                    Io::Read(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {
                         last_heard = Instant::now();
                         Next::Continue
                     }
-                    Some(Ok(Message::Close(_))) | None => break None,
-                    Some(Err(err)) => {
+                    Io::Read(Some(Ok(Message::Close(_))) | None) => break None,
+                    Io::Read(Some(Err(err))) => {
                         let text = err.to_string();
                         if text.contains("too long") || text.contains("too big") || text.contains("Space limit") {
                             Next::Close(CLOSE_TOO_BIG, format!(
@@ -308,20 +308,44 @@ impl Connection {
                 .closes
                 .get_or_create(&[("code", close_label(*code))])
                 .inc();
+            // A slow consumer replays what it was not sent; anyone else
+            // gets what was queued before the close (an error's answer).
+            if *code == CLOSE_SLOW_CONSUMER {
+                connection.queue.discard_frames();
+            }
             connection
                 .queue
                 .control(Outbound::Close(*code, reason.clone()));
-            // The closing handshake: keep reading (and discarding) until the
-            // client answers with its own close, so it reads our close frame
+            // The closing handshake: write the close frame (a client that
+            // reads again within the ping deadline gets it after what it
+            // was already sent), then keep reading (and discarding) until
+            // the client answers with its own, so it reads our close frame
             // instead of a reset connection. Bounded.
-            let _ = tokio::time::timeout(CLOSE_LINGER, async {
-                while let Some(Ok(message)) = stream.next().await {
-                    if matches!(message, Message::Close(_)) {
-                        break;
-                    }
-                }
-            })
+            let Connection {
+                socket,
+                queue,
+                limits,
+                ..
+            } = &mut connection;
+            let written = tokio::time::timeout(
+                limits.ping_timeout,
+                poll_fn(|cx| queue.poll_write(cx, socket)),
+            )
             .await;
+            if let Ok(Ok(())) = written {
+                let _ = tokio::time::timeout(CLOSE_LINGER, async {
+                    while let Some(Ok(message)) = socket.next().await {
+                        if matches!(message, Message::Close(_)) {
+                            break;
+                        }
+                    }
+                })
+                .await;
+            }
+        } else {
+            // The client closed: answer its close frame (the codec queued
+            // the answer), briefly.
+            let _ = tokio::time::timeout(CLOSE_LINGER, connection.socket.close()).await;
         }
         if let Some(client_id) = &connection.client_id {
             connection.engine.client_disconnected(client_id);
@@ -329,8 +353,8 @@ impl Connection {
         let scope = std::mem::take(&mut connection.connection_scope);
         let sub = std::mem::take(&mut connection.principal.sub);
         let client = connection.client_id.take();
+        let bytes_out = connection.queue.written;
         drop(connection);
-        let bytes_out = writer.await.unwrap_or(0);
         let (code, reason) = verdict.map_or((None, "closed by the client".to_owned()), |(c, r)| {
             (Some(c), r)
         });
@@ -339,7 +363,16 @@ impl Connection {
             "websocket closed");
     }
 
-    pub(super) fn send(&self, frame: String) -> Next {
+    /// Hands the socket what it takes now, without waiting for it.
+    async fn write_what_fits(&mut self) -> Result<(), Gone> {
+        let wrote = poll_fn(|cx| Poll::Ready(self.queue.poll_write(cx, &mut self.socket))).await;
+        match wrote {
+            Poll::Ready(Err(Gone)) => Err(Gone),
+            _ => Ok(()),
+        }
+    }
+
+    pub(super) fn send(&mut self, frame: String) -> Next {
         self.queue.reply(frame.into());
         Next::Continue
     }
@@ -357,12 +390,12 @@ impl Connection {
         )
     }
 
-    pub(super) fn send_result(&self, id: Value, result: Value) -> Next {
+    pub(super) fn send_result(&mut self, id: Value, result: Value) -> Next {
         self.send(json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string())
     }
 
     pub(super) fn send_error(
-        &self,
+        &mut self,
         id: Value,
         code: i32,
         message: &str,
@@ -469,6 +502,15 @@ impl Connection {
                         return self.overflow();
                     }
                 }
+            }
+            // Paced by the client: what the socket takes goes out after each
+            // page, and a page that leaves the queue over its limit is
+            // written before the next is read.
+            if self.write_what_fits().await.is_err() {
+                return Next::Close(1011, "the socket failed during catch-up".into());
+            }
+            if self.queue.over_limit() && !self.queue.drain_to_limit(&mut self.socket).await {
+                return self.overflow();
             }
         }
         for channel in channels {
@@ -627,5 +669,31 @@ impl Connection {
             }
         }
         Next::Continue
+    }
+}
+
+/// What the socket did.
+enum Io {
+    /// A message read, the end of the stream, or a read error.
+    Read(Option<Result<Message, axum::Error>>),
+    /// Writing failed: the client is gone.
+    Gone,
+}
+
+/// Writes what the socket takes, then reads the next message when
+/// `reading`; pending until one arrives (or the socket fails).
+fn poll_io(
+    cx: &mut Context<'_>,
+    socket: &mut WebSocket,
+    queue: &mut Queue,
+    reading: bool,
+) -> Poll<Io> {
+    if let Poll::Ready(Err(Gone)) = queue.poll_write(cx, socket) {
+        return Poll::Ready(Io::Gone);
+    }
+    if reading {
+        socket.poll_next_unpin(cx).map(Io::Read)
+    } else {
+        Poll::Pending
     }
 }

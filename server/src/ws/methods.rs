@@ -322,7 +322,13 @@ impl Connection {
 
     /// Sends a refused dispatch back to its sender alone: the AHP echo with
     /// `rejectionReason`.
-    fn echo_refusal(&self, channel: &str, action: &Value, origin: &Origin, reason: &str) -> Next {
+    fn echo_refusal(
+        &mut self,
+        channel: &str,
+        action: &Value,
+        origin: &Origin,
+        reason: &str,
+    ) -> Next {
         let frame = action_frame(
             self.engine.hub().published(),
             channel,

@@ -1,16 +1,17 @@
 //! AHP 1.0 over WebSocket at `GET /ahp`: JSON-RPC 2.0, one message per text
 //! frame.
 //!
-//! Each connection is one task reading requests and hub items in turn, plus
-//! a writer task draining its outbound queue to the socket. The queue is
-//! bounded in bytes: a client that cannot keep up is closed with code 4000
-//! and a reason telling it to reconnect and replay, never silently dropped.
+//! Each connection is one task reading requests and hub items in turn and
+//! writing its outbound queue to the socket as the socket takes it. The
+//! queue is bounded in bytes: a client that cannot keep up is closed with
+//! code 4000 and a reason telling it to reconnect and replay, never silently
+//! dropped.
 //! The hub routes only the channels a connection subscribes to into its
 //! inbox; an inbox that overflows is marked lagged and its connection
 //! catches up from the store.
 //!
-//! `queue` holds the outbound queue and its writer, `connection` the read
-//! loop and delivery, `methods` the AHP methods, `rpc` errors and params.
+//! `queue` holds the outbound queue and its writing, `connection` the loop
+//! and delivery, `methods` the AHP methods, `rpc` errors and params.
 
 mod completions;
 mod config;

@@ -1,16 +1,21 @@
-//! The outbound queue of one connection: bounded in bytes, drained by a
-//! writer task. A client that cannot keep up is closed with code 4000 and
-//! a reason telling it to reconnect and replay, never silently dropped.
+//! The outbound queue of one connection, written to its socket by the
+//! connection's own task. It is bounded in bytes: a client that cannot keep
+//! up is closed with code 4000 and a reason telling it to reconnect and
+//! replay, never silently dropped.
+//!
+//! There is no writer task: the connection's loop hands the socket what it
+//! takes whenever it wakes (and when the socket becomes writable), so an
+//! idle connection holds one task, not two, and a frame reaches the socket
+//! without a hop between tasks.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::VecDeque;
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::SinkExt;
-use tokio::sync::mpsc;
 
-/// What the writer task sends.
+/// What the connection writes, in order.
 pub(super) enum Outbound {
     Frame(Utf8Bytes),
     Ping,
@@ -21,121 +26,134 @@ pub(super) enum Outbound {
 /// connection counts as unable to drain. A group commit can publish a burst
 /// larger than the limit at once; a client that keeps reading drains it well
 /// within this time, one that does not read never does.
-const DRAIN_GRACE: Duration = Duration::from_secs(2);
+pub(super) const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
 /// Past this many times the limit the connection is closed at once.
 const HARD_LIMIT_FACTOR: usize = 4;
 
-/// What the connection task and its writer share about the queue.
-pub(super) struct Backlog {
-    pub(super) bytes: AtomicUsize,
-    /// Milliseconds after `epoch` when the queue went over the limit; 0 when
-    /// it is under it.
-    pub(super) over_since: AtomicU64,
-    pub(super) epoch: Instant,
-    pub(super) limit: usize,
-}
+/// The socket failed or was closed under the queue.
+#[derive(Debug)]
+pub(super) struct Gone;
 
-impl Backlog {
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1)
-    }
-
-    fn drained(&self, size: usize) {
-        let left = self
-            .bytes
-            .fetch_sub(size, Ordering::AcqRel)
-            .saturating_sub(size);
-        if left <= self.limit {
-            self.over_since.store(0, Ordering::Release);
-        }
-    }
-}
-
-/// The sending half: a queue bounded in bytes, drained by the writer task.
+/// A connection's outbound frames not yet handed to its socket.
 pub(super) struct Queue {
-    pub(super) sender: mpsc::UnboundedSender<Outbound>,
-    pub(super) backlog: Arc<Backlog>,
+    items: VecDeque<Outbound>,
+    /// Bytes of the frames in `items`.
+    bytes: usize,
+    /// When `bytes` went over `limit`; `None` while it is under.
+    over_since: Option<Instant>,
+    limit: usize,
+    /// Frames handed to the socket and not flushed yet.
+    unflushed: bool,
+    /// Bytes of frames handed to the socket, for the close log.
+    pub(super) written: u64,
 }
 
 impl Queue {
+    pub(super) fn new(limit: usize) -> Self {
+        Self {
+            items: VecDeque::new(),
+            bytes: 0,
+            over_since: None,
+            limit,
+            unflushed: false,
+            written: 0,
+        }
+    }
+
     /// Queues a frame of the live stream; `false` when the client is not
     /// draining: the queue has been over its byte limit for longer than
     /// [`DRAIN_GRACE`], or is over [`HARD_LIMIT_FACTOR`] times it.
-    pub(super) fn push(&self, frame: Utf8Bytes) -> bool {
-        let backlog = &self.backlog;
-        let size = frame.len();
-        let queued = backlog.bytes.fetch_add(size, Ordering::AcqRel) + size;
-        let _ = self.sender.send(Outbound::Frame(frame));
-        if queued <= backlog.limit {
+    pub(super) fn push(&mut self, frame: Utf8Bytes) -> bool {
+        self.bytes += frame.len();
+        self.items.push_back(Outbound::Frame(frame));
+        if self.bytes <= self.limit {
             return true;
         }
-        if queued > backlog.limit.saturating_mul(HARD_LIMIT_FACTOR) {
+        if self.bytes > self.limit.saturating_mul(HARD_LIMIT_FACTOR) {
             return false;
         }
-        let now = backlog.now_ms();
-        match backlog
-            .over_since
-            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => true,
-            Err(since) => now.saturating_sub(since) <= DRAIN_GRACE.as_millis() as u64,
-        }
+        let since = *self.over_since.get_or_insert_with(Instant::now);
+        since.elapsed() <= DRAIN_GRACE
     }
 
     /// Queues an answer to the client's own request. Answers are bounded by
     /// their own limits (replay size), not by the live-stream allowance, or a
     /// large replay could never be delivered.
-    pub(super) fn reply(&self, frame: Utf8Bytes) {
-        self.backlog.bytes.fetch_add(frame.len(), Ordering::AcqRel);
-        let _ = self.sender.send(Outbound::Frame(frame));
+    pub(super) fn reply(&mut self, frame: Utf8Bytes) {
+        self.bytes += frame.len();
+        self.items.push_back(Outbound::Frame(frame));
     }
 
-    pub(super) fn control(&self, message: Outbound) {
-        let _ = self.sender.send(message);
+    /// Queues a ping or a close behind what is queued.
+    pub(super) fn control(&mut self, message: Outbound) {
+        self.items.push_back(message);
     }
-}
 
-/// Drains the queue to the socket, flushing once per burst.
-pub(super) async fn write_loop(
-    mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
-    mut receiver: mpsc::UnboundedReceiver<Outbound>,
-    backlog: Arc<Backlog>,
-) -> u64 {
-    let mut written = 0u64;
-    while let Some(first) = receiver.recv().await {
-        let mut next = Some(first);
-        // Feed everything queued, then flush once.
-        while let Some(item) = next {
-            let sent = match item {
-                Outbound::Frame(frame) => {
-                    let size = frame.len();
-                    written += size as u64;
-                    let result = sink.feed(Message::Text(frame)).await;
-                    backlog.drained(size);
-                    result
+    /// Drops the frames not written yet: a slow consumer replays them.
+    pub(super) fn discard_frames(&mut self) {
+        self.items
+            .retain(|item| !matches!(item, Outbound::Frame(_)));
+        self.bytes = 0;
+        self.over_since = None;
+    }
+
+    /// Whether more than the byte limit waits to be written.
+    pub(super) fn over_limit(&self) -> bool {
+        self.bytes > self.limit
+    }
+
+    /// Hands the socket everything queued and flushes it: ready once all is
+    /// written (or a close frame was, after which nothing more is), pending
+    /// while the socket takes no more (the task is woken when it does).
+    pub(super) fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        socket: &mut WebSocket,
+    ) -> Poll<Result<(), Gone>> {
+        while !self.items.is_empty() {
+            ready!(socket.poll_ready_unpin(cx)).map_err(|_| Gone)?;
+            let message = match self.items.pop_front() {
+                Some(Outbound::Frame(frame)) => {
+                    self.bytes -= frame.len();
+                    if self.bytes <= self.limit {
+                        self.over_since = None;
+                    }
+                    self.written += frame.len() as u64;
+                    Message::Text(frame)
                 }
-                Outbound::Ping => sink.feed(Message::Ping(Default::default())).await,
-                Outbound::Close(code, reason) => {
-                    let frame = CloseFrame {
+                Some(Outbound::Ping) => Message::Ping(Default::default()),
+                Some(Outbound::Close(code, reason)) => {
+                    // Nothing is written after a close frame.
+                    self.items.clear();
+                    Message::Close(Some(CloseFrame {
                         code,
                         reason: reason.into(),
-                    };
-                    let _ = sink.send(Message::Close(Some(frame))).await;
-                    let _ = sink.close().await;
-                    return written;
+                    }))
                 }
+                None => break,
             };
-            if sent.is_err() {
-                return written;
-            }
-            next = receiver.try_recv().ok();
+            socket.start_send_unpin(message).map_err(|_| Gone)?;
+            self.unflushed = true;
         }
-        if sink.flush().await.is_err() {
-            return written;
+        if self.unflushed {
+            ready!(socket.poll_flush_unpin(cx)).map_err(|_| Gone)?;
+            self.unflushed = false;
         }
+        Poll::Ready(Ok(()))
     }
-    written
+
+    /// Writes what the socket takes until the queue is back under its byte
+    /// limit; `false` when it is still over it after [`DRAIN_GRACE`] (the
+    /// client is not reading) or the socket is gone.
+    pub(super) async fn drain_to_limit(&mut self, socket: &mut WebSocket) -> bool {
+        let drained = std::future::poll_fn(|cx| match self.poll_write(cx, socket) {
+            Poll::Ready(written) => Poll::Ready(written.is_ok()),
+            Poll::Pending if self.over_limit() => Poll::Pending,
+            Poll::Pending => Poll::Ready(true),
+        });
+        tokio::time::timeout(DRAIN_GRACE, drained)
+            .await
+            .unwrap_or(false)
+    }
 }
