@@ -12,12 +12,12 @@
 //! the store, which holds everything the hub ever carried (commit happens
 //! before publish).
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 use axum::extract::ws::Utf8Bytes;
-use tokio::sync::{Notify, mpsc};
 
 use crate::store::{Origin, StoredEnvelope};
 
@@ -85,18 +85,48 @@ pub struct Notice {
 }
 
 /// The sending side of one connection's inbox.
+/// One connection's inbox: a bounded queue the hub pushes to and the
+/// connection's task pops from. Hand-built rather than a channel: it
+/// allocates nothing until an item arrives (a tokio channel allocates a
+/// block of 32 slots and its shared state when made), which every idle
+/// connection would pay.
 #[derive(Debug)]
 struct Inbox {
     id: u64,
-    sender: mpsc::Sender<HubItem>,
-    lagged: AtomicBool,
-    wake: Notify,
+    capacity: usize,
+    state: Mutex<InboxState>,
+}
+
+#[derive(Debug, Default)]
+struct InboxState {
+    items: VecDeque<HubItem>,
+    /// An item was dropped since the receiver last heard so.
+    lagged: bool,
+    /// The receiver's task, while it waits.
+    waker: Option<Waker>,
 }
 
 impl Inbox {
+    fn state(&self) -> MutexGuard<'_, InboxState> {
+        // Nothing panics while holding it; recover the data if it ever did.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `item`, or marks the inbox lagged when it is full.
     fn offer(&self, item: HubItem) {
-        if self.sender.try_send(item).is_err() && !self.lagged.swap(true, Ordering::AcqRel) {
-            self.wake.notify_one();
+        let waker = {
+            let mut state = self.state();
+            if state.items.len() < self.capacity {
+                state.items.push_back(item);
+            } else if !state.lagged {
+                state.lagged = true;
+            } else {
+                return;
+            }
+            state.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
         }
     }
 }
@@ -129,20 +159,17 @@ impl Hub {
     /// A new, unrouted inbox for one connection: the handle that routes
     /// channels to it, and its receiving end.
     pub fn subscribe(self: &Arc<Self>) -> (Routing, InboxReceiver) {
-        let (sender, receiver) = mpsc::channel(self.capacity);
-        let id = self.next_inbox.fetch_add(1, Ordering::Relaxed);
         let inbox = Arc::new(Inbox {
-            id,
-            sender,
-            lagged: AtomicBool::new(false),
-            wake: Notify::new(),
+            id: self.next_inbox.fetch_add(1, Ordering::Relaxed),
+            capacity: self.capacity,
+            state: Mutex::new(InboxState::default()),
         });
         let routing = Routing {
             hub: self.clone(),
             inbox: inbox.clone(),
             channels: HashSet::default(),
         };
-        (routing, InboxReceiver { inbox, receiver })
+        (routing, InboxReceiver { inbox })
     }
 
     /// The highest seq published.
@@ -227,40 +254,48 @@ impl Drop for Routing {
     }
 }
 
+/// What a connection's inbox gives it next.
+#[derive(Debug)]
+pub enum Inbound {
+    /// An item routed here, in publish order.
+    Item(HubItem),
+    /// The inbox dropped items since the last `Lagged`: the connection must
+    /// catch up from the store (which covers the items still queued; they
+    /// follow, and are skipped as already delivered).
+    Lagged,
+}
+
 /// A connection's inbox: what the hub routes to it, in publish order.
 #[derive(Debug)]
 pub struct InboxReceiver {
     inbox: Arc<Inbox>,
-    receiver: mpsc::Receiver<HubItem>,
 }
+
+/// An inbox emptied after a burst keeps at most this many slots.
+const INBOX_KEPT_SLOTS: usize = 8;
 
 impl InboxReceiver {
-    /// The next item routed here, in publish order (never `None`: the
-    /// receiver keeps its own sender alive).
-    pub async fn recv(&mut self) -> Option<HubItem> {
-        self.receiver.recv().await
+    /// The next item routed here, or the news that some were dropped.
+    pub async fn next(&mut self) -> Inbound {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
 
-    /// The inbox's lag signal, to await beside [`InboxReceiver::recv`].
-    pub fn lag_signal(&self) -> LagSignal {
-        LagSignal(self.inbox.clone())
-    }
-}
-
-/// Tells a connection that its inbox dropped items.
-#[derive(Debug)]
-pub struct LagSignal(Arc<Inbox>);
-
-impl LagSignal {
-    /// Resolves when the inbox has dropped an item since the last call;
-    /// the caller must then catch up from the store.
-    pub async fn lagged(&self) {
-        loop {
-            if self.0.lagged.swap(false, Ordering::AcqRel) {
-                return;
-            }
-            self.0.wake.notified().await;
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Inbound> {
+        let mut state = self.inbox.state();
+        if std::mem::take(&mut state.lagged) {
+            return Poll::Ready(Inbound::Lagged);
         }
+        if let Some(item) = state.items.pop_front() {
+            if state.items.is_empty() && state.items.capacity() > 8 * INBOX_KEPT_SLOTS {
+                state.items.shrink_to(INBOX_KEPT_SLOTS);
+            }
+            return Poll::Ready(Inbound::Item(item));
+        }
+        match &mut state.waker {
+            Some(waker) => waker.clone_from(cx.waker()),
+            none => *none = Some(cx.waker().clone()),
+        }
+        Poll::Pending
     }
 }
 
@@ -424,5 +459,46 @@ mod tests {
             assert_eq!(frame["params"], want);
             assert_eq!(frame["method"], "action");
         }
+    }
+
+    fn published(seq: u64) -> Arc<Published> {
+        Arc::new(Published {
+            seq,
+            channel: "ahp://session/s1".into(),
+            frame: format!("frame {seq}").into(),
+            directed: None,
+            committed: std::time::Instant::now(),
+        })
+    }
+
+    fn seq_of(inbound: Inbound) -> Option<u64> {
+        match inbound {
+            Inbound::Item(HubItem::Envelope(published)) => Some(published.seq),
+            _ => None,
+        }
+    }
+
+    /// A full inbox drops what does not fit and says so before anything
+    /// else; what it kept follows in publish order, and a waiting receiver
+    /// is woken by the next offer.
+    #[tokio::test]
+    async fn an_inbox_keeps_order_and_reports_what_it_dropped() {
+        let hub = Arc::new(Hub::new(16, 0));
+        let (mut routing, mut inbox) = hub.subscribe();
+        routing.route("ahp://session/s1");
+        for seq in 1..=20 {
+            hub.publish(published(seq));
+        }
+        assert!(matches!(inbox.next().await, Inbound::Lagged));
+        for seq in 1..=16 {
+            assert_eq!(seq_of(inbox.next().await), Some(seq));
+        }
+        let waiting = tokio::spawn(async move { seq_of(inbox.next().await) });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        hub.publish(published(21));
+        assert_eq!(waiting.await.unwrap(), Some(21));
+        drop(routing);
+        assert_eq!(hub.routes().by_channel.len(), 0);
     }
 }

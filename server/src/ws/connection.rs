@@ -29,7 +29,7 @@ use super::{
 use crate::AppState;
 use crate::auth::Principal;
 use crate::auth::limits::{ConnectionSlot, PrincipalLimits};
-use crate::engine::fanout::{HubItem, Routing, action_frame};
+use crate::engine::fanout::{HubItem, Inbound, Routing, action_frame};
 use crate::engine::{DispatchOutcome, Engine, Metrics};
 use crate::store::Origin;
 
@@ -195,7 +195,6 @@ impl Connection {
         let opened = Instant::now();
         let mut bytes_in = 0u64;
         let (routing, mut inbox) = state.engine.hub().subscribe();
-        let lag = inbox.lag_signal();
         let mut connection = Connection {
             engine: state.engine.clone(),
             limits: state.ws.clone(),
@@ -271,8 +270,10 @@ impl Connection {
                         }
                     }
                 },
-                Some(item) = inbox.recv() => connection.on_hub(item),
-                () = lag.lagged() => Box::pin(connection.catch_up_all()).await,
+                inbound = inbox.next() => match inbound {
+                    Inbound::Item(item) => connection.on_hub(item),
+                    Inbound::Lagged => Box::pin(connection.catch_up_all()).await,
+                },
                 Some(reply) = connection.pending.next(), if !connection.pending.is_empty() => {
                     connection.on_answer(reply)
                 }
