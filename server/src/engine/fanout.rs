@@ -280,16 +280,15 @@ impl InboxReceiver {
         std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
 
+    /// The next item if one is there now, without waiting.
+    pub fn try_next(&mut self) -> Option<Inbound> {
+        take_next(&mut self.inbox.state())
+    }
+
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Inbound> {
         let mut state = self.inbox.state();
-        if std::mem::take(&mut state.lagged) {
-            return Poll::Ready(Inbound::Lagged);
-        }
-        if let Some(item) = state.items.pop_front() {
-            if state.items.is_empty() && state.items.capacity() > 8 * INBOX_KEPT_SLOTS {
-                state.items.shrink_to(INBOX_KEPT_SLOTS);
-            }
-            return Poll::Ready(Inbound::Item(item));
+        if let Some(inbound) = take_next(&mut state) {
+            return Poll::Ready(inbound);
         }
         match &mut state.waker {
             Some(waker) => waker.clone_from(cx.waker()),
@@ -297,6 +296,17 @@ impl InboxReceiver {
         }
         Poll::Pending
     }
+}
+
+fn take_next(state: &mut InboxState) -> Option<Inbound> {
+    if std::mem::take(&mut state.lagged) {
+        return Some(Inbound::Lagged);
+    }
+    let item = state.items.pop_front()?;
+    if state.items.is_empty() && state.items.capacity() > 8 * INBOX_KEPT_SLOTS {
+        state.items.shrink_to(INBOX_KEPT_SLOTS);
+    }
+    Some(Inbound::Item(item))
 }
 
 fn remove_inbox(routes: &mut Routes, channel: &str, id: u64) {

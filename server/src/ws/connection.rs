@@ -24,7 +24,7 @@ use super::queue::{Gone, Outbound, Queue};
 use super::rpc::RpcError;
 use super::{
     CATCH_UP_PAGE, CLOSE_LINGER, CLOSE_PING_TIMEOUT, CLOSE_SLOW_CONSUMER, CLOSE_TOKEN_EXPIRED,
-    CLOSE_TOO_BIG, CLOSE_UNSUPPORTED_VERSION, MAX_INFLIGHT_DISPATCHES, WsLimits,
+    CLOSE_TOO_BIG, CLOSE_UNSUPPORTED_VERSION, INBOX_BATCH, MAX_INFLIGHT_DISPATCHES, WsLimits,
 };
 use crate::AppState;
 use crate::auth::Principal;
@@ -270,10 +270,18 @@ impl Connection {
                         }
                     }
                 },
-                inbound = inbox.next() => match inbound {
-                    Inbound::Item(item) => connection.on_hub(item),
-                    Inbound::Lagged => Box::pin(connection.catch_up_all()).await,
-                },
+                inbound = inbox.next() => {
+                    // What else the hub has routed here already goes out
+                    // with it, in one write to the socket.
+                    let mut next = connection.on_inbound(inbound).await;
+                    let mut taken = 1;
+                    while matches!(next, Next::Continue) && taken < INBOX_BATCH {
+                        let Some(more) = inbox.try_next() else { break };
+                        next = connection.on_inbound(more).await;
+                        taken += 1;
+                    }
+                    next
+                }
                 Some(reply) = connection.pending.next(), if !connection.pending.is_empty() => {
                     connection.on_answer(reply)
                 }
@@ -407,6 +415,13 @@ impl Connection {
             error["data"] = data;
         }
         self.send(json!({"jsonrpc": "2.0", "id": id, "error": error}).to_string())
+    }
+
+    async fn on_inbound(&mut self, inbound: Inbound) -> Next {
+        match inbound {
+            Inbound::Item(item) => self.on_hub(item),
+            Inbound::Lagged => Box::pin(self.catch_up_all()).await,
+        }
     }
 
     fn on_hub(&mut self, item: HubItem) -> Next {

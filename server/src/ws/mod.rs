@@ -95,6 +95,10 @@ const MAX_INFLIGHT_DISPATCHES: usize = 1024;
 /// How many envelopes one catch-up read takes.
 const CATCH_UP_PAGE: u32 = 1_000;
 
+/// Hub items a connection takes in one turn of its loop, when that many
+/// are waiting: they reach the socket in one write, not one each.
+const INBOX_BATCH: usize = 64;
+
 /// The route of this module.
 pub fn router() -> Router<AppState> {
     Router::new().route("/ahp", get(upgrade))
