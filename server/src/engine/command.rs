@@ -86,8 +86,8 @@ pub struct ChatFork {
 #[derive(Debug)]
 pub enum Command {
     /// Validate, apply and commit an action.
-    /// Boxed, as the operation below: a mailbox allocates room for 32
-    /// commands up front, so the command's size is paid 32 times by every
+    /// Boxed, as the operation below: a mailbox keeps the slots its last
+    /// burst needed, so the command's size is paid several times by every
     /// live session.
     Dispatch(Box<Dispatch>),
     /// Create the session.

@@ -12,13 +12,14 @@
 //! the store, which holds everything the hub ever carried (commit happens
 //! before publish).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use axum::extract::ws::Utf8Bytes;
 
+use super::mailbox::Waiting;
 use crate::store::{Origin, StoredEnvelope};
 
 /// One committed envelope, ready to send.
@@ -86,10 +87,8 @@ pub struct Notice {
 
 /// The sending side of one connection's inbox.
 /// One connection's inbox: a bounded queue the hub pushes to and the
-/// connection's task pops from. Hand-built rather than a channel: it
-/// allocates nothing until an item arrives (a tokio channel allocates a
-/// block of 32 slots and its shared state when made), which every idle
-/// connection would pay.
+/// connection's task pops from. Hand-built rather than a channel (see
+/// `mailbox`): it allocates nothing until an item arrives.
 #[derive(Debug)]
 struct Inbox {
     id: u64,
@@ -99,11 +98,9 @@ struct Inbox {
 
 #[derive(Debug, Default)]
 struct InboxState {
-    items: VecDeque<HubItem>,
+    items: Waiting<HubItem>,
     /// An item was dropped since the receiver last heard so.
     lagged: bool,
-    /// The receiver's task, while it waits.
-    waker: Option<Waker>,
 }
 
 impl Inbox {
@@ -117,13 +114,13 @@ impl Inbox {
         let waker = {
             let mut state = self.state();
             if state.items.len() < self.capacity {
-                state.items.push_back(item);
+                state.items.push(item)
             } else if !state.lagged {
                 state.lagged = true;
+                state.items.unpark()
             } else {
                 return;
             }
-            state.waker.take()
         };
         if let Some(waker) = waker {
             waker.wake();
@@ -271,9 +268,6 @@ pub struct InboxReceiver {
     inbox: Arc<Inbox>,
 }
 
-/// An inbox emptied after a burst keeps at most this many slots.
-const INBOX_KEPT_SLOTS: usize = 8;
-
 impl InboxReceiver {
     /// The next item routed here, or the news that some were dropped.
     pub async fn next(&mut self) -> Inbound {
@@ -290,10 +284,7 @@ impl InboxReceiver {
         if let Some(inbound) = take_next(&mut state) {
             return Poll::Ready(inbound);
         }
-        match &mut state.waker {
-            Some(waker) => waker.clone_from(cx.waker()),
-            none => *none = Some(cx.waker().clone()),
-        }
+        state.items.park(cx);
         Poll::Pending
     }
 }
@@ -302,11 +293,7 @@ fn take_next(state: &mut InboxState) -> Option<Inbound> {
     if std::mem::take(&mut state.lagged) {
         return Some(Inbound::Lagged);
     }
-    let item = state.items.pop_front()?;
-    if state.items.is_empty() && state.items.capacity() > 8 * INBOX_KEPT_SLOTS {
-        state.items.shrink_to(INBOX_KEPT_SLOTS);
-    }
-    Some(Inbound::Item(item))
+    state.items.pop().map(Inbound::Item)
 }
 
 fn remove_inbox(routes: &mut Routes, channel: &str, id: u64) {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tether_protocol::model::{SessionCreated, SessionModel};
 use tether_protocol::view::SessionView;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::command::{ChatFork, Command, Dispatch, DispatchOutcome, Operation};
 use super::fanout::Published;
@@ -338,7 +338,7 @@ pub(super) async fn run_proxy(
     id: &str,
     ctx: &Arc<Ctx>,
     cluster: &Arc<Cluster>,
-    mailbox: &mut mpsc::Receiver<Command>,
+    mailbox: &mut super::mailbox::Receiver<Command>,
 ) -> ProxyEnd {
     let mut model: Option<SessionModel> = None;
     let mut holder: Option<String> = None;

@@ -20,6 +20,7 @@ pub mod fanout;
 mod forward;
 pub mod host_tools;
 pub mod indexing;
+mod mailbox;
 pub mod mcp;
 mod notify;
 mod operations;
@@ -40,7 +41,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tether_protocol::channel::{Channel, ROOT};
 use tether_protocol::view::SessionView;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 pub use actor::DispatchOutcome;
 pub use error::{EngineError, Refusal, RefusalKind};
@@ -215,7 +216,7 @@ pub(crate) struct Ctx {
     effects: Arc<dyn Effects>,
     config: EngineConfig,
     metrics: Arc<Metrics>,
-    actors: Mutex<HashMap<String, mpsc::Sender<Command>>>,
+    actors: Mutex<HashMap<String, mailbox::Sender<Command>>>,
     /// One permit per running ACP agent process.
     agent_slots: Arc<tokio::sync::Semaphore>,
     /// Which clients are connected, and where they are active.
@@ -265,7 +266,7 @@ impl Ctx {
     /// The mailbox of a session's actor, started if needed. Not async: an
     /// actor re-routes commands through it, and an async fn here would make
     /// the actor's future contain itself.
-    fn mailbox(self: &Arc<Self>, id: &str) -> Option<mpsc::Sender<Command>> {
+    fn mailbox(self: &Arc<Self>, id: &str) -> Option<mailbox::Sender<Command>> {
         let mut actors = self.actors.lock().ok()?;
         // A session retention is deleting gets no actor (the lock order is
         // `actors`, then `retiring`).
@@ -276,7 +277,7 @@ impl Ctx {
             actors
                 .entry(id.to_owned())
                 .or_insert_with(|| {
-                    let (sender, mailbox) = mpsc::channel(MAILBOX);
+                    let (sender, mailbox) = mailbox::mailbox(MAILBOX);
                     tokio::spawn(SessionActor::run(id.to_owned(), self.clone(), mailbox));
                     sender
                 })
@@ -314,7 +315,7 @@ impl Ctx {
     /// Removes an idle actor from the registry if nothing is queued for it.
     /// Under the registry lock no new sender can be handed out, so a
     /// command sent after this returns fails and is re-routed to a new actor.
-    fn evict_if_idle(&self, id: &str, mailbox: &mpsc::Receiver<Command>) -> bool {
+    fn evict_if_idle(&self, id: &str, mailbox: &mailbox::Receiver<Command>) -> bool {
         let Ok(mut actors) = self.actors.lock() else {
             return false;
         };
@@ -563,7 +564,7 @@ impl Engine {
             match sender.send(command).await {
                 Ok(()) => return,
                 // The actor was evicted between lookup and send: start anew.
-                Err(mpsc::error::SendError(returned)) => {
+                Err(mailbox::Closed(returned)) => {
                     self.ctx.forget_actor(id);
                     command = returned;
                 }
@@ -770,11 +771,10 @@ pub fn notification(method: &str, params: Value) -> String {
 
 #[cfg(test)]
 mod item_sizes {
-    /// Every session actor's mailbox and every connection's inbox
-    /// allocate room for 32 items when they are made (tokio's channel
-    /// blocks), so an item's size is paid 32 times by every session in
-    /// memory and every connection, busy or idle. A large variant goes in a
-    /// box.
+    /// Every session actor's mailbox and every connection's inbox keep
+    /// the slots their last burst needed (up to eight after a large one),
+    /// so an item's size is paid several times by every session in memory
+    /// and every connection, busy or idle. A large variant goes in a box.
     #[test]
     fn queued_items_stay_small() {
         let command = std::mem::size_of::<super::actor::Command>();

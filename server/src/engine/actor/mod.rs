@@ -18,7 +18,6 @@ use serde_json::Value;
 use tether_protocol::channel::Channel;
 use tether_protocol::model::SessionModel;
 use tether_protocol::view::SessionView;
-use tokio::sync::mpsc;
 
 pub use super::command::{Command, Dispatch, DispatchOutcome};
 mod agent;
@@ -83,7 +82,11 @@ impl SessionActor {
     /// Every step is boxed: this future is the task's size for as long as
     /// the session stays in memory, and unboxed it held room for the
     /// largest step's state (kilobytes) while it waited idle.
-    pub(super) async fn run(id: String, ctx: Arc<Ctx>, mut mailbox: mpsc::Receiver<Command>) {
+    pub(super) async fn run(
+        id: String,
+        ctx: Arc<Ctx>,
+        mut mailbox: super::mailbox::Receiver<Command>,
+    ) {
         let mut first = None;
         let mut taken_from = None;
         if let Some(cluster) = ctx.cluster.clone() {
@@ -217,12 +220,12 @@ impl SessionActor {
                     let mut other = None;
                     while batch.len() < actor.ctx.config.actor_batch {
                         match mailbox.try_recv() {
-                            Ok(Command::Dispatch(next)) => batch.push(*next),
-                            Ok(command) => {
+                            Some(Command::Dispatch(next)) => batch.push(*next),
+                            Some(command) => {
                                 other = Some(command);
                                 break;
                             }
-                            Err(_) => break,
+                            None => break,
                         }
                     }
                     Box::pin(actor.dispatch_batch(batch)).await;
@@ -261,7 +264,7 @@ impl SessionActor {
 
     /// Another host holds the lease now: stop, and hand what is queued to
     /// a new actor, which forwards it to that host.
-    async fn step_down(self, mut mailbox: mpsc::Receiver<Command>) {
+    async fn step_down(self, mut mailbox: super::mailbox::Receiver<Command>) {
         tracing::warn!(session = %self.id, "another host holds this session's lease now; stepping down");
         self.ctx.forget_actor(&self.id);
         mailbox.close();
