@@ -85,7 +85,6 @@ pub struct Notice {
     pub project: String,
 }
 
-/// The sending side of one connection's inbox.
 /// One connection's inbox: a bounded queue the hub pushes to and the
 /// connection's task pops from. Hand-built rather than a channel (see
 /// `mailbox`): it allocates nothing until an item arrives.
