@@ -519,14 +519,15 @@ impl Connection {
                     }
                 }
             }
-            // Paced by the client: what the socket takes goes out after each
-            // page, and a page that leaves the queue over its limit is
-            // written before the next is read.
-            if self.write_what_fits().await.is_err() {
+            // Paced by the client: a page that leaves the queue over its
+            // limit is written before the next is read; otherwise what the
+            // socket takes goes out now.
+            if self.queue.over_limit() {
+                if !self.queue.drain_to_limit(&mut self.socket).await {
+                    return self.overflow();
+                }
+            } else if self.write_what_fits().await.is_err() {
                 return Next::Close(1011, "the socket failed during catch-up".into());
-            }
-            if self.queue.over_limit() && !self.queue.drain_to_limit(&mut self.socket).await {
-                return self.overflow();
             }
         }
         for channel in channels {

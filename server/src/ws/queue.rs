@@ -26,7 +26,7 @@ pub(super) enum Outbound {
 /// connection counts as unable to drain. A group commit can publish a burst
 /// larger than the limit at once; a client that keeps reading drains it well
 /// within this time, one that does not read never does.
-pub(super) const DRAIN_GRACE: Duration = Duration::from_secs(2);
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
 /// Past this many times the limit the connection is closed at once.
 const HARD_LIMIT_FACTOR: usize = 4;
@@ -65,8 +65,7 @@ impl Queue {
     /// draining: the queue has been over its byte limit for longer than
     /// [`DRAIN_GRACE`], or is over [`HARD_LIMIT_FACTOR`] times it.
     pub(super) fn push(&mut self, frame: Utf8Bytes) -> bool {
-        self.bytes += frame.len();
-        self.items.push_back(Outbound::Frame(frame));
+        self.reply(frame);
         if self.bytes <= self.limit {
             return true;
         }
