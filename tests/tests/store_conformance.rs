@@ -21,6 +21,7 @@ backend_tests!(
     transcript_pages_hold_one_session_in_order,
     session_pages_list_every_session_once_newest_first,
     the_read_model_is_written_with_the_log,
+    one_batch_writing_a_key_twice_keeps_the_latest,
     snapshots_return_the_newest,
     working_contexts_upsert_and_list_most_recent_first,
     a_killed_writer_loses_no_acknowledged_append,
@@ -549,6 +550,40 @@ async fn the_read_model_is_written_with_the_log(db: TestDb) {
     assert_eq!(row.record.created_ms, 1_700_000_000_000);
     assert!(row.updated_ms >= row.record.created_ms);
     assert!(store.session("nope").await.unwrap().is_none());
+    store.close().await;
+}
+
+/// A group commit writes each table in one statement (Postgres); a batch
+/// that names the same session, chat or owner twice still commits, with
+/// the latest record and owner and the first chat's session.
+async fn one_batch_writing_a_key_twice_keeps_the_latest(db: TestDb) {
+    let store = db.open().await;
+    let mut first = from_client(envelope("ahp-session:/k", 1), "c1", 1);
+    first.session = Some(record("k", "p", "dormant"));
+    first.chats = vec!["ahp-chat:/k.main".to_owned()];
+    first.owner = Some("alice".to_owned());
+    let mut second = from_client(envelope("ahp-session:/k", 2), "c1", 2);
+    second.session = Some(record("k", "p", "active"));
+    second.chats = vec!["ahp-chat:/k.main".to_owned()];
+    second.owner = Some("bob".to_owned());
+    let mut other = from_client(envelope("ahp-session:/j", 3), "c1", 3);
+    other.session = Some(record("j", "p", "dormant"));
+    other.chats = vec!["ahp-chat:/k.main".to_owned()];
+    let seqs = committed(&store.append(vec![first, second, other]).await.unwrap());
+    assert_eq!(seqs.len(), 3);
+    let row = store.session("k").await.unwrap().unwrap();
+    assert_eq!(row.record.state, "active");
+    assert_eq!(row.last_seq, seqs[1]);
+    assert_eq!(store.session("j").await.unwrap().unwrap().last_seq, seqs[2]);
+    assert_eq!(
+        store.chat_session("ahp-chat:/k.main").await.unwrap().as_deref(),
+        Some("k"),
+        "a chat keeps the session that named it first"
+    );
+    assert_eq!(
+        store.client_owners("k").await.unwrap(),
+        vec![("c1".to_owned(), "bob".to_owned())]
+    );
     store.close().await;
 }
 

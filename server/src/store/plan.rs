@@ -3,9 +3,12 @@
 //! The plan decides, from the batch, the host's `last_seq`, the origins the
 //! store already has and the fenced sessions, which envelope gets which seq
 //! and which rows are written; each backend then writes it its own way.
-//! Postgres sends a constant number of statements per batch (one origin
-//! query, one `UNNEST` insert, one session upsert, one host update): a
-//! network round trip each. SQLite runs the whole batch on its writer
+//! Postgres sends a constant number of statements per batch, a network
+//! round trip each: the `BEGIN` that takes the host lock, one query for the
+//! last seq and the known origins, one statement of `UNNEST` inserts for
+//! the log, the sessions, the chats, the owners and the host's last seq,
+//! and the `COMMIT` (more only for what ingest rarely carries: turns,
+//! search documents, usage, events, snapshots). SQLite runs the whole batch on its writer
 //! thread with prepared statements, one row at a time, where a statement
 //! costs no hop.
 
@@ -88,7 +91,9 @@ pub fn plan<'a>(
     let mut rows = Vec::with_capacity(batch.len());
     let mut slots = Vec::with_capacity(batch.len());
     let mut chats = Vec::new();
-    let mut owners = Vec::new();
+    // The latest owner per (session, client): a statement may write each
+    // key once.
+    let mut owners = HashMap::new();
     let mut turns = Vec::new();
     let mut taken: HashSet<&Origin> = HashSet::new();
     // Session id → its latest fresh seq in this batch, and its latest record.
@@ -129,7 +134,7 @@ pub fn plan<'a>(
                     .map(|c| (c.as_str(), session_id.as_str())),
             );
             if let (Some(sub), Some(origin)) = (&envelope.owner, &envelope.origin) {
-                owners.push((session_id.as_str(), origin.client_id.as_str(), sub.as_str()));
+                owners.insert((session_id.as_str(), origin.client_id.as_str()), sub.as_str());
             }
         }
     }
@@ -161,7 +166,10 @@ pub fn plan<'a>(
         rows,
         sessions,
         chats,
-        owners,
+        owners: owners
+            .into_iter()
+            .map(|((session, client), sub)| (session, client, sub))
+            .collect(),
         turns,
         slots,
         last_seq: next,

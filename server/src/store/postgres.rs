@@ -368,39 +368,43 @@ impl PostgresStore {
         Ok(others.into_iter().collect())
     }
 
-    /// Which of `origins` already have an outcome (a log row or a
-    /// recorded rejection), in one query.
-    async fn existing_origins(
+    /// The host's last issued seq, and which of `origins` already have an
+    /// outcome (a log row or a recorded rejection), in one query. The caller
+    /// holds the host row's lock, taken by an earlier statement, so this one
+    /// sees every commit made before the lock was granted.
+    async fn last_seq_and_origins(
         tx: &mut Transaction<'static, Postgres>,
         origins: &[&Origin],
-    ) -> Result<HashSet<Origin>, StoreError> {
-        if origins.is_empty() {
-            return Ok(HashSet::new());
-        }
+    ) -> Result<(i64, HashSet<Origin>), StoreError> {
         let ids: Vec<&str> = origins.iter().map(|o| o.client_id.as_str()).collect();
         let seqs: Vec<i64> = origins.iter().map(|o| seq_to_db(o.client_seq)).collect();
         let scopes: Vec<&str> = origins.iter().map(|o| o.scope.as_str()).collect();
-        // `OFFSET 0` keeps each EXISTS a per-origin lookup in the unique
-        // index. Without it the planner may turn it into a hashed subplan,
-        // which reads the whole table: on a fresh database (no statistics
-        // yet) the cached generic plan did so for every group commit, and
-        // the probe grew with the log (3.6 ms a commit after 30,000 rows;
-        // BENCHMARKS.md).
-        let found: Vec<(String, i64, String)> = sqlx::query_as(
-            "SELECT o.client_id, o.client_seq, o.scope \
-             FROM UNNEST($1::text[], $2::bigint[], $3::text[]) AS o (client_id, client_seq, scope) \
-             WHERE EXISTS (SELECT 1 FROM log l WHERE l.client_id = o.client_id \
-                           AND l.origin_scope = o.scope AND l.client_seq = o.client_seq OFFSET 0) \
-                OR EXISTS (SELECT 1 FROM rejections r WHERE r.client_id = o.client_id \
-                           AND r.origin_scope = o.scope AND r.client_seq = o.client_seq OFFSET 0)",
+        // The host row, joined with each origin found: one row with NULLs
+        // when none is. `OFFSET 0` keeps each EXISTS a per-origin lookup in
+        // the unique index. Without it the planner may turn it into a hashed
+        // subplan, which reads the whole table: on a fresh database (no
+        // statistics yet) the cached generic plan did so for every group
+        // commit, and the probe grew with the log (3.6 ms a commit after
+        // 30,000 rows; BENCHMARKS.md).
+        let found: Vec<(i64, Option<String>, Option<i64>, Option<String>)> = sqlx::query_as(
+            "SELECT h.last_seq, o.client_id, o.client_seq, o.scope FROM host h LEFT JOIN ( \
+                 SELECT o.client_id, o.client_seq, o.scope \
+                 FROM UNNEST($1::text[], $2::bigint[], $3::text[]) AS o (client_id, client_seq, scope) \
+                 WHERE EXISTS (SELECT 1 FROM log l WHERE l.client_id = o.client_id \
+                               AND l.origin_scope = o.scope AND l.client_seq = o.client_seq OFFSET 0) \
+                    OR EXISTS (SELECT 1 FROM rejections r WHERE r.client_id = o.client_id \
+                               AND r.origin_scope = o.scope AND r.client_seq = o.client_seq OFFSET 0) \
+             ) o ON true WHERE h.id = 1",
         )
         .bind(ids)
         .bind(seqs)
         .bind(scopes)
         .fetch_all(&mut **tx)
         .await?;
-        found
+        let last = found.first().ok_or(sqlx::Error::RowNotFound)?.0;
+        let existing = found
             .into_iter()
+            .filter_map(|(_, client_id, seq, scope)| Some((client_id?, seq?, scope?)))
             .map(|(client_id, seq, scope)| {
                 Ok(Origin {
                     client_id,
@@ -408,9 +412,14 @@ impl PostgresStore {
                     scope,
                 })
             })
-            .collect()
+            .collect::<Result<_, StoreError>>()?;
+        Ok((last, existing))
     }
 }
+
+/// Begins a group commit's transaction holding the host row's lock, in one
+/// round trip: every writer of origins and seqs takes this lock first.
+const BEGIN_LOCKED: &str = "BEGIN; SELECT 1 FROM host WHERE id = 1 FOR UPDATE";
 
 #[async_trait]
 impl Store for PostgresStore {
@@ -441,114 +450,82 @@ impl Store for PostgresStore {
         snapshots: Vec<Snapshot>,
     ) -> Result<Vec<Appended>, StoreError> {
         let (batch, snapshots) = (batch.as_slice(), snapshots.as_slice());
-        let mut tx = self.pool.begin().await?;
-        // The host lock makes the origin check and the inserts race-free:
-        // every writer of origins holds it.
-        let last = Self::lock_host(&mut tx).await?;
+        // The host lock makes the origin check and the inserts race-free.
+        let mut tx = self.pool.begin_with(BEGIN_LOCKED).await?;
         let at_ms = now_ms();
-        let existing = Self::existing_origins(&mut tx, &plan::origins(batch)).await?;
+        let (last, existing) = Self::last_seq_and_origins(&mut tx, &plan::origins(batch)).await?;
         let fenced = if self.fencing.load(Ordering::Acquire) {
             Self::fenced(&mut tx, batch, &self.host).await?
         } else {
             HashSet::new()
         };
         let plan = plan::plan(batch, last, &existing, &fenced);
-        // Every statement takes its rows as arrays: a constant number of
-        // round trips per batch.
         if !plan.rows.is_empty() {
-            // One array per column.
+            // One statement writes the log rows, the session records, the
+            // chats, the client owners and the host's last seq: one round
+            // trip. Its parts cannot see each other's rows, and need not:
+            // no table here reads another.
             let rows = &plan.rows;
             let column =
                 |f: for<'r> fn(&'r plan::LogRow<'r>) -> Option<&'r str>| -> Vec<Option<&str>> {
                     rows.iter().map(f).collect()
                 };
-            let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
-            let client_seqs: Vec<Option<i64>> = rows
-                .iter()
-                .map(|r| r.envelope.origin.as_ref().map(|o| seq_to_db(o.client_seq)))
-                .collect();
-            let channels = column(|r| Some(&r.envelope.channel));
-            let session_ids = column(|r| r.envelope.session_id.as_deref());
-            let actions = column(|r| Some(&r.envelope.action));
-            let client_ids = column(|r| r.envelope.origin.as_ref().map(|o| o.client_id.as_str()));
-            let scopes = column(|r| Some(r.envelope.origin.as_ref().map_or("", |o| &o.scope)));
-            sqlx::query(
-                "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, \
-                                  origin_scope, at_ms) \
-                 SELECT r.*, $8 FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], \
-                                            $5::text[], $6::bigint[], $7::text[]) AS r",
-            )
-            .bind(seqs)
-            .bind(channels)
-            .bind(session_ids)
-            .bind(actions)
-            .bind(client_ids)
-            .bind(client_seqs)
-            .bind(scopes)
-            .bind(at_ms)
-            .execute(&mut *tx)
-            .await?;
-        }
-        if !plan.sessions.is_empty() {
-            // One array per column.
             let records = &plan.sessions;
             let text = |f: fn(&SessionRecord) -> Option<&str>| -> Vec<Option<&str>> {
                 records.iter().map(|(r, _)| f(r)).collect()
             };
-            let ids = text(|r| Some(&r.id));
-            let projects = text(|r| Some(&r.project));
-            let providers = text(|r| Some(&r.provider));
-            let titles = text(|r| r.title.as_deref());
-            let states = text(|r| Some(&r.state));
-            let projections = text(|r| Some(&r.projection));
-            let turns: Vec<i64> = records.iter().map(|(r, _)| seq_to_db(r.turns)).collect();
-            let resumables: Vec<bool> = records.iter().map(|(r, _)| r.resumable).collect();
-            let last_seqs: Vec<i64> = records.iter().map(|(_, seq)| *seq).collect();
-            let created: Vec<i64> = records.iter().map(|(r, _)| r.created_ms).collect();
             sqlx::query(
-                "INSERT INTO sessions (id, project, provider, title, state, turns, resumable, \
-                                       last_seq, created_ms, projection, updated_ms) \
-                 SELECT r.*, $11 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], \
-                     $5::text[], $6::bigint[], $7::boolean[], $8::bigint[], $9::bigint[], \
-                     $10::text[]) AS r \
-                 ON CONFLICT (id) DO UPDATE SET project = excluded.project, \
-                     provider = excluded.provider, title = excluded.title, state = excluded.state, \
-                     turns = excluded.turns, resumable = excluded.resumable, \
-                     last_seq = excluded.last_seq, updated_ms = excluded.updated_ms, \
-                     projection = excluded.projection",
+                "WITH l AS (INSERT INTO log (seq, channel, session_id, action, client_id, \
+                                            client_seq, origin_scope, at_ms) \
+                     SELECT r.*, $8 FROM UNNEST($1::bigint[], $2::text[], $3::text[], \
+                         $4::text[], $5::text[], $6::bigint[], $7::text[]) AS r), \
+                 s AS (INSERT INTO sessions (id, project, provider, title, state, turns, \
+                                             resumable, last_seq, created_ms, projection, \
+                                             updated_ms) \
+                     SELECT r.*, $8 FROM UNNEST($9::text[], $10::text[], $11::text[], \
+                         $12::text[], $13::text[], $14::bigint[], $15::boolean[], \
+                         $16::bigint[], $17::bigint[], $18::text[]) AS r \
+                     ON CONFLICT (id) DO UPDATE SET project = excluded.project, \
+                         provider = excluded.provider, title = excluded.title, \
+                         state = excluded.state, turns = excluded.turns, \
+                         resumable = excluded.resumable, last_seq = excluded.last_seq, \
+                         updated_ms = excluded.updated_ms, projection = excluded.projection), \
+                 c AS (INSERT INTO chats (chat, session_id) \
+                     SELECT * FROM UNNEST($19::text[], $20::text[]) \
+                     ON CONFLICT (chat) DO NOTHING), \
+                 o AS (INSERT INTO client_owners (session_id, client_id, sub) \
+                     SELECT * FROM UNNEST($21::text[], $22::text[], $23::text[]) \
+                     ON CONFLICT (session_id, client_id) DO UPDATE SET sub = excluded.sub) \
+                 UPDATE host SET last_seq = $24 WHERE id = 1",
             )
-            .bind(ids)
-            .bind(projects)
-            .bind(providers)
-            .bind(titles)
-            .bind(states)
-            .bind(turns)
-            .bind(resumables)
-            .bind(last_seqs)
-            .bind(created)
-            .bind(projections)
+            .bind(rows.iter().map(|r| r.seq).collect::<Vec<i64>>())
+            .bind(column(|r| Some(&r.envelope.channel)))
+            .bind(column(|r| r.envelope.session_id.as_deref()))
+            .bind(column(|r| Some(&r.envelope.action)))
+            .bind(column(|r| r.envelope.origin.as_ref().map(|o| o.client_id.as_str())))
+            .bind(
+                rows.iter()
+                    .map(|r| r.envelope.origin.as_ref().map(|o| seq_to_db(o.client_seq)))
+                    .collect::<Vec<Option<i64>>>(),
+            )
+            .bind(column(|r| Some(r.envelope.origin.as_ref().map_or("", |o| &o.scope))))
             .bind(at_ms)
-            .execute(&mut *tx)
-            .await?;
-        }
-        for (chat, session_id) in &plan.chats {
-            sqlx::query(
-                "INSERT INTO chats (chat, session_id) VALUES ($1, $2) \
-                 ON CONFLICT (chat) DO NOTHING",
-            )
-            .bind(chat)
-            .bind(session_id)
-            .execute(&mut *tx)
-            .await?;
-        }
-        for (session_id, client_id, sub) in &plan.owners {
-            sqlx::query(
-                "INSERT INTO client_owners (session_id, client_id, sub) VALUES ($1, $2, $3) \
-                 ON CONFLICT (session_id, client_id) DO UPDATE SET sub = excluded.sub",
-            )
-            .bind(session_id)
-            .bind(client_id)
-            .bind(sub)
+            .bind(text(|r| Some(&r.id)))
+            .bind(text(|r| Some(&r.project)))
+            .bind(text(|r| Some(&r.provider)))
+            .bind(text(|r| r.title.as_deref()))
+            .bind(text(|r| Some(&r.state)))
+            .bind(records.iter().map(|(r, _)| seq_to_db(r.turns)).collect::<Vec<i64>>())
+            .bind(records.iter().map(|(r, _)| r.resumable).collect::<Vec<bool>>())
+            .bind(records.iter().map(|(_, seq)| *seq).collect::<Vec<i64>>())
+            .bind(records.iter().map(|(r, _)| r.created_ms).collect::<Vec<i64>>())
+            .bind(text(|r| Some(&r.projection)))
+            .bind(plan.chats.iter().map(|c| c.0).collect::<Vec<&str>>())
+            .bind(plan.chats.iter().map(|c| c.1).collect::<Vec<&str>>())
+            .bind(plan.owners.iter().map(|o| o.0).collect::<Vec<&str>>())
+            .bind(plan.owners.iter().map(|o| o.1).collect::<Vec<&str>>())
+            .bind(plan.owners.iter().map(|o| o.2).collect::<Vec<&str>>())
+            .bind(plan.last_seq)
             .execute(&mut *tx)
             .await?;
         }
@@ -562,12 +539,6 @@ impl Store for PostgresStore {
         Self::write_usage_in(&mut tx, &plan.usage, at_ms).await?;
         for (seq, session_id, event) in &plan.events {
             Self::write_event_in(&mut tx, *seq, *session_id, at_ms, event).await?;
-        }
-        if plan.last_seq != last {
-            sqlx::query("UPDATE host SET last_seq = $1 WHERE id = 1")
-                .bind(plan.last_seq)
-                .execute(&mut *tx)
-                .await?;
         }
         for snapshot in snapshots {
             Self::write_snapshot_in(&mut tx, snapshot).await?;
