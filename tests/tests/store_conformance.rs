@@ -576,7 +576,11 @@ async fn one_batch_writing_a_key_twice_keeps_the_latest(db: TestDb) {
     assert_eq!(row.last_seq, seqs[1]);
     assert_eq!(store.session("j").await.unwrap().unwrap().last_seq, seqs[2]);
     assert_eq!(
-        store.chat_session("ahp-chat:/k.main").await.unwrap().as_deref(),
+        store
+            .chat_session("ahp-chat:/k.main")
+            .await
+            .unwrap()
+            .as_deref(),
         Some("k"),
         "a chat keeps the session that named it first"
     );

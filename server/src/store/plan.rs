@@ -134,7 +134,10 @@ pub fn plan<'a>(
                     .map(|c| (c.as_str(), session_id.as_str())),
             );
             if let (Some(sub), Some(origin)) = (&envelope.owner, &envelope.origin) {
-                owners.insert((session_id.as_str(), origin.client_id.as_str()), sub.as_str());
+                owners.insert(
+                    (session_id.as_str(), origin.client_id.as_str()),
+                    sub.as_str(),
+                );
             }
         }
     }

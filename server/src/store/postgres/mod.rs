@@ -12,7 +12,6 @@
 //! fence checked at the start of an append holds until it commits. Tailing hosts are
 //! woken after the commit, by `cluster`, not inside the transaction.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -24,8 +23,8 @@ use uuid::Uuid;
 
 use super::plan;
 use super::search::{self, SearchHit, SearchRequest};
-use super::usage::{self, UsageQuery, UsageRow, UsageTotal};
-use super::webhooks::{self, Attempt, DeliveryRow, Due, OutboxEvent, Webhook};
+use super::usage::{self, UsageQuery, UsageTotal};
+use super::webhooks::{Attempt, DeliveryRow, Due, Webhook};
 use super::{
     Appended, ArchivedTurn, Attachment, Backend, Expired, HostRecord, NewEnvelope, Origin,
     OriginOutcome, Rejection, SavedContext, SessionFilter, SessionPage, SessionRecord, SessionRow,
@@ -33,6 +32,9 @@ use super::{
     rows, seq_from_db, seq_to_db,
 };
 use tether_protocol::search::SearchDoc;
+
+mod append;
+mod outbox;
 
 /// The Postgres schema's migrations, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
@@ -166,260 +168,7 @@ impl PostgresStore {
             .await?;
         Ok(tx)
     }
-
-    /// Upserts search documents `(session, seq, at_ms, doc)` inside `tx`;
-    /// with `newer_only`, keeps a stored one that a later seq wrote. At most
-    /// one document per key (the plan keeps the latest).
-    async fn write_docs_in(
-        tx: &mut Transaction<'static, Postgres>,
-        docs: &[(&str, i64, i64, &SearchDoc)],
-        newer_only: bool,
-    ) -> Result<(), StoreError> {
-        if docs.is_empty() {
-            return Ok(());
-        }
-        let sessions: Vec<&str> = docs.iter().map(|d| d.0).collect();
-        let keys: Vec<&str> = docs.iter().map(|d| d.3.key.as_str()).collect();
-        let chats: Vec<Option<&str>> = docs.iter().map(|d| d.3.chat.as_deref()).collect();
-        let turns: Vec<Option<&str>> = docs.iter().map(|d| d.3.turn_id.as_deref()).collect();
-        let kinds: Vec<&str> = docs.iter().map(|d| d.3.kind).collect();
-        let seqs: Vec<i64> = docs.iter().map(|d| d.1).collect();
-        let times: Vec<i64> = docs.iter().map(|d| d.2).collect();
-        let bodies: Vec<&str> = docs.iter().map(|d| d.3.text.as_str()).collect();
-        let words: Vec<String> = docs
-            .iter()
-            .map(|d| tether_protocol::search::normalized(&d.3.text))
-            .collect();
-        let guard = if newer_only {
-            " WHERE search_docs.seq <= excluded.seq"
-        } else {
-            ""
-        };
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO search_docs (session_id, key, chat, turn_id, kind, seq, at_ms, body, \
-                                      words) \
-             SELECT r.s, r.k, r.c, r.t, r.kind, r.seq, r.at, r.body, to_tsvector('simple', r.w) \
-             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-                         $6::bigint[], $7::bigint[], $8::text[], $9::text[]) \
-                  AS r (s, k, c, t, kind, seq, at, body, w) \
-             ON CONFLICT (session_id, key) DO UPDATE SET chat = excluded.chat, \
-                 turn_id = excluded.turn_id, kind = excluded.kind, seq = excluded.seq, \
-                 at_ms = excluded.at_ms, body = excluded.body, words = excluded.words{guard}"
-        )))
-        .bind(sessions)
-        .bind(keys)
-        .bind(chats)
-        .bind(turns)
-        .bind(kinds)
-        .bind(seqs)
-        .bind(times)
-        .bind(bodies)
-        .bind(words)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
-    }
-
-    /// Writes an event to the outbox with one delivery per webhook of its
-    /// project that wants it (one statement; nothing when there is none).
-    async fn write_event_in(
-        tx: &mut Transaction<'static, Postgres>,
-        seq: i64,
-        session_id: Option<&str>,
-        at_ms: i64,
-        event: &OutboxEvent,
-    ) -> Result<(), StoreError> {
-        sqlx::query(AssertSqlSafe(format!(
-            "WITH w AS (SELECT id FROM webhooks w WHERE w.project = $3 AND {}), \
-                  e AS (INSERT INTO outbox (event_id, kind, project, session_id, seq, at_ms, data) \
-                        SELECT $1, $2, $3, $4, $5, $6, $7 WHERE EXISTS (SELECT 1 FROM w) \
-                        RETURNING event_id) \
-             INSERT INTO deliveries (event_id, webhook_id, next_ms) \
-             SELECT e.event_id, w.id, $6 FROM e CROSS JOIN w",
-            webhooks::wants("w", "$2::text")
-        )))
-        .bind(OutboxEvent::id(seq, event.kind))
-        .bind(event.kind)
-        .bind(&event.project)
-        .bind(session_id)
-        .bind(seq)
-        .bind(at_ms)
-        .bind(&event.data)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
-    }
-
-    /// Appends usage ledger rows `(seq, session, row)` inside `tx`.
-    async fn write_usage_in(
-        tx: &mut Transaction<'static, Postgres>,
-        rows: &[(i64, &str, &UsageRow)],
-        at_ms: i64,
-    ) -> Result<(), StoreError> {
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let text =
-            |f: fn(&UsageRow) -> &str| -> Vec<&str> { rows.iter().map(|r| f(r.2)).collect() };
-        let int = |f: fn(&UsageRow) -> i64| -> Vec<i64> { rows.iter().map(|r| f(r.2)).collect() };
-        sqlx::query(
-            "INSERT INTO usage (seq, session_id, project, agent, model, sub, input_tokens, \
-                                output_tokens, cost_micros, currency, at_ms) \
-             SELECT r.*, $11 FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], \
-                 $5::text[], $6::text[], $7::bigint[], $8::bigint[], $9::bigint[], \
-                 $10::text[]) AS r",
-        )
-        .bind(rows.iter().map(|r| r.0).collect::<Vec<i64>>())
-        .bind(rows.iter().map(|r| r.1).collect::<Vec<&str>>())
-        .bind(text(|u| &u.project))
-        .bind(text(|u| &u.agent))
-        .bind(text(|u| &u.model))
-        .bind(text(|u| &u.sub))
-        .bind(int(|u| u.input_tokens))
-        .bind(int(|u| u.output_tokens))
-        .bind(int(|u| u.cost_micros))
-        .bind(text(|u| &u.currency))
-        .bind(at_ms)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
-    }
-
-    /// Writes a snapshot and prunes all but the newest few, inside `tx`.
-    async fn write_snapshot_in(
-        tx: &mut Transaction<'static, Postgres>,
-        snapshot: &Snapshot,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO snapshots (channel, seq, state, at_ms) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (channel, seq) DO UPDATE SET state = excluded.state, at_ms = excluded.at_ms",
-        )
-        .bind(&snapshot.channel)
-        .bind(seq_to_db(snapshot.seq))
-        .bind(&snapshot.state)
-        .bind(snapshot.at_ms)
-        .execute(&mut **tx)
-        .await?;
-        sqlx::query(
-            "DELETE FROM snapshots WHERE channel = $1 AND seq NOT IN \
-                 (SELECT seq FROM snapshots WHERE channel = $1 ORDER BY seq DESC LIMIT $2)",
-        )
-        .bind(&snapshot.channel)
-        .bind(super::SNAPSHOTS_KEPT)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
-    }
-
-    /// Upserts archived turns in one statement.
-    async fn archive_in(
-        tx: &mut Transaction<'static, Postgres>,
-        turns: &[&ArchivedTurn],
-    ) -> Result<(), StoreError> {
-        if turns.is_empty() {
-            return Ok(());
-        }
-        let chats: Vec<&str> = turns.iter().map(|t| t.chat.as_str()).collect();
-        let generations: Vec<i64> = turns.iter().map(|t| seq_to_db(t.generation)).collect();
-        let ordinals: Vec<i64> = turns.iter().map(|t| seq_to_db(t.ordinal)).collect();
-        let ids: Vec<&str> = turns.iter().map(|t| t.turn_id.as_str()).collect();
-        let bodies: Vec<&str> = turns.iter().map(|t| t.body.as_str()).collect();
-        sqlx::query(
-            "INSERT INTO chat_turns (chat, generation, ordinal, turn_id, body) \
-             SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[]) \
-             ON CONFLICT (chat, generation, ordinal) DO UPDATE \
-                 SET turn_id = excluded.turn_id, body = excluded.body",
-        )
-        .bind(chats)
-        .bind(generations)
-        .bind(ordinals)
-        .bind(ids)
-        .bind(bodies)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
-    }
-
-    /// The sessions of `batch` whose lease another host holds. The caller
-    /// holds the host row's lock.
-    async fn fenced(
-        tx: &mut Transaction<'static, Postgres>,
-        batch: &[NewEnvelope],
-        host: &str,
-    ) -> Result<HashSet<String>, StoreError> {
-        let mut sessions: Vec<&str> = batch
-            .iter()
-            .filter_map(|e| e.session_id.as_deref())
-            .collect();
-        sessions.sort_unstable();
-        sessions.dedup();
-        if sessions.is_empty() {
-            return Ok(HashSet::new());
-        }
-        // No row locks: a lease changes hands only under the host row's
-        // lock, which this transaction holds until it commits.
-        let others: Vec<String> = sqlx::query_scalar(
-            "SELECT session_id FROM leases WHERE session_id = ANY($1) AND holder <> $2",
-        )
-        .bind(sessions)
-        .bind(host)
-        .fetch_all(&mut **tx)
-        .await?;
-        Ok(others.into_iter().collect())
-    }
-
-    /// The host's last issued seq, and which of `origins` already have an
-    /// outcome (a log row or a recorded rejection), in one query. The caller
-    /// holds the host row's lock, taken by an earlier statement, so this one
-    /// sees every commit made before the lock was granted.
-    async fn last_seq_and_origins(
-        tx: &mut Transaction<'static, Postgres>,
-        origins: &[&Origin],
-    ) -> Result<(i64, HashSet<Origin>), StoreError> {
-        let ids: Vec<&str> = origins.iter().map(|o| o.client_id.as_str()).collect();
-        let seqs: Vec<i64> = origins.iter().map(|o| seq_to_db(o.client_seq)).collect();
-        let scopes: Vec<&str> = origins.iter().map(|o| o.scope.as_str()).collect();
-        // The host row, joined with each origin found: one row with NULLs
-        // when none is. `OFFSET 0` keeps each EXISTS a per-origin lookup in
-        // the unique index. Without it the planner may turn it into a hashed
-        // subplan, which reads the whole table: on a fresh database (no
-        // statistics yet) the cached generic plan did so for every group
-        // commit, and the probe grew with the log (3.6 ms a commit after
-        // 30,000 rows; BENCHMARKS.md).
-        let found: Vec<(i64, Option<String>, Option<i64>, Option<String>)> = sqlx::query_as(
-            "SELECT h.last_seq, o.client_id, o.client_seq, o.scope FROM host h LEFT JOIN ( \
-                 SELECT o.client_id, o.client_seq, o.scope \
-                 FROM UNNEST($1::text[], $2::bigint[], $3::text[]) AS o (client_id, client_seq, scope) \
-                 WHERE EXISTS (SELECT 1 FROM log l WHERE l.client_id = o.client_id \
-                               AND l.origin_scope = o.scope AND l.client_seq = o.client_seq OFFSET 0) \
-                    OR EXISTS (SELECT 1 FROM rejections r WHERE r.client_id = o.client_id \
-                               AND r.origin_scope = o.scope AND r.client_seq = o.client_seq OFFSET 0) \
-             ) o ON true WHERE h.id = 1",
-        )
-        .bind(ids)
-        .bind(seqs)
-        .bind(scopes)
-        .fetch_all(&mut **tx)
-        .await?;
-        let last = found.first().ok_or(sqlx::Error::RowNotFound)?.0;
-        let existing = found
-            .into_iter()
-            .filter_map(|(_, client_id, seq, scope)| Some((client_id?, seq?, scope?)))
-            .map(|(client_id, seq, scope)| {
-                Ok(Origin {
-                    client_id,
-                    client_seq: seq_from_db(seq)?,
-                    scope,
-                })
-            })
-            .collect::<Result<_, StoreError>>()?;
-        Ok((last, existing))
-    }
 }
-
-/// Begins a group commit's transaction holding the host row's lock, in one
-/// round trip: every writer of origins and seqs takes this lock first.
-const BEGIN_LOCKED: &str = "BEGIN; SELECT 1 FROM host WHERE id = 1 FOR UPDATE";
 
 #[async_trait]
 impl Store for PostgresStore {
@@ -449,107 +198,7 @@ impl Store for PostgresStore {
         batch: Arc<Vec<NewEnvelope>>,
         snapshots: Vec<Snapshot>,
     ) -> Result<Vec<Appended>, StoreError> {
-        let (batch, snapshots) = (batch.as_slice(), snapshots.as_slice());
-        // The host lock makes the origin check and the inserts race-free.
-        let mut tx = self.pool.begin_with(BEGIN_LOCKED).await?;
-        let at_ms = now_ms();
-        let (last, existing) = Self::last_seq_and_origins(&mut tx, &plan::origins(batch)).await?;
-        let fenced = if self.fencing.load(Ordering::Acquire) {
-            Self::fenced(&mut tx, batch, &self.host).await?
-        } else {
-            HashSet::new()
-        };
-        let plan = plan::plan(batch, last, &existing, &fenced);
-        if !plan.rows.is_empty() {
-            // One statement writes the log rows, the session records, the
-            // chats, the client owners and the host's last seq: one round
-            // trip. Its parts cannot see each other's rows, and need not:
-            // no table here reads another.
-            let rows = &plan.rows;
-            let column =
-                |f: for<'r> fn(&'r plan::LogRow<'r>) -> Option<&'r str>| -> Vec<Option<&str>> {
-                    rows.iter().map(f).collect()
-                };
-            let records = &plan.sessions;
-            let text = |f: fn(&SessionRecord) -> Option<&str>| -> Vec<Option<&str>> {
-                records.iter().map(|(r, _)| f(r)).collect()
-            };
-            sqlx::query(
-                "WITH l AS (INSERT INTO log (seq, channel, session_id, action, client_id, \
-                                            client_seq, origin_scope, at_ms) \
-                     SELECT r.*, $8 FROM UNNEST($1::bigint[], $2::text[], $3::text[], \
-                         $4::text[], $5::text[], $6::bigint[], $7::text[]) AS r), \
-                 s AS (INSERT INTO sessions (id, project, provider, title, state, turns, \
-                                             resumable, last_seq, created_ms, projection, \
-                                             updated_ms) \
-                     SELECT r.*, $8 FROM UNNEST($9::text[], $10::text[], $11::text[], \
-                         $12::text[], $13::text[], $14::bigint[], $15::boolean[], \
-                         $16::bigint[], $17::bigint[], $18::text[]) AS r \
-                     ON CONFLICT (id) DO UPDATE SET project = excluded.project, \
-                         provider = excluded.provider, title = excluded.title, \
-                         state = excluded.state, turns = excluded.turns, \
-                         resumable = excluded.resumable, last_seq = excluded.last_seq, \
-                         updated_ms = excluded.updated_ms, projection = excluded.projection), \
-                 c AS (INSERT INTO chats (chat, session_id) \
-                     SELECT * FROM UNNEST($19::text[], $20::text[]) \
-                     ON CONFLICT (chat) DO NOTHING), \
-                 o AS (INSERT INTO client_owners (session_id, client_id, sub) \
-                     SELECT * FROM UNNEST($21::text[], $22::text[], $23::text[]) \
-                     ON CONFLICT (session_id, client_id) DO UPDATE SET sub = excluded.sub) \
-                 UPDATE host SET last_seq = $24 WHERE id = 1",
-            )
-            .bind(rows.iter().map(|r| r.seq).collect::<Vec<i64>>())
-            .bind(column(|r| Some(&r.envelope.channel)))
-            .bind(column(|r| r.envelope.session_id.as_deref()))
-            .bind(column(|r| Some(&r.envelope.action)))
-            .bind(column(|r| r.envelope.origin.as_ref().map(|o| o.client_id.as_str())))
-            .bind(
-                rows.iter()
-                    .map(|r| r.envelope.origin.as_ref().map(|o| seq_to_db(o.client_seq)))
-                    .collect::<Vec<Option<i64>>>(),
-            )
-            .bind(column(|r| Some(r.envelope.origin.as_ref().map_or("", |o| &o.scope))))
-            .bind(at_ms)
-            .bind(text(|r| Some(&r.id)))
-            .bind(text(|r| Some(&r.project)))
-            .bind(text(|r| Some(&r.provider)))
-            .bind(text(|r| r.title.as_deref()))
-            .bind(text(|r| Some(&r.state)))
-            .bind(records.iter().map(|(r, _)| seq_to_db(r.turns)).collect::<Vec<i64>>())
-            .bind(records.iter().map(|(r, _)| r.resumable).collect::<Vec<bool>>())
-            .bind(records.iter().map(|(_, seq)| *seq).collect::<Vec<i64>>())
-            .bind(records.iter().map(|(r, _)| r.created_ms).collect::<Vec<i64>>())
-            .bind(text(|r| Some(&r.projection)))
-            .bind(plan.chats.iter().map(|c| c.0).collect::<Vec<&str>>())
-            .bind(plan.chats.iter().map(|c| c.1).collect::<Vec<&str>>())
-            .bind(plan.owners.iter().map(|o| o.0).collect::<Vec<&str>>())
-            .bind(plan.owners.iter().map(|o| o.1).collect::<Vec<&str>>())
-            .bind(plan.owners.iter().map(|o| o.2).collect::<Vec<&str>>())
-            .bind(plan.last_seq)
-            .execute(&mut *tx)
-            .await?;
-        }
-        Self::archive_in(&mut tx, &plan.turns).await?;
-        let docs: Vec<(&str, i64, i64, &SearchDoc)> = plan
-            .docs
-            .iter()
-            .map(|d| (d.session_id, d.seq, at_ms, d.doc))
-            .collect();
-        Self::write_docs_in(&mut tx, &docs, false).await?;
-        Self::write_usage_in(&mut tx, &plan.usage, at_ms).await?;
-        for (seq, session_id, event) in &plan.events {
-            Self::write_event_in(&mut tx, *seq, *session_id, at_ms, event).await?;
-        }
-        for snapshot in snapshots {
-            Self::write_snapshot_in(&mut tx, snapshot).await?;
-        }
-        let mut found = Vec::new();
-        for origin in plan::duplicates(&plan, batch) {
-            found.push(Self::outcome_in(&mut tx, origin).await?);
-        }
-        let outcomes = plan::outcomes(&plan, at_ms, found)?;
-        tx.commit().await?;
-        Ok(outcomes)
+        self.append(batch, snapshots).await
     }
 
     async fn record_rejection(&self, rejection: Rejection) -> Result<OriginOutcome, StoreError> {
@@ -1067,55 +716,15 @@ impl Store for PostgresStore {
     }
 
     async fn create_webhook(&self, w: &Webhook) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO webhooks (id, project, url, secret, events, created_ms, created_by) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        )
-        .bind(&w.id)
-        .bind(&w.project)
-        .bind(&w.url)
-        .bind(&w.secret)
-        .bind(&w.events)
-        .bind(w.created_ms)
-        .bind(&w.created_by)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        outbox::create_webhook(&self.pool, w).await
     }
 
     async fn webhooks(&self, project: &str) -> Result<Vec<Webhook>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT id, project, url, secret, events, created_ms, created_by FROM webhooks \
-             WHERE project = $1 ORDER BY created_ms, id",
-        )
-        .bind(project)
-        .fetch_all(&self.pool)
-        .await?)
+        outbox::webhooks(&self.pool, project).await
     }
 
     async fn delete_webhook(&self, project: &str, id: &str) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let gone = sqlx::query("DELETE FROM webhooks WHERE id = $1 AND project = $2")
-            .bind(id)
-            .bind(project)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        if gone > 0 {
-            sqlx::query("DELETE FROM deliveries WHERE webhook_id = $1")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(
-                "DELETE FROM outbox WHERE project = $1 AND NOT EXISTS \
-                 (SELECT 1 FROM deliveries d WHERE d.event_id = outbox.event_id)",
-            )
-            .bind(project)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(gone > 0)
+        outbox::delete_webhook(&self.pool, project, id).await
     }
 
     async fn claim_deliveries(
@@ -1125,36 +734,11 @@ impl Store for PostgresStore {
         hold_ms: i64,
         limit: u32,
     ) -> Result<Vec<Due>, StoreError> {
-        // SKIP LOCKED: hosts claiming at once take different deliveries.
-        Ok(sqlx::query_as(AssertSqlSafe(format!(
-            "WITH c AS (UPDATE deliveries d SET claimed_by = $1, claimed_until = $2 + $3, \
-                            attempts = d.attempts + 1 \
-                        FROM (SELECT event_id, webhook_id FROM deliveries \
-                              WHERE delivered_ms IS NULL AND failed_ms IS NULL AND next_ms <= $2 \
-                                AND (claimed_until IS NULL OR claimed_until < $2) \
-                              ORDER BY next_ms LIMIT $4 FOR UPDATE SKIP LOCKED) due \
-                        WHERE d.event_id = due.event_id AND d.webhook_id = due.webhook_id \
-                        RETURNING d.*) \
-             SELECT {} FROM c d JOIN webhooks w ON w.id = d.webhook_id \
-             JOIN outbox o ON o.event_id = d.event_id",
-            webhooks::DUE_COLUMNS
-        )))
-        .bind(claimer)
-        .bind(now_ms)
-        .bind(hold_ms)
-        .bind(clamp_limit(limit))
-        .fetch_all(&self.pool)
-        .await?)
+        outbox::claim_deliveries(&self.pool, claimer, now_ms, hold_ms, limit).await
     }
 
     async fn release_deliveries(&self, claimer: &str) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE deliveries SET claimed_by = NULL, claimed_until = NULL WHERE claimed_by = $1",
-        )
-        .bind(claimer)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        outbox::release_deliveries(&self.pool, claimer).await
     }
 
     async fn record_attempt(
@@ -1163,60 +747,11 @@ impl Store for PostgresStore {
         webhook_id: &str,
         attempt: &Attempt,
     ) -> Result<(), StoreError> {
-        let query = match attempt {
-            Attempt::Delivered { status } => sqlx::query(
-                "UPDATE deliveries SET delivered_ms = $3, last_status = $4, last_error = NULL, \
-                     claimed_by = NULL, claimed_until = NULL \
-                 WHERE event_id = $1 AND webhook_id = $2",
-            )
-            .bind(event_id)
-            .bind(webhook_id)
-            .bind(now_ms())
-            .bind(i64::from(*status)),
-            Attempt::Failed {
-                status,
-                error,
-                retry_ms,
-            } => sqlx::query(
-                "UPDATE deliveries SET next_ms = COALESCE($3, next_ms), \
-                     failed_ms = CASE WHEN $3::bigint IS NULL THEN $4 END, \
-                     last_status = $5, last_error = $6, claimed_by = NULL, claimed_until = NULL \
-                 WHERE event_id = $1 AND webhook_id = $2",
-            )
-            .bind(event_id)
-            .bind(webhook_id)
-            .bind(*retry_ms)
-            .bind(now_ms())
-            .bind(status.map(i64::from))
-            .bind(error.as_str()),
-        };
-        query.execute(&self.pool).await?;
-        Ok(())
+        outbox::record_attempt(&self.pool, event_id, webhook_id, attempt).await
     }
 
     async fn prune_deliveries(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let gone = sqlx::query(
-            "DELETE FROM deliveries WHERE (event_id, webhook_id) IN \
-                 (SELECT d.event_id, d.webhook_id FROM deliveries d \
-                  JOIN outbox o ON o.event_id = d.event_id \
-                  WHERE (d.delivered_ms IS NOT NULL OR d.failed_ms IS NOT NULL) \
-                    AND o.at_ms < $1 LIMIT $2)",
-        )
-        .bind(before_ms)
-        .bind(i64::from(limit))
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        sqlx::query(
-            "DELETE FROM outbox WHERE at_ms < $1 AND NOT EXISTS \
-             (SELECT 1 FROM deliveries d WHERE d.event_id = outbox.event_id)",
-        )
-        .bind(before_ms)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(gone)
+        outbox::prune_deliveries(&self.pool, before_ms, limit).await
     }
 
     async fn deliveries(
@@ -1224,15 +759,7 @@ impl Store for PostgresStore {
         webhook_id: &str,
         limit: u32,
     ) -> Result<Vec<DeliveryRow>, StoreError> {
-        Ok(sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT {} FROM deliveries d JOIN outbox o ON o.event_id = d.event_id \
-             WHERE d.webhook_id = $1 ORDER BY o.seq DESC, o.kind LIMIT $2",
-            webhooks::DELIVERY_COLUMNS
-        )))
-        .bind(webhook_id)
-        .bind(clamp_limit(limit))
-        .fetch_all(&self.pool)
-        .await?)
+        outbox::deliveries(&self.pool, webhook_id, limit).await
     }
 
     async fn search_pending(&self, limit: u32) -> Result<Vec<String>, StoreError> {
