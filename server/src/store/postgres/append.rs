@@ -22,6 +22,27 @@ use crate::store::{
 /// round trip: every writer of origins and seqs takes this lock first.
 const BEGIN_LOCKED: &str = "BEGIN; SELECT 1 FROM host WHERE id = 1 FOR UPDATE";
 
+/// After a group commit met an origin the log already had, this many
+/// commits probe the log for every origin first (see [`Probe`]).
+const PROBES_AFTER_A_DUPLICATE: u32 = 64;
+
+/// How a group commit finds the origins that already have an outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    /// Look each origin up in the log and in the rejections.
+    Everything,
+    /// Look them up in the rejections only and let the log's unique origin
+    /// index decide: an origin the log has fails the insert, and the commit
+    /// is rolled back and made again with [`Probe::Everything`]. A log probe
+    /// costs as much as the index insert it duplicates (a descent into the
+    /// largest index), and retries reach the store rarely: the engine
+    /// answers those it knows.
+    Rejections,
+}
+
+/// The constraint an origin the log already has violates.
+const LOG_ORIGIN_INDEX: &str = "log_origin";
+
 impl PostgresStore {
     /// Appends `batch` and writes `snapshots` in one transaction.
     pub(super) async fn append(
@@ -30,10 +51,38 @@ impl PostgresStore {
         snapshots: Vec<Snapshot>,
     ) -> Result<Vec<Appended>, StoreError> {
         let (batch, snapshots) = (batch.as_slice(), snapshots.as_slice());
+        let mut probe = match self
+            .probing
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+        {
+            Ok(_) => Probe::Everything,
+            Err(_) => Probe::Rejections,
+        };
+        // At most twice: `Probe::Everything` never leaves an origin to the
+        // index.
+        loop {
+            if let Some(outcomes) = self.append_with(batch, snapshots, probe).await? {
+                return Ok(outcomes);
+            }
+            self.probing
+                .store(PROBES_AFTER_A_DUPLICATE, Ordering::Release);
+            probe = Probe::Everything;
+        }
+    }
+
+    /// One attempt at a group commit; `None` when `probe` left an origin
+    /// the log already had to its unique index (nothing was written).
+    async fn append_with(
+        &self,
+        batch: &[NewEnvelope],
+        snapshots: &[Snapshot],
+        probe: Probe,
+    ) -> Result<Option<Vec<Appended>>, StoreError> {
         // The host lock makes the origin check and the inserts race-free.
         let mut tx = self.pool.begin_with(BEGIN_LOCKED).await?;
         let at_ms = now_ms();
-        let (last, existing) = Self::last_seq_and_origins(&mut tx, &plan::origins(batch)).await?;
+        let (last, existing) =
+            Self::last_seq_and_origins(&mut tx, &plan::origins(batch), probe).await?;
         let fenced = if self.fencing.load(Ordering::Acquire) {
             Self::fenced(&mut tx, batch, &self.host).await?
         } else {
@@ -54,7 +103,7 @@ impl PostgresStore {
             let text = |f: fn(&SessionRecord) -> Option<&str>| -> Vec<Option<&str>> {
                 records.iter().map(|(r, _)| f(r)).collect()
             };
-            sqlx::query(
+            let written = sqlx::query(
                 "WITH l AS (INSERT INTO log (seq, channel, session_id, action, client_id, \
                                             client_seq, origin_scope, at_ms) \
                      SELECT r.*, $8 FROM UNNEST($1::bigint[], $2::text[], $3::text[], \
@@ -126,7 +175,16 @@ impl PostgresStore {
             .bind(plan.owners.iter().map(|o| o.2).collect::<Vec<&str>>())
             .bind(plan.last_seq)
             .execute(&mut *tx)
-            .await?;
+            .await;
+            match written {
+                Err(sqlx::Error::Database(err))
+                    if probe == Probe::Rejections && err.constraint() == Some(LOG_ORIGIN_INDEX) =>
+                {
+                    tx.rollback().await?;
+                    return Ok(None);
+                }
+                written => written?,
+            };
         }
         Self::archive_in(&mut tx, &plan.turns).await?;
         let docs: Vec<(&str, i64, i64, &SearchDoc)> = plan
@@ -148,7 +206,7 @@ impl PostgresStore {
         }
         let outcomes = plan::outcomes(&plan, at_ms, found)?;
         tx.commit().await?;
-        Ok(outcomes)
+        Ok(Some(outcomes))
     }
 
     /// Upserts search documents `(session, seq, at_ms, doc)` inside `tx`;
@@ -353,12 +411,14 @@ impl PostgresStore {
     }
 
     /// The host's last issued seq, and which of `origins` already have an
-    /// outcome (a log row or a recorded rejection), in one query. The caller
-    /// holds the host row's lock, taken by an earlier statement, so this one
-    /// sees every commit made before the lock was granted.
-    pub(super) async fn last_seq_and_origins(
+    /// outcome (a log row, unless `probe` leaves those to the log's index,
+    /// or a recorded rejection), in one query. The caller holds the host
+    /// row's lock, taken by an earlier statement, so this one sees every
+    /// commit made before the lock was granted.
+    async fn last_seq_and_origins(
         tx: &mut Transaction<'static, Postgres>,
         origins: &[&Origin],
+        probe: Probe,
     ) -> Result<(i64, HashSet<Origin>), StoreError> {
         let ids: Vec<&str> = origins.iter().map(|o| o.client_id.as_str()).collect();
         let seqs: Vec<i64> = origins.iter().map(|o| seq_to_db(o.client_seq)).collect();
@@ -370,21 +430,32 @@ impl PostgresStore {
         // statistics yet) the cached generic plan did so for every group
         // commit, and the probe grew with the log (3.6 ms a commit after
         // 30,000 rows; BENCHMARKS.md).
-        let found: Vec<(i64, Option<String>, Option<i64>, Option<String>)> = sqlx::query_as(
-            "SELECT h.last_seq, o.client_id, o.client_seq, o.scope FROM host h LEFT JOIN ( \
+        const EVERYTHING: &str = "SELECT h.last_seq, o.client_id, o.client_seq, o.scope \
+             FROM host h LEFT JOIN ( \
                  SELECT o.client_id, o.client_seq, o.scope \
                  FROM UNNEST($1::text[], $2::bigint[], $3::text[]) AS o (client_id, client_seq, scope) \
                  WHERE EXISTS (SELECT 1 FROM log l WHERE l.client_id = o.client_id \
                                AND l.origin_scope = o.scope AND l.client_seq = o.client_seq OFFSET 0) \
                     OR EXISTS (SELECT 1 FROM rejections r WHERE r.client_id = o.client_id \
                                AND r.origin_scope = o.scope AND r.client_seq = o.client_seq OFFSET 0) \
-             ) o ON true WHERE h.id = 1",
-        )
-        .bind(ids)
-        .bind(seqs)
-        .bind(scopes)
-        .fetch_all(&mut **tx)
-        .await?;
+             ) o ON true WHERE h.id = 1";
+        const REJECTIONS: &str = "SELECT h.last_seq, o.client_id, o.client_seq, o.scope \
+             FROM host h LEFT JOIN ( \
+                 SELECT o.client_id, o.client_seq, o.scope \
+                 FROM UNNEST($1::text[], $2::bigint[], $3::text[]) AS o (client_id, client_seq, scope) \
+                 WHERE EXISTS (SELECT 1 FROM rejections r WHERE r.client_id = o.client_id \
+                               AND r.origin_scope = o.scope AND r.client_seq = o.client_seq OFFSET 0) \
+             ) o ON true WHERE h.id = 1";
+        let sql = match probe {
+            Probe::Everything => EVERYTHING,
+            Probe::Rejections => REJECTIONS,
+        };
+        let found: Vec<(i64, Option<String>, Option<i64>, Option<String>)> = sqlx::query_as(sql)
+            .bind(ids)
+            .bind(seqs)
+            .bind(scopes)
+            .fetch_all(&mut **tx)
+            .await?;
         let last = found.first().ok_or(sqlx::Error::RowNotFound)?.0;
         let existing = found
             .into_iter()

@@ -13,7 +13,7 @@
 //! woken after the commit, by `cluster`, not inside the transaction.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -55,6 +55,9 @@ pub struct PostgresStore {
     /// cluster through this store. A store used on its own (tests, tools
     /// run with the servers stopped) holds no leases and is not fenced.
     fencing: Arc<AtomicBool>,
+    /// Group commits left that probe the log for every origin (see
+    /// `append::Probe`).
+    probing: Arc<AtomicU32>,
 }
 
 impl PostgresStore {
@@ -111,6 +114,7 @@ impl PostgresStore {
                 .unwrap_or_else(|| Uuid::new_v4().to_string()),
             _claim: claim,
             fencing: Arc::new(AtomicBool::new(false)),
+            probing: Arc::new(AtomicU32::new(0)),
         })
     }
 
