@@ -5,12 +5,13 @@
 //! and which rows are written; each backend then writes it its own way.
 //! Postgres sends a constant number of statements per batch, a network
 //! round trip each: the `BEGIN` that takes the host lock, one query for the
-//! last seq and the known origins, one statement of `UNNEST` inserts for
-//! the log, the sessions, the chats, the owners and the host's last seq,
-//! and the `COMMIT` (more only for what ingest rarely carries: turns,
-//! search documents, usage, events, snapshots). SQLite runs the whole batch on its writer
-//! thread with prepared statements, one row at a time, where a statement
-//! costs no hop.
+//! last seq and the known origins (the log's unique index decides most of
+//! them: `postgres::append`), one statement of `UNNEST` inserts for the
+//! log, the sessions, the chats, the owners and the host's last seq, and
+//! the `COMMIT`; one more each for what a batch may also carry (search
+//! documents, turns, usage, events, snapshots, a cluster's lease fence).
+//! SQLite runs the whole batch on its writer thread with prepared
+//! statements, one row at a time, where a statement costs no hop.
 
 use std::collections::{HashMap, HashSet};
 
