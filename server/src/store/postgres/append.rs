@@ -40,6 +40,10 @@ enum Probe {
     Rejections,
 }
 
+/// A row of the origin probe: the host's last seq, and an origin found
+/// (all `NULL` when none is).
+type HostAndOrigin = (i64, Option<String>, Option<i64>, Option<String>);
+
 /// The constraint an origin the log already has violates.
 const LOG_ORIGIN_INDEX: &str = "log_origin";
 
@@ -450,7 +454,7 @@ impl PostgresStore {
             Probe::Everything => EVERYTHING,
             Probe::Rejections => REJECTIONS,
         };
-        let found: Vec<(i64, Option<String>, Option<i64>, Option<String>)> = sqlx::query_as(sql)
+        let found: Vec<HostAndOrigin> = sqlx::query_as(sql)
             .bind(ids)
             .bind(seqs)
             .bind(scopes)
