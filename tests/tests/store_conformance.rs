@@ -22,6 +22,7 @@ backend_tests!(
     session_pages_list_every_session_once_newest_first,
     the_read_model_is_written_with_the_log,
     one_batch_writing_a_key_twice_keeps_the_latest,
+    a_refused_origin_in_a_fresh_batch_is_refused_and_the_rest_commit,
     snapshots_return_the_newest,
     working_contexts_upsert_and_list_most_recent_first,
     a_killed_writer_loses_no_acknowledged_append,
@@ -588,6 +589,45 @@ async fn one_batch_writing_a_key_twice_keeps_the_latest(db: TestDb) {
         store.client_owners("k").await.unwrap(),
         vec![("c1".to_owned(), "bob".to_owned())]
     );
+    store.close().await;
+}
+
+/// On a fresh store a group commit first writes without probing the log
+/// (`plan::Probe::Index`): an origin refused earlier, in a batch of fresh
+/// ones, must still come back refused, and the fresh ones commit gap-free.
+async fn a_refused_origin_in_a_fresh_batch_is_refused_and_the_rest_commit(db: TestDb) {
+    let store = db.open().await;
+    let refused = Rejection {
+        origin: Origin::durable("c", 5),
+        channel: "ahp-session:/r".into(),
+        action: r#"{"type":"x-test/bad"}"#.into(),
+        reason: "refused".into(),
+        at_ms: 5,
+    };
+    store.record_rejection(refused.clone()).await.unwrap();
+    let outcomes = store
+        .append(vec![
+            from_client(envelope("ahp-session:/r", 1), "c", 4),
+            from_client(envelope("ahp-session:/r", 2), "c", 5),
+            from_client(envelope("ahp-session:/r", 3), "c", 6),
+        ])
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcomes[0], Appended::Committed { seq: 1, .. }),
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        outcomes[1],
+        Appended::Duplicate(OriginOutcome::Rejected(refused))
+    );
+    assert!(
+        matches!(outcomes[2], Appended::Committed { seq: 2, .. }),
+        "{outcomes:?}"
+    );
+    assert_eq!(store.host().await.unwrap().last_seq, 2);
+    let stored = store.read_after(0, None, 10).await.unwrap();
+    assert_eq!(stored.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2]);
     store.close().await;
 }
 

@@ -22,6 +22,26 @@ use super::{
     Appended, ArchivedTurn, NewEnvelope, Origin, OriginOutcome, SessionRecord, StoreError, rows,
 };
 
+/// How a group commit finds the origins of its batch that already have
+/// an outcome (DESIGN.md: an origin is accepted once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// Look each origin up in the log and in the rejections first.
+    Everything,
+    /// Let the log's unique origin index decide, and look the rejections
+    /// up only as the log rows are written: an origin with an outcome fails
+    /// the attempt, which is rolled back and made again with
+    /// [`Probe::Everything`]. A probe of the log costs as much as the index
+    /// insert it duplicates (a descent into the largest index), and retries
+    /// reach the store rarely: the engine answers those it knows.
+    Index,
+}
+
+/// After a group commit met an origin with an outcome, this many commits
+/// probe every origin first ([`Probe::Everything`]): a client that keeps
+/// retrying costs at most one wasted attempt in this many.
+pub const PROBES_AFTER_A_DUPLICATE: u32 = 64;
+
 /// One row for the log.
 #[derive(Debug)]
 pub struct LogRow<'a> {

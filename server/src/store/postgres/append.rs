@@ -10,7 +10,7 @@ use sqlx::{AssertSqlSafe, Postgres, Transaction};
 use tether_protocol::search::SearchDoc;
 
 use super::PostgresStore;
-use crate::store::plan;
+use crate::store::plan::{self, Probe};
 use crate::store::usage::UsageRow;
 use crate::store::webhooks::{self, OutboxEvent};
 use crate::store::{
@@ -21,24 +21,6 @@ use crate::store::{
 /// Begins a group commit's transaction holding the host row's lock, in one
 /// round trip: every writer of origins and seqs takes this lock first.
 const BEGIN_LOCKED: &str = "BEGIN; SELECT 1 FROM host WHERE id = 1 FOR UPDATE";
-
-/// After a group commit met an origin the log already had, this many
-/// commits probe the log for every origin first (see [`Probe`]).
-const PROBES_AFTER_A_DUPLICATE: u32 = 64;
-
-/// How a group commit finds the origins that already have an outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Probe {
-    /// Look each origin up in the log and in the rejections.
-    Everything,
-    /// Look them up in the rejections only and let the log's unique origin
-    /// index decide: an origin the log has fails the insert, and the commit
-    /// is rolled back and made again with [`Probe::Everything`]. A log probe
-    /// costs as much as the index insert it duplicates (a descent into the
-    /// largest index), and retries reach the store rarely: the engine
-    /// answers those it knows.
-    Rejections,
-}
 
 /// A row of the origin probe: the host's last seq, and an origin found
 /// (all `NULL` when none is).
@@ -60,7 +42,7 @@ impl PostgresStore {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
         {
             Ok(_) => Probe::Everything,
-            Err(_) => Probe::Rejections,
+            Err(_) => Probe::Index,
         };
         // At most twice: `Probe::Everything` never leaves an origin to the
         // index.
@@ -69,7 +51,7 @@ impl PostgresStore {
                 return Ok(outcomes);
             }
             self.probing
-                .store(PROBES_AFTER_A_DUPLICATE, Ordering::Release);
+                .store(plan::PROBES_AFTER_A_DUPLICATE, Ordering::Release);
             probe = Probe::Everything;
         }
     }
@@ -182,7 +164,7 @@ impl PostgresStore {
             .await;
             match written {
                 Err(sqlx::Error::Database(err))
-                    if probe == Probe::Rejections && err.constraint() == Some(LOG_ORIGIN_INDEX) =>
+                    if probe == Probe::Index && err.constraint() == Some(LOG_ORIGIN_INDEX) =>
                 {
                     tx.rollback().await?;
                     return Ok(None);
@@ -452,7 +434,7 @@ impl PostgresStore {
              ) o ON true WHERE h.id = 1";
         let sql = match probe {
             Probe::Everything => EVERYTHING,
-            Probe::Rejections => REJECTIONS,
+            Probe::Index => REJECTIONS,
         };
         let found: Vec<HostAndOrigin> = sqlx::query_as(sql)
             .bind(ids)

@@ -56,7 +56,7 @@ pub struct PostgresStore {
     /// run with the servers stopped) holds no leases and is not fenced.
     fencing: Arc<AtomicBool>,
     /// Group commits left that probe the log for every origin (see
-    /// `append::Probe`).
+    /// `plan::Probe`).
     probing: Arc<AtomicU32>,
 }
 

@@ -2,12 +2,13 @@
 //! open `BEGIN IMMEDIATE` transaction and uses statements prepared once per
 //! connection.
 
+use std::cell::Cell;
 use std::collections::HashSet;
 
 use rusqlite::{OptionalExtension as _, Row, Transaction, params};
 use tether_protocol::search::{self, SearchDoc};
 
-use crate::store::plan;
+use crate::store::plan::{self, Probe};
 use crate::store::rows;
 use crate::store::webhooks::{self, OutboxEvent};
 use crate::store::{
@@ -15,28 +16,88 @@ use crate::store::{
     Snapshot, StoreError, StoredEnvelope, now_ms, seq_to_db,
 };
 
+thread_local! {
+    /// Group commits left, on the writer thread, that probe every origin
+    /// before writing (see [`Probe`]).
+    static PROBING: Cell<u32> = const { Cell::new(0) };
+}
+
 /// Appends `batch` and writes `snapshots` (see `Store::append_with_snapshots`).
+///
+/// Optimistically first, with [`Probe::Index`], inside a savepoint: an
+/// origin already in the log fails the log's unique index, one rejected
+/// before writes no row, and either way the savepoint is rolled back and
+/// the batch written again with [`Probe::Everything`], as are the next
+/// [`plan::PROBES_AFTER_A_DUPLICATE`] batches.
 pub(super) fn append(
     tx: &Transaction<'_>,
     batch: &[NewEnvelope],
     snapshots: &[Snapshot],
 ) -> Result<Vec<Appended>, StoreError> {
+    let probing = PROBING.get();
+    if probing == 0 {
+        tx.prepare_cached("SAVEPOINT optimistic")?.execute([])?;
+        match write(tx, batch, snapshots, Probe::Index) {
+            Ok(Some(outcomes)) => {
+                tx.prepare_cached("RELEASE optimistic")?.execute([])?;
+                return Ok(outcomes);
+            }
+            Ok(None) => {}
+            Err(StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _)))
+                if e.code == rusqlite::ErrorCode::ConstraintViolation => {}
+            Err(e) => return Err(e),
+        }
+        tx.prepare_cached("ROLLBACK TO optimistic")?.execute([])?;
+        tx.prepare_cached("RELEASE optimistic")?.execute([])?;
+        PROBING.set(plan::PROBES_AFTER_A_DUPLICATE);
+    } else {
+        PROBING.set(probing - 1);
+    }
+    // `Probe::Everything` always writes: it finds every known origin first.
+    write(tx, batch, snapshots, Probe::Everything)?.ok_or_else(|| {
+        StoreError::Corrupt("a batch whose origins were probed met a known origin".into())
+    })
+}
+
+/// Writes `batch` and `snapshots`; `None` when `probe` is
+/// [`Probe::Index`] and the batch holds an origin that already has an
+/// outcome (what was written must then be rolled back).
+fn write(
+    tx: &Transaction<'_>,
+    batch: &[NewEnvelope],
+    snapshots: &[Snapshot],
+    probe: Probe,
+) -> Result<Option<Vec<Appended>>, StoreError> {
     let last: i64 = tx
         .prepare_cached("SELECT last_seq FROM host WHERE id = 1")?
         .query_row([], |row| row.get(0))?;
     let at_ms = now_ms();
-    let existing = existing_origins(tx, &plan::origins(batch))?;
+    let existing = match probe {
+        Probe::Everything => existing_origins(tx, &plan::origins(batch))?,
+        Probe::Index => HashSet::new(),
+    };
     let plan = plan::plan(batch, last, &existing, &HashSet::new());
     {
-        let mut insert = tx.prepare_cached(
-            "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, \
-                              origin_scope, at_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        )?;
+        let mut insert = tx.prepare_cached(match probe {
+            Probe::Everything => {
+                "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, \
+                                  origin_scope, at_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+            }
+            // The rejections are looked up by the insert itself: no row
+            // when the origin was refused before.
+            Probe::Index => {
+                "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, \
+                                  origin_scope, at_ms) \
+                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 WHERE NOT EXISTS ( \
+                     SELECT 1 FROM rejections WHERE client_id = ?5 AND origin_scope = ?7 \
+                                                AND client_seq = ?6)"
+            }
+        })?;
         for row in &plan.rows {
             let e = row.envelope;
             let origin = e.origin.as_ref();
-            insert.execute(params![
+            let inserted = insert.execute(params![
                 row.seq,
                 e.channel,
                 e.session_id,
@@ -46,6 +107,9 @@ pub(super) fn append(
                 origin.map_or("", |o| o.scope.as_str()),
                 at_ms,
             ])?;
+            if inserted == 0 {
+                return Ok(None);
+            }
         }
     }
     if !plan.sessions.is_empty() {
@@ -132,7 +196,7 @@ pub(super) fn append(
         .into_iter()
         .map(|origin| outcome(tx, origin))
         .collect::<Result<Vec<_>, _>>()?;
-    plan::outcomes(&plan, at_ms, found)
+    plan::outcomes(&plan, at_ms, found).map(Some)
 }
 
 /// Which of `origins` already have an outcome (a log row or a recorded
