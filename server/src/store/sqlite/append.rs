@@ -22,41 +22,43 @@ thread_local! {
     static PROBING: Cell<u32> = const { Cell::new(0) };
 }
 
-/// Appends `batch` and writes `snapshots` (see `Store::append_with_snapshots`).
+/// Appends `batch` and writes `snapshots` (see `Store::append_with_snapshots`),
+/// as attempt `attempt` (from 0) of the writer's transaction; `None` asks
+/// for the transaction to be rolled back and this run again.
 ///
-/// Optimistically first, with [`Probe::Index`], inside a savepoint: an
-/// origin already in the log fails the log's unique index, one rejected
-/// before writes no row, and either way the savepoint is rolled back and
-/// the batch written again with [`Probe::Everything`], as are the next
-/// [`plan::PROBES_AFTER_A_DUPLICATE`] batches.
+/// A first attempt is optimistic ([`Probe::Index`]) unless a recent batch
+/// met a known origin: an origin already in the log fails the log's unique
+/// index, one refused before writes no row, and either way the attempt is
+/// rolled back and the batch written again with [`Probe::Everything`], as
+/// are the next [`plan::PROBES_AFTER_A_DUPLICATE`] batches. The whole
+/// transaction is rolled back, not a savepoint: a savepoint makes SQLite
+/// journal every page the batch changes.
 pub(super) fn append(
     tx: &Transaction<'_>,
     batch: &[NewEnvelope],
     snapshots: &[Snapshot],
-) -> Result<Vec<Appended>, StoreError> {
+    attempt: u32,
+) -> Result<Option<Vec<Appended>>, StoreError> {
     let probing = PROBING.get();
-    if probing == 0 {
-        tx.prepare_cached("SAVEPOINT optimistic")?.execute([])?;
-        match write(tx, batch, snapshots, Probe::Index) {
-            Ok(Some(outcomes)) => {
-                tx.prepare_cached("RELEASE optimistic")?.execute([])?;
-                return Ok(outcomes);
-            }
-            Ok(None) => {}
-            Err(StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _)))
-                if e.code == rusqlite::ErrorCode::ConstraintViolation => {}
-            Err(e) => return Err(e),
-        }
-        tx.prepare_cached("ROLLBACK TO optimistic")?.execute([])?;
-        tx.prepare_cached("RELEASE optimistic")?.execute([])?;
-        PROBING.set(plan::PROBES_AFTER_A_DUPLICATE);
-    } else {
-        PROBING.set(probing - 1);
+    if attempt > 0 || probing > 0 {
+        PROBING.set(probing.saturating_sub(1));
+        // `Probe::Everything` always writes: it finds every known origin
+        // first. Were it ever not to, the writer must not retry forever.
+        return write(tx, batch, snapshots, Probe::Everything)?
+            .ok_or_else(|| {
+                StoreError::Corrupt("a batch whose origins were probed met a known origin".into())
+            })
+            .map(Some);
     }
-    // `Probe::Everything` always writes: it finds every known origin first.
-    write(tx, batch, snapshots, Probe::Everything)?.ok_or_else(|| {
-        StoreError::Corrupt("a batch whose origins were probed met a known origin".into())
-    })
+    match write(tx, batch, snapshots, Probe::Index) {
+        Ok(Some(outcomes)) => return Ok(Some(outcomes)),
+        Ok(None) => {}
+        Err(StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _)))
+            if e.code == rusqlite::ErrorCode::ConstraintViolation => {}
+        Err(e) => return Err(e),
+    }
+    PROBING.set(plan::PROBES_AFTER_A_DUPLICATE);
+    Ok(None)
 }
 
 /// Writes `batch` and `snapshots`; `None` when `probe` is

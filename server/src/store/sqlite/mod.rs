@@ -166,7 +166,9 @@ impl Store for SqliteStore {
         snapshots: Vec<Snapshot>,
     ) -> Result<Vec<Appended>, StoreError> {
         self.writer
-            .transaction(move |tx| append::append(tx, &batch, &snapshots))
+            .transaction_attempts(move |tx, attempt| {
+                append::append(tx, &batch, &snapshots, attempt)
+            })
             .await
     }
 
