@@ -23,23 +23,26 @@ use super::{
 };
 
 /// How a group commit finds the origins of its batch that already have
-/// an outcome (DESIGN.md: an origin is accepted once).
+/// an outcome (DESIGN.md: an origin is accepted once). Postgres starts
+/// with [`Probe::Index`]; SQLite always probes (there, a probe is a cheap
+/// lookup in pages it has cached, and undoing an attempt cost more than
+/// the probe saved: BENCHMARKS.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Probe {
     /// Look each origin up in the log and in the rejections first.
     Everything,
     /// Let the log's unique origin index decide, and look the rejections
-    /// up only as the log rows are written: an origin with an outcome fails
-    /// the attempt, which is rolled back and made again with
-    /// [`Probe::Everything`]. A probe of the log costs as much as the index
-    /// insert it duplicates (a descent into the largest index), and retries
-    /// reach the store rarely: the engine answers those it knows.
+    /// up only: an origin the log has fails the attempt, which is rolled
+    /// back and made again with [`Probe::Everything`]. A probe of the log
+    /// costs as much as the index insert it duplicates (a descent into the
+    /// largest index), and retries reach the store rarely: the engine
+    /// answers those it knows.
     Index,
 }
 
-/// After a group commit met an origin with an outcome, this many commits
-/// probe every origin first ([`Probe::Everything`]): a client that keeps
-/// retrying costs at most one wasted attempt in this many.
+/// After a group commit met an origin the log already had, this many
+/// commits probe every origin first ([`Probe::Everything`]): a client that
+/// keeps retrying costs at most one wasted attempt in this many.
 pub const PROBES_AFTER_A_DUPLICATE: u32 = 64;
 
 /// One row for the log.

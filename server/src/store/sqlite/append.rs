@@ -2,13 +2,12 @@
 //! open `BEGIN IMMEDIATE` transaction and uses statements prepared once per
 //! connection.
 
-use std::cell::Cell;
 use std::collections::HashSet;
 
 use rusqlite::{OptionalExtension as _, Row, Transaction, params};
 use tether_protocol::search::{self, SearchDoc};
 
-use crate::store::plan::{self, Probe};
+use crate::store::plan;
 use crate::store::rows;
 use crate::store::webhooks::{self, OutboxEvent};
 use crate::store::{
@@ -16,90 +15,28 @@ use crate::store::{
     Snapshot, StoreError, StoredEnvelope, now_ms, seq_to_db,
 };
 
-thread_local! {
-    /// Group commits left, on the writer thread, that probe every origin
-    /// before writing (see [`Probe`]).
-    static PROBING: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Appends `batch` and writes `snapshots` (see `Store::append_with_snapshots`),
-/// as attempt `attempt` (from 0) of the writer's transaction; `None` asks
-/// for the transaction to be rolled back and this run again.
-///
-/// A first attempt is optimistic ([`Probe::Index`]) unless a recent batch
-/// met a known origin: an origin already in the log fails the log's unique
-/// index, one refused before writes no row, and either way the attempt is
-/// rolled back and the batch written again with [`Probe::Everything`], as
-/// are the next [`plan::PROBES_AFTER_A_DUPLICATE`] batches. The whole
-/// transaction is rolled back, not a savepoint: a savepoint makes SQLite
-/// journal every page the batch changes.
+/// Appends `batch` and writes `snapshots` (see `Store::append_with_snapshots`).
 pub(super) fn append(
     tx: &Transaction<'_>,
     batch: &[NewEnvelope],
     snapshots: &[Snapshot],
-    attempt: u32,
-) -> Result<Option<Vec<Appended>>, StoreError> {
-    let probing = PROBING.get();
-    if attempt > 0 || probing > 0 {
-        PROBING.set(probing.saturating_sub(1));
-        // `Probe::Everything` always writes: it finds every known origin
-        // first. Were it ever not to, the writer must not retry forever.
-        return write(tx, batch, snapshots, Probe::Everything)?
-            .ok_or_else(|| {
-                StoreError::Corrupt("a batch whose origins were probed met a known origin".into())
-            })
-            .map(Some);
-    }
-    match write(tx, batch, snapshots, Probe::Index) {
-        Ok(Some(outcomes)) => return Ok(Some(outcomes)),
-        Ok(None) => {}
-        Err(StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _)))
-            if e.code == rusqlite::ErrorCode::ConstraintViolation => {}
-        Err(e) => return Err(e),
-    }
-    PROBING.set(plan::PROBES_AFTER_A_DUPLICATE);
-    Ok(None)
-}
-
-/// Writes `batch` and `snapshots`; `None` when `probe` is
-/// [`Probe::Index`] and the batch holds an origin that already has an
-/// outcome (what was written must then be rolled back).
-fn write(
-    tx: &Transaction<'_>,
-    batch: &[NewEnvelope],
-    snapshots: &[Snapshot],
-    probe: Probe,
-) -> Result<Option<Vec<Appended>>, StoreError> {
+) -> Result<Vec<Appended>, StoreError> {
     let last: i64 = tx
         .prepare_cached("SELECT last_seq FROM host WHERE id = 1")?
         .query_row([], |row| row.get(0))?;
     let at_ms = now_ms();
-    let existing = match probe {
-        Probe::Everything => existing_origins(tx, &plan::origins(batch))?,
-        Probe::Index => HashSet::new(),
-    };
+    let existing = existing_origins(tx, &plan::origins(batch))?;
     let plan = plan::plan(batch, last, &existing, &HashSet::new());
     {
-        let mut insert = tx.prepare_cached(match probe {
-            Probe::Everything => {
-                "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, \
-                                  origin_scope, at_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
-            }
-            // The rejections are looked up by the insert itself: no row
-            // when the origin was refused before.
-            Probe::Index => {
-                "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, \
-                                  origin_scope, at_ms) \
-                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 WHERE NOT EXISTS ( \
-                     SELECT 1 FROM rejections WHERE client_id = ?5 AND origin_scope = ?7 \
-                                                AND client_seq = ?6)"
-            }
-        })?;
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, \
+                              origin_scope, at_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )?;
         for row in &plan.rows {
             let e = row.envelope;
             let origin = e.origin.as_ref();
-            let inserted = insert.execute(params![
+            insert.execute(params![
                 row.seq,
                 e.channel,
                 e.session_id,
@@ -109,9 +46,6 @@ fn write(
                 origin.map_or("", |o| o.scope.as_str()),
                 at_ms,
             ])?;
-            if inserted == 0 {
-                return Ok(None);
-            }
         }
     }
     if !plan.sessions.is_empty() {
@@ -198,7 +132,7 @@ fn write(
         .into_iter()
         .map(|origin| outcome(tx, origin))
         .collect::<Result<Vec<_>, _>>()?;
-    plan::outcomes(&plan, at_ms, found).map(Some)
+    plan::outcomes(&plan, at_ms, found)
 }
 
 /// Which of `origins` already have an outcome (a log row or a recorded

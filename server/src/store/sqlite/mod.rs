@@ -166,9 +166,7 @@ impl Store for SqliteStore {
         snapshots: Vec<Snapshot>,
     ) -> Result<Vec<Appended>, StoreError> {
         self.writer
-            .transaction_attempts(move |tx, attempt| {
-                append::append(tx, &batch, &snapshots, attempt)
-            })
+            .transaction(move |tx| append::append(tx, &batch, &snapshots))
             .await
     }
 

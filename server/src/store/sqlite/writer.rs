@@ -116,30 +116,6 @@ impl Writer {
         .await
     }
 
-    /// Like [`Self::transaction`], but `write` may ask to start over: when
-    /// it returns `Ok(None)` its transaction is rolled back and it runs
-    /// again in a fresh one, told which attempt it is (from 0). It must
-    /// answer `Some` on some attempt.
-    pub(super) async fn transaction_attempts<T, F>(&self, mut write: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: FnMut(&Transaction<'_>, u32) -> Result<Option<T>, StoreError> + Send + 'static,
-    {
-        self.run(move |db| {
-            let mut attempt = 0;
-            loop {
-                let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                if let Some(value) = write(&tx, attempt)? {
-                    tx.commit()?;
-                    return Ok(value);
-                }
-                tx.rollback()?;
-                attempt += 1;
-            }
-        })
-        .await
-    }
-
     /// Runs `job` on the writer thread and returns its answer.
     async fn run<T, F>(&self, job: F) -> Result<T, StoreError>
     where
