@@ -416,22 +416,29 @@ impl PostgresStore {
         // statistics yet) the cached generic plan did so for every group
         // commit, and the probe grew with the log (3.6 ms a commit after
         // 30,000 rows; BENCHMARKS.md).
-        const EVERYTHING: &str = "SELECT h.last_seq, o.client_id, o.client_seq, o.scope \
-             FROM host h LEFT JOIN ( \
-                 SELECT o.client_id, o.client_seq, o.scope \
-                 FROM UNNEST($1::text[], $2::bigint[], $3::text[]) AS o (client_id, client_seq, scope) \
-                 WHERE EXISTS (SELECT 1 FROM log l WHERE l.client_id = o.client_id \
-                               AND l.origin_scope = o.scope AND l.client_seq = o.client_seq OFFSET 0) \
-                    OR EXISTS (SELECT 1 FROM rejections r WHERE r.client_id = o.client_id \
-                               AND r.origin_scope = o.scope AND r.client_seq = o.client_seq OFFSET 0) \
-             ) o ON true WHERE h.id = 1";
-        const REJECTIONS: &str = "SELECT h.last_seq, o.client_id, o.client_seq, o.scope \
-             FROM host h LEFT JOIN ( \
-                 SELECT o.client_id, o.client_seq, o.scope \
-                 FROM UNNEST($1::text[], $2::bigint[], $3::text[]) AS o (client_id, client_seq, scope) \
-                 WHERE EXISTS (SELECT 1 FROM rejections r WHERE r.client_id = o.client_id \
-                               AND r.origin_scope = o.scope AND r.client_seq = o.client_seq OFFSET 0) \
-             ) o ON true WHERE h.id = 1";
+        // The probe, finding the origins (`o`) that `$found` holds for.
+        macro_rules! probe {
+            ($($found:expr),+) => {
+                concat!(
+                    "SELECT h.last_seq, o.client_id, o.client_seq, o.scope FROM host h \
+                     LEFT JOIN (SELECT o.client_id, o.client_seq, o.scope \
+                         FROM UNNEST($1::text[], $2::bigint[], $3::text[]) \
+                              AS o (client_id, client_seq, scope) WHERE ",
+                    $($found),+,
+                    ") o ON true WHERE h.id = 1"
+                )
+            };
+        }
+        macro_rules! exists_in {
+            ($table:literal) => {
+                concat!(
+                    "EXISTS (SELECT 1 FROM ", $table, " t WHERE t.client_id = o.client_id \
+                     AND t.origin_scope = o.scope AND t.client_seq = o.client_seq OFFSET 0)"
+                )
+            };
+        }
+        const EVERYTHING: &str = probe!(exists_in!("log"), " OR ", exists_in!("rejections"));
+        const REJECTIONS: &str = probe!(exists_in!("rejections"));
         let sql = match probe {
             Probe::Everything => EVERYTHING,
             Probe::Index => REJECTIONS,
