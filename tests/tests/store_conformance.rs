@@ -27,6 +27,7 @@ backend_tests!(
     working_contexts_upsert_and_list_most_recent_first,
     a_killed_writer_loses_no_acknowledged_append,
     the_turn_archive_upserts_and_reads_ranges,
+    a_batch_of_many_search_documents_is_all_found,
 );
 
 fn envelope(channel: &str, n: u64) -> NewEnvelope {
@@ -903,5 +904,95 @@ async fn the_turn_archive_upserts_and_reads_ranges(db: TestDb) {
             .unwrap()
             .is_empty()
     );
+    store.close().await;
+}
+
+/// Finds `words` within the store's search, every project, newest first;
+/// returns the documents' bodies, sorted.
+async fn found(store: &Arc<dyn Store>, words: &str) -> Vec<String> {
+    let request = tether_server::store::search::SearchRequest {
+        query: tether_protocol::search::Query::parse(words).unwrap(),
+        projects: None,
+        project: None,
+        agent: None,
+        state: None,
+        since_ms: None,
+        until_ms: None,
+        offset: 0,
+        limit: 1000,
+    };
+    let mut bodies: Vec<String> = store
+        .search(&request)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|hit| hit.body)
+        .collect();
+    bodies.sort();
+    bodies
+}
+
+fn doc(key: &str, text: &str) -> tether_protocol::search::SearchDoc {
+    tether_protocol::search::SearchDoc {
+        key: key.to_owned(),
+        chat: None,
+        turn_id: None,
+        kind: "message",
+        text: text.to_owned(),
+    }
+}
+
+/// The documents of one group commit are written a few statements at a
+/// time (SQLite: chunks of 32, 16, ... 1); every one of an uneven count is
+/// written, a later batch rewrites some, and a rebuild's older document
+/// does not replace a newer one.
+async fn a_batch_of_many_search_documents_is_all_found(db: TestDb) {
+    let store = db.open().await;
+    let mut create = envelope("ahp-session:/d", 0);
+    create.session = Some(record("d", "p", "live"));
+    let mut batch = vec![create];
+    for n in 0..55_u64 {
+        let mut e = envelope("ahp-session:/d", n + 1);
+        e.search = Some(doc(&format!("k{n}"), &format!("zephyr number{n}")));
+        batch.push(e);
+    }
+    committed(&store.append(batch).await.unwrap());
+    let all = found(&store, "zephyr").await;
+    assert_eq!(all.len(), 55, "every document of the batch is found");
+    assert_eq!(found(&store, "number54").await, vec!["zephyr number54"]);
+
+    let mut rewrite = Vec::new();
+    for n in [3_u64, 40, 54] {
+        let mut e = envelope("ahp-session:/d", 100 + n);
+        e.search = Some(doc(&format!("k{n}"), &format!("zephyr renamed{n}")));
+        rewrite.push(e);
+    }
+    let seqs = committed(&store.append(rewrite).await.unwrap());
+    assert_eq!(
+        found(&store, "zephyr").await.len(),
+        55,
+        "rewritten, not added"
+    );
+    assert!(found(&store, "number40").await.is_empty());
+    assert_eq!(found(&store, "renamed40").await, vec!["zephyr renamed40"]);
+
+    // A rebuild writes only where its seq is not older than the stored one.
+    let older = seqs[0] - 1;
+    store
+        .put_search_docs(
+            "d",
+            &[
+                (older, 1, doc("k3", "zephyr stale3")),
+                (older, 1, doc("k77", "zephyr fresh77")),
+            ],
+        )
+        .await
+        .unwrap();
+    assert!(
+        found(&store, "stale3").await.is_empty(),
+        "the newer document stays"
+    );
+    assert_eq!(found(&store, "fresh77").await, vec!["zephyr fresh77"]);
+    assert_eq!(found(&store, "zephyr").await.len(), 56);
     store.close().await;
 }

@@ -3,6 +3,7 @@
 //! connection.
 
 use std::collections::HashSet;
+use std::sync::LazyLock;
 
 use rusqlite::{OptionalExtension as _, Row, Transaction, params};
 use tether_protocol::search::{self, SearchDoc};
@@ -93,9 +94,12 @@ pub(super) fn append(
         }
     }
     archive(tx, &plan.turns)?;
-    for d in &plan.docs {
-        write_doc(tx, d.session_id, d.seq, at_ms, d.doc, false)?;
-    }
+    let docs: Vec<_> = plan
+        .docs
+        .iter()
+        .map(|d| (d.session_id, d.seq, at_ms, d.doc))
+        .collect();
+    write_docs(tx, &docs, false)?;
     if !plan.usage.is_empty() {
         let mut insert = tx.prepare_cached(
             "INSERT INTO usage (seq, session_id, project, agent, model, sub, at_ms, \
@@ -260,42 +264,101 @@ pub(super) fn write_snapshot(tx: &Transaction<'_>, snapshot: &Snapshot) -> Resul
     Ok(())
 }
 
-/// Upserts a search document; with `newer_only`, keeps a stored one that a
-/// later seq wrote.
-pub(super) fn write_doc(
+/// The most search documents one statement writes. Every statement that
+/// writes the full-text index makes FTS5 flush what it holds to a new
+/// segment first, so a batch's documents go in as few statements as it
+/// takes: chunks of 32, 16, ... 1 rows (at most six shapes, each prepared
+/// once).
+const DOCS_PER_STATEMENT: usize = 32;
+
+/// Upserts search documents `(session, seq, at_ms, document)`; with
+/// `newer_only`, keeps a stored one that a later seq wrote.
+pub(super) fn write_docs(
     tx: &Transaction<'_>,
-    session_id: &str,
-    seq: i64,
-    at_ms: i64,
-    doc: &SearchDoc,
+    docs: &[(&str, i64, i64, &SearchDoc)],
     newer_only: bool,
 ) -> Result<(), StoreError> {
-    let sql = if newer_only {
-        "INSERT INTO search_docs (session_id, key, chat, turn_id, kind, seq, at_ms, body, \
-                                      words) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
-             ON CONFLICT (session_id, key) DO UPDATE SET chat = excluded.chat, \
-                 turn_id = excluded.turn_id, kind = excluded.kind, seq = excluded.seq, \
-                 at_ms = excluded.at_ms, body = excluded.body, words = excluded.words \
-             WHERE search_docs.seq <= excluded.seq"
-    } else {
-        "INSERT INTO search_docs (session_id, key, chat, turn_id, kind, seq, at_ms, body, \
-                                      words) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
-             ON CONFLICT (session_id, key) DO UPDATE SET chat = excluded.chat, \
-                 turn_id = excluded.turn_id, kind = excluded.kind, seq = excluded.seq, \
-                 at_ms = excluded.at_ms, body = excluded.body, words = excluded.words"
-    };
-    tx.prepare_cached(sql)?.execute(params![
-        session_id,
-        doc.key,
-        doc.chat,
-        doc.turn_id,
-        doc.kind,
-        seq,
-        at_ms,
-        doc.text,
-        search::normalized(&doc.text),
-    ])?;
+    let mut rest = docs;
+    while !rest.is_empty() {
+        let take = chunk_len(rest.len());
+        let (chunk, after) = rest.split_at(take);
+        let mut statement = tx.prepare_cached(docs_sql(take, newer_only))?;
+        for (row, (session_id, seq, at_ms, doc)) in chunk.iter().enumerate() {
+            let at = row * 9;
+            statement.raw_bind_parameter(at + 1, session_id)?;
+            statement.raw_bind_parameter(at + 2, &doc.key)?;
+            statement.raw_bind_parameter(at + 3, &doc.chat)?;
+            statement.raw_bind_parameter(at + 4, &doc.turn_id)?;
+            statement.raw_bind_parameter(at + 5, doc.kind)?;
+            statement.raw_bind_parameter(at + 6, seq)?;
+            statement.raw_bind_parameter(at + 7, at_ms)?;
+            statement.raw_bind_parameter(at + 8, &doc.text)?;
+            statement.raw_bind_parameter(at + 9, search::normalized(&doc.text))?;
+        }
+        statement.raw_execute()?;
+        rest = after;
+    }
     Ok(())
+}
+
+/// How many of `left` documents the next statement writes: the largest
+/// power of two up to [`DOCS_PER_STATEMENT`].
+fn chunk_len(left: usize) -> usize {
+    if left >= DOCS_PER_STATEMENT {
+        DOCS_PER_STATEMENT
+    } else {
+        1 << left.ilog2()
+    }
+}
+
+/// The upsert of `rows` (a power of two up to [`DOCS_PER_STATEMENT`])
+/// search documents, written once.
+fn docs_sql(rows: usize, newer_only: bool) -> &'static str {
+    static SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
+        [false, true]
+            .into_iter()
+            .flat_map(|newer_only| {
+                (0..=DOCS_PER_STATEMENT.ilog2()).map(move |n| upsert_docs(1 << n, newer_only))
+            })
+            .collect()
+    });
+    let shapes = DOCS_PER_STATEMENT.ilog2() as usize + 1;
+    &SQL[usize::from(newer_only) * shapes + rows.ilog2() as usize]
+}
+
+/// The upsert of `rows` search documents, nine parameters a row.
+fn upsert_docs(rows: usize, newer_only: bool) -> String {
+    let mut sql = String::from(
+        "INSERT INTO search_docs (session_id, key, chat, turn_id, kind, seq, at_ms, body, words) \
+         VALUES ",
+    );
+    for row in 0..rows {
+        let p = row * 9;
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&format!(
+            "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
+            p + 1,
+            p + 2,
+            p + 3,
+            p + 4,
+            p + 5,
+            p + 6,
+            p + 7,
+            p + 8,
+            p + 9
+        ));
+    }
+    sql.push_str(
+        " ON CONFLICT (session_id, key) DO UPDATE SET chat = excluded.chat, \
+         turn_id = excluded.turn_id, kind = excluded.kind, seq = excluded.seq, \
+         at_ms = excluded.at_ms, body = excluded.body, words = excluded.words",
+    );
+    if newer_only {
+        sql.push_str(" WHERE search_docs.seq <= excluded.seq");
+    }
+    sql
 }
 
 /// Writes an event to the outbox with one delivery per webhook of its

@@ -515,10 +515,11 @@ impl Store for SqliteStore {
         let (session, docs) = (session.to_owned(), docs.to_vec());
         self.writer
             .transaction(move |tx| {
-                for (seq, at_ms, doc) in &docs {
-                    append::write_doc(tx, &session, seq_to_db(*seq), *at_ms, doc, true)?;
-                }
-                Ok(())
+                let rows: Vec<_> = docs
+                    .iter()
+                    .map(|(seq, at_ms, doc)| (session.as_str(), seq_to_db(*seq), *at_ms, doc))
+                    .collect();
+                append::write_docs(tx, &rows, true)
             })
             .await
     }
