@@ -20,6 +20,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::frame::{self, Params, Request};
 use super::queue::{Gone, Outbound, Queue};
 use super::rpc::RpcError;
 use super::{
@@ -103,7 +104,8 @@ pub(super) type PendingAnswer = Pin<Box<dyn Future<Output = Answered> + Send>>;
 /// A dispatch's outcome on its way back to the connection that sent it.
 pub(super) struct Answered {
     pub(super) channel: String,
-    pub(super) action: Value,
+    /// The action's text as it was sent, for the echo of its refusal.
+    pub(super) action_text: String,
     pub(super) origin: Origin,
     /// The hub seq its channel was routed here at, if it was subscribed
     /// when the dispatch was submitted: a fresh commit is above it and
@@ -539,31 +541,11 @@ impl Connection {
     }
 
     async fn on_text(&mut self, text: &str) -> Next {
-        let message: Value = match serde_json::from_str(text) {
+        let Request { id, method, params } = match frame::read(text) {
             Ok(message) => message,
-            Err(err) => {
-                return self.send_error(
-                    Value::Null,
-                    json_rpc_error_codes::PARSE_ERROR,
-                    &format!("Malformed JSON: {err}."),
-                    None,
-                );
-            }
+            Err((id, code, reason)) => return self.send_error(id, code, &reason, None),
         };
-        let id = message.get("id").cloned();
-        let Some(method) = message.get("method").and_then(Value::as_str) else {
-            return self.send_error(
-                id.unwrap_or(Value::Null),
-                json_rpc_error_codes::INVALID_REQUEST,
-                "A JSON-RPC 2.0 request or notification needs a \"method\".",
-                None,
-            );
-        };
-        let params = message.get("params").cloned().unwrap_or(Value::Null);
-        let method = method.to_owned();
-        if self.client_id.is_none()
-            && !matches!(method.as_str(), "initialize" | "reconnect" | "ping")
-        {
+        if self.client_id.is_none() && !matches!(&*method, "initialize" | "reconnect" | "ping") {
             return match id {
                 Some(id) => self.send_error(
                     id,
@@ -574,8 +556,11 @@ impl Connection {
                 None => Next::Continue,
             };
         }
-        let result = match method.as_str() {
-            "reconnect" => self.reconnect(params, id.as_ref()).await,
+        let result = match &*method {
+            "reconnect" => match params.into_value() {
+                Ok(params) => self.reconnect(params, id.as_ref()).await,
+                Err(err) => Err(err),
+            },
             other => match self.call(other, params, &id).await {
                 Ok(Some(value)) => Ok(Reply::Json(value)),
                 // A dispatch: answered when its outcome arrives (requests)
@@ -611,12 +596,14 @@ impl Connection {
     async fn call(
         &mut self,
         method: &str,
-        params: Value,
+        params: Params<'_>,
         id: &Option<Value>,
     ) -> Result<Option<Value>, RpcError> {
         if method == "dispatchAction" {
-            return self.dispatch(params, id.clone()).await.map(|()| None);
+            let dispatched = frame::dispatch_params(params)?;
+            return self.dispatch(dispatched, id.clone()).await.map(|()| None);
         }
+        let params = params.into_value()?;
         let value = match method {
             "initialize" => self.initialize(params).await,
             "subscribe" => self.subscribe(params).await,

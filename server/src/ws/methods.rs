@@ -7,6 +7,7 @@ use tether_protocol::view::SessionView;
 
 use super::CATCH_UP_PAGE;
 use super::connection::{Answered, Connection, Next, Reply, Subscription, hidden_from};
+use super::frame::Dispatched;
 use super::rpc::{
     RpcError, channel_param, client_id_param, session_param, strings_param, u64_param,
 };
@@ -260,16 +261,15 @@ impl Connection {
     /// dispatches are pipelined instead of one commit per round trip.
     pub(super) async fn dispatch(
         &mut self,
-        mut params: Value,
+        dispatched: Dispatched,
         id: Option<Value>,
     ) -> Result<(), RpcError> {
-        let channel = channel_param(&params)?;
-        let client_seq = u64_param(&params, "clientSeq")?;
-        let action = params
-            .get_mut("action")
-            .map(Value::take)
-            .filter(Value::is_object)
-            .ok_or_else(|| RpcError::invalid("params.action (an action object) is required."))?;
+        let Dispatched {
+            channel,
+            client_seq,
+            action,
+            action_text,
+        } = dispatched;
         let origin = Origin {
             client_id: self.client_id.clone().unwrap_or_default(),
             client_seq,
@@ -289,7 +289,7 @@ impl Connection {
                 // A notification has no answer but its echo: refused, not
                 // recorded, so the same dispatch may pass later.
                 None => {
-                    self.echo_refusal(&channel, &action, &origin, &reason);
+                    self.echo_refusal(&channel, &action_text, &origin, &reason);
                     return Ok(());
                 }
             });
@@ -298,19 +298,14 @@ impl Connection {
         // connection's loop stops reading until one is answered.
         let submitted = self
             .engine
-            .submit(
-                &self.principal,
-                Some(origin.clone()),
-                &channel,
-                action.clone(),
-            )
+            .submit(&self.principal, Some(origin.clone()), &channel, action)
             .await;
         let routed_at = self.subscriptions.get(&channel).map(|s| s.routed_at);
         self.pending.push(Box::pin(async move {
             let outcome = submitted.outcome().await;
             Answered {
                 channel,
-                action,
+                action_text,
                 origin,
                 routed_at,
                 outcome,
@@ -325,14 +320,14 @@ impl Connection {
     fn echo_refusal(
         &mut self,
         channel: &str,
-        action: &Value,
+        action_text: &str,
         origin: &Origin,
         reason: &str,
     ) -> Next {
         let frame = action_frame(
             self.engine.hub().published(),
             channel,
-            &action.to_string(),
+            action_text,
             Some(origin),
             Some(reason),
         );
@@ -367,7 +362,7 @@ impl Connection {
             }
             DispatchOutcome::Rejected(refusal) => self.echo_refusal(
                 &answered.channel,
-                &answered.action,
+                &answered.action_text,
                 &answered.origin,
                 &refusal.reason,
             ),

@@ -16,6 +16,7 @@
 mod completions;
 mod config;
 mod connection;
+mod frame;
 mod methods;
 mod queue;
 mod rpc;

@@ -7,6 +7,7 @@ use tether_protocol::channel::Channel;
 use crate::engine::EngineError;
 
 /// A JSON-RPC error answer.
+#[derive(Debug)]
 pub(super) struct RpcError {
     pub(super) code: i32,
     pub(super) message: String,
