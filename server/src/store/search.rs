@@ -6,8 +6,6 @@
 //! read model, so it is always limited to the projects the caller may see
 //! and filtered on what the read model says.
 
-use std::collections::HashSet;
-
 use tether_protocol::search::{Query, SearchDoc};
 
 use super::plan::LogRow;
@@ -26,7 +24,7 @@ pub struct DocRow<'a> {
 /// The documents of a batch's fresh rows, the latest per (session, key):
 /// a streamed answer's deltas in one batch write its document once.
 pub fn latest_docs<'a>(rows: &[LogRow<'a>]) -> Vec<DocRow<'a>> {
-    let mut seen = HashSet::new();
+    let mut seen = super::plan::Set::default();
     let mut docs: Vec<DocRow<'a>> = rows
         .iter()
         .rev()

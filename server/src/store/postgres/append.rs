@@ -2,7 +2,6 @@
 //! log and the read model, and answers each envelope (see `plan` for what is
 //! written; this file is how, in a constant number of round trips).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -72,7 +71,7 @@ impl PostgresStore {
         let fenced = if self.fencing.load(Ordering::Acquire) {
             Self::fenced(&mut tx, batch, &self.host).await?
         } else {
-            HashSet::new()
+            plan::Set::default()
         };
         let plan = plan::plan(batch, last, &existing, &fenced);
         if !plan.rows.is_empty() {
@@ -374,7 +373,7 @@ impl PostgresStore {
         tx: &mut Transaction<'static, Postgres>,
         batch: &[NewEnvelope],
         host: &str,
-    ) -> Result<HashSet<String>, StoreError> {
+    ) -> Result<plan::Set<String>, StoreError> {
         let mut sessions: Vec<&str> = batch
             .iter()
             .filter_map(|e| e.session_id.as_deref())
@@ -382,7 +381,7 @@ impl PostgresStore {
         sessions.sort_unstable();
         sessions.dedup();
         if sessions.is_empty() {
-            return Ok(HashSet::new());
+            return Ok(plan::Set::default());
         }
         // No row locks: a lease changes hands only under the host row's
         // lock, which this transaction holds until it commits.
@@ -405,7 +404,7 @@ impl PostgresStore {
         tx: &mut Transaction<'static, Postgres>,
         origins: &[&Origin],
         probe: Probe,
-    ) -> Result<(i64, HashSet<Origin>), StoreError> {
+    ) -> Result<(i64, plan::Set<Origin>), StoreError> {
         let ids: Vec<&str> = origins.iter().map(|o| o.client_id.as_str()).collect();
         let seqs: Vec<i64> = origins.iter().map(|o| seq_to_db(o.client_seq)).collect();
         let scopes: Vec<&str> = origins.iter().map(|o| o.scope.as_str()).collect();

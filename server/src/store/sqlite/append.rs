@@ -2,7 +2,6 @@
 //! open `BEGIN IMMEDIATE` transaction and uses statements prepared once per
 //! connection.
 
-use std::collections::HashSet;
 use std::sync::LazyLock;
 
 use rusqlite::{OptionalExtension as _, Row, Transaction, params};
@@ -27,7 +26,7 @@ pub(super) fn append(
         .query_row([], |row| row.get(0))?;
     let at_ms = now_ms();
     let existing = existing_origins(tx, &plan::origins(batch))?;
-    let plan = plan::plan(batch, last, &existing, &HashSet::new());
+    let plan = plan::plan(batch, last, &existing, &plan::Set::default());
     {
         let mut insert = tx.prepare_cached(
             "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, \
@@ -144,9 +143,9 @@ pub(super) fn append(
 fn existing_origins(
     tx: &Transaction<'_>,
     origins: &[&Origin],
-) -> Result<HashSet<Origin>, StoreError> {
+) -> Result<plan::Set<Origin>, StoreError> {
     if origins.is_empty() {
-        return Ok(HashSet::new());
+        return Ok(plan::Set::default());
     }
     let mut probe = tx.prepare_cached(
         "SELECT EXISTS (SELECT 1 FROM log WHERE client_id = ?1 AND origin_scope = ?2 \
@@ -154,7 +153,7 @@ fn existing_origins(
              OR EXISTS (SELECT 1 FROM rejections WHERE client_id = ?1 AND origin_scope = ?2 \
                                                    AND client_seq = ?3)",
     )?;
-    let mut found = HashSet::new();
+    let mut found = plan::Set::default();
     for origin in origins {
         let exists: bool = probe.query_row(
             params![origin.client_id, origin.scope, seq_to_db(origin.client_seq)],
