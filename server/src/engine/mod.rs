@@ -214,6 +214,10 @@ pub(crate) struct Ctx {
     hub: Arc<Hub>,
     agents: Agents,
     effects: Arc<dyn Effects>,
+    /// The effects backend's latency and failure series, looked up once
+    /// (finding a labelled series hashes its labels).
+    effect_seconds: prometheus_client::metrics::histogram::Histogram,
+    effect_failures: prometheus_client::metrics::counter::Counter,
     config: EngineConfig,
     metrics: Arc<Metrics>,
     actors: Mutex<HashMap<String, mailbox::Sender<Command>>>,
@@ -377,6 +381,9 @@ impl Engine {
         let root = load_root(store.as_ref()).await?;
         let pending = Arc::new(Pending::default());
         let agent_slots = Arc::new(tokio::sync::Semaphore::new(config.max_agents.max(1)));
+        let backend = [("backend", effects.backend())];
+        let effect_seconds = metrics.effect_seconds.get_or_create(&backend).clone();
+        let effect_failures = metrics.effect_failures.get_or_create(&backend).clone();
         let ctx = Arc::new(Ctx {
             store,
             cluster: cluster.clone(),
@@ -385,6 +392,8 @@ impl Engine {
             hub,
             agents,
             effects,
+            effect_seconds,
+            effect_failures,
             config,
             metrics,
             actors: Mutex::new(HashMap::new()),

@@ -241,15 +241,11 @@ pub(super) async fn check_dispatch(
                 .map(|p| p as &dyn crate::effects::SessionAgent),
         };
         let timeout = ctx.config.effect_timeout;
-        let backend = [("backend", ctx.effects.backend())];
         let started = std::time::Instant::now();
         let applied = tokio::time::timeout(timeout, ctx.effects.apply(&request)).await;
-        ctx.metrics
-            .effect_seconds
-            .get_or_create(&backend)
-            .observe(started.elapsed().as_secs_f64());
+        ctx.effect_seconds.observe(started.elapsed().as_secs_f64());
         if !matches!(applied, Ok(Ok(()))) {
-            ctx.metrics.effect_failures.get_or_create(&backend).inc();
+            ctx.effect_failures.inc();
         }
         match applied {
             Ok(result) => result?,
