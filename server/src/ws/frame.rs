@@ -72,11 +72,10 @@ pub(super) fn read(text: &str) -> Result<Request<'_>, Unread> {
         && let Ok(frame) = serde_json::from_str::<Frame<'_>>(text)
         && let Some(method) = frame.method
     {
-        let id = match frame.id {
-            None => None,
-            // Already checked as JSON: this parse cannot fail.
-            Some(id) => Some(serde_json::from_str(id.get()).unwrap_or(Value::Null)),
-        };
+        // Already checked as JSON: this parse cannot fail.
+        let id = frame
+            .id
+            .map(|id| serde_json::from_str(id.get()).unwrap_or(Value::Null));
         return Ok(Request {
             id,
             method,
