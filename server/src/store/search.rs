@@ -10,6 +10,24 @@ use tether_protocol::search::{Query, SearchDoc};
 
 use super::plan::LogRow;
 
+/// How a document upsert resolves an existing `(session_id, key)`, the
+/// same on both backends: the new document replaces it, or with
+/// `newer_only` only when the stored one is not from a later seq.
+pub fn doc_conflict(newer_only: bool) -> &'static str {
+    macro_rules! replace {
+        () => {
+            "ON CONFLICT (session_id, key) DO UPDATE SET chat = excluded.chat, \
+             turn_id = excluded.turn_id, kind = excluded.kind, seq = excluded.seq, \
+             at_ms = excluded.at_ms, body = excluded.body, words = excluded.words"
+        };
+    }
+    if newer_only {
+        concat!(replace!(), " WHERE search_docs.seq <= excluded.seq")
+    } else {
+        replace!()
+    }
+}
+
 /// One document to write: its session, seq and time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DocRow<'a> {

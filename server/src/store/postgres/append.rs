@@ -10,6 +10,7 @@ use tether_protocol::search::SearchDoc;
 
 use super::PostgresStore;
 use crate::store::plan::{self, Probe};
+use crate::store::search;
 use crate::store::usage::UsageRow;
 use crate::store::webhooks::{self, OutboxEvent};
 use crate::store::{
@@ -217,21 +218,14 @@ impl PostgresStore {
             .iter()
             .map(|d| tether_protocol::search::normalized(&d.3.text))
             .collect();
-        let guard = if newer_only {
-            " WHERE search_docs.seq <= excluded.seq"
-        } else {
-            ""
-        };
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO search_docs (session_id, key, chat, turn_id, kind, seq, at_ms, body, \
                                       words) \
              SELECT r.s, r.k, r.c, r.t, r.kind, r.seq, r.at, r.body, to_tsvector('simple', r.w) \
              FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
                          $6::bigint[], $7::bigint[], $8::text[], $9::text[]) \
-                  AS r (s, k, c, t, kind, seq, at, body, w) \
-             ON CONFLICT (session_id, key) DO UPDATE SET chat = excluded.chat, \
-                 turn_id = excluded.turn_id, kind = excluded.kind, seq = excluded.seq, \
-                 at_ms = excluded.at_ms, body = excluded.body, words = excluded.words{guard}"
+                  AS r (s, k, c, t, kind, seq, at, body, w) {}",
+            search::doc_conflict(newer_only)
         )))
         .bind(sessions)
         .bind(keys)

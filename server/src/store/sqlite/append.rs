@@ -331,32 +331,15 @@ fn upsert_docs(rows: usize, newer_only: bool) -> String {
         "INSERT INTO search_docs (session_id, key, chat, turn_id, kind, seq, at_ms, body, words) \
          VALUES ",
     );
-    for row in 0..rows {
-        let p = row * 9;
-        if row > 0 {
-            sql.push_str(", ");
-        }
-        sql.push_str(&format!(
-            "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
-            p + 1,
-            p + 2,
-            p + 3,
-            p + 4,
-            p + 5,
-            p + 6,
-            p + 7,
-            p + 8,
-            p + 9
-        ));
-    }
-    sql.push_str(
-        " ON CONFLICT (session_id, key) DO UPDATE SET chat = excluded.chat, \
-         turn_id = excluded.turn_id, kind = excluded.kind, seq = excluded.seq, \
-         at_ms = excluded.at_ms, body = excluded.body, words = excluded.words",
-    );
-    if newer_only {
-        sql.push_str(" WHERE search_docs.seq <= excluded.seq");
-    }
+    let values: Vec<String> = (0..rows)
+        .map(|row| {
+            let params: Vec<String> = (1..=9).map(|n| format!("?{}", row * 9 + n)).collect();
+            format!("({})", params.join(", "))
+        })
+        .collect();
+    sql.push_str(&values.join(", "));
+    sql.push(' ');
+    sql.push_str(crate::store::search::doc_conflict(newer_only));
     sql
 }
 
