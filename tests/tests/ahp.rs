@@ -695,9 +695,17 @@ async fn bad_input_gets_an_error_and_the_connection_keeps_working(db: TestDb) {
     let bogus = raw_next(&mut ws).await.unwrap();
     assert_eq!(bogus["error"]["code"], -32602, "{bogus}");
     // An action on the wrong kind of channel is refused to its sender.
-    raw_send(&mut ws, r#"{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-root://","clientSeq":1,"action":{"type":"session/titleChanged","title":"x"}}}"#).await;
+    // The echo carries the action as it was sent (its text, spaces and
+    // escapes included, is spliced in) and its origin.
+    raw_send(&mut ws, r#"{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-root://","clientSeq":1,"action":{ "type": "session/titleChanged", "title": "x\u00e9" }}}"#).await;
     let refused = raw_next(&mut ws).await.unwrap();
     assert_eq!(refused["method"], "action");
+    assert_eq!(
+        refused["params"]["action"],
+        json!({"type": "session/titleChanged", "title": "x\u{e9}"}),
+        "{refused}"
+    );
+    assert_eq!(refused["params"]["origin"]["clientSeq"], 1, "{refused}");
     let reason = refused["params"]["rejectionReason"].as_str().unwrap();
     assert!(reason.contains("session channel"), "{reason}");
     raw_send(
