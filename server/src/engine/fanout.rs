@@ -186,8 +186,15 @@ impl Hub {
         }
     }
 
-    /// Publishes a notification to a channel's subscribers.
-    pub fn notify(&self, channel: &str, project: &str, frame: String) {
+    /// Publishes a notification to a channel's subscribers; `frame`
+    /// renders it, only when the channel has a subscriber here (it is
+    /// rendered outside the lock, so one taken meanwhile may miss it, as
+    /// it would had it subscribed a moment later).
+    pub fn notify(&self, channel: &str, project: &str, frame: impl FnOnce() -> String) {
+        if !self.routes().by_channel.contains_key(channel) {
+            return;
+        }
+        let frame = frame();
         let routes = self.routes();
         if let Some(inboxes) = routes.by_channel.get(channel) {
             let notice = Arc::new(Notice {

@@ -69,14 +69,12 @@ pub(super) async fn round(ctx: &Arc<Ctx>) -> Result<usize, crate::store::StoreEr
     let deleted = result?;
     for s in held.iter().filter(|s| deleted.contains(&s.id)) {
         tracing::info!(session = %s.id, project = %s.project, "retention: settled session deleted");
-        ctx.hub.notify(
-            ROOT,
-            &s.project,
+        ctx.hub.notify(ROOT, &s.project, || {
             super::notification(
                 "root/sessionRemoved",
                 json!({"channel": ROOT, "session": Channel::session_uri(&s.id)}),
-            ),
-        );
+            )
+        });
     }
     ctx.metrics.retention_deleted.inc_by(deleted.len() as u64);
     Ok(deleted.len())

@@ -330,24 +330,20 @@ impl Engine {
                 let Ok(view) = serde_json::from_str::<SessionView>(&row.record.projection) else {
                     return;
                 };
-                self.ctx.hub.notify(
-                    ROOT,
-                    &row.record.project,
+                self.ctx.hub.notify(ROOT, &row.record.project, || {
                     super::notification(
                         "root/sessionAdded",
                         json!({"channel": ROOT, "summary": super::summary(&view)}),
-                    ),
-                );
+                    )
+                });
             }
             Some((SESSION_SETTLED, Some("disposed"))) => {
-                self.ctx.hub.notify(
-                    ROOT,
-                    &row.record.project,
+                self.ctx.hub.notify(ROOT, &row.record.project, || {
                     super::notification(
                         "root/sessionRemoved",
                         json!({"channel": ROOT, "session": Channel::session_uri(session)}),
-                    ),
-                );
+                    )
+                });
             }
             _ => {}
         }

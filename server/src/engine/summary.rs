@@ -30,17 +30,40 @@ struct Fields<'a> {
 
 impl Fields<'_> {
     fn to_json(&self) -> Value {
-        json!({
-            "resource": self.resource,
-            "provider": self.provider,
-            "title": self.title,
-            "status": self.status,
-            "project": {"uri": format!("tether-project:/{}", self.project), "displayName": self.project},
-            "workingDirectories": self.working_directories,
-            "createdAt": self.created_at,
-            "modifiedAt": self.modified_at,
-            "defaultChat": self.default_chat,
-        })
+        let keys = [
+            "resource",
+            "provider",
+            "title",
+            "status",
+            "project",
+            "workingDirectories",
+            "createdAt",
+            "modifiedAt",
+            "defaultChat",
+        ];
+        Value::Object(
+            keys.into_iter()
+                .map(|key| (key.to_owned(), self.value_of(key)))
+                .collect(),
+        )
+    }
+
+    /// One field of the summary, by its key.
+    fn value_of(&self, key: &str) -> Value {
+        match key {
+            "resource" => json!(self.resource),
+            "provider" => json!(self.provider),
+            "title" => json!(self.title),
+            "status" => json!(self.status),
+            "project" => {
+                json!({"uri": format!("tether-project:/{}", self.project), "displayName": self.project})
+            }
+            "workingDirectories" => json!(self.working_directories),
+            "createdAt" => json!(self.created_at),
+            "modifiedAt" => json!(self.modified_at),
+            "defaultChat" => json!(self.default_chat),
+            _ => Value::Null,
+        }
     }
 }
 
@@ -156,53 +179,39 @@ impl Announcer {
     /// Tells root subscribers which summary fields of `model` changed since
     /// they last heard. A change of `modifiedAt` alone waits for the
     /// coalescing window unless `now` says it is due. The first call sets
-    /// the baseline.
+    /// the baseline. The change is compared field by field and only its
+    /// fields are rendered, and only when a root subscriber is here to
+    /// hear it: every actor batch comes through here.
     pub(super) fn announce(&mut self, hub: &Hub, model: &SessionModel, now: bool) {
         let modified_at = super::rfc3339(crate::store::now_ms());
-        let first = self.announced.is_none();
-        let (current, changes) = with_fields_of(model, &modified_at, |fields| {
-            let changed = match &self.announced {
-                Some(before) => fields.changed_since(before),
-                None => Vec::new(),
+        with_fields_of(model, &modified_at, |fields| {
+            let Some(before) = &self.announced else {
+                self.announced = Some(fields.heard());
+                return;
             };
-            let mut changes = serde_json::Map::new();
-            if !changed.is_empty()
-                && let Value::Object(mut summary) = fields.to_json()
-            {
-                for key in changed {
-                    if let Some(value) = summary.remove(key) {
-                        changes.insert(key.to_owned(), value);
-                    }
-                }
+            let changed = fields.changed_since(before);
+            if changed.is_empty() {
+                self.pending = false;
+                return;
             }
-            // Copied only when kept: the baseline, or a change to tell.
-            let keep = first || !changes.is_empty();
-            (keep.then(|| fields.heard()), changes)
-        });
-        let Some(current) = current else {
-            // Nothing changed since they last heard.
+            let only_time = changed == ["modifiedAt"];
+            if only_time && !now && self.at.elapsed() < SUMMARY_COALESCE {
+                self.pending = true;
+                return;
+            }
+            hub.notify(ROOT, &model.created.project, || {
+                let changes: serde_json::Map<String, Value> = changed
+                    .iter()
+                    .map(|key| ((*key).to_owned(), fields.value_of(key)))
+                    .collect();
+                super::notification(
+                    "root/sessionSummaryChanged",
+                    json!({"channel": ROOT, "session": model.uri(), "changes": changes}),
+                )
+            });
+            self.announced = Some(fields.heard());
+            self.at = Instant::now();
             self.pending = false;
-            return;
-        };
-        if first {
-            self.announced = Some(current);
-            return;
-        }
-        let only_time = changes.keys().all(|key| key == "modifiedAt");
-        if only_time && !now && self.at.elapsed() < SUMMARY_COALESCE {
-            self.pending = true;
-            return;
-        }
-        hub.notify(
-            ROOT,
-            &model.created.project,
-            super::notification(
-                "root/sessionSummaryChanged",
-                json!({"channel": ROOT, "session": model.uri(), "changes": changes}),
-            ),
-        );
-        self.announced = Some(current);
-        self.at = Instant::now();
-        self.pending = false;
+        });
     }
 }

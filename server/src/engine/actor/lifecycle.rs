@@ -129,14 +129,12 @@ impl SessionActor {
         // Told here, by the session's writer: other hosts hear of it from
         // the log (see `root`), whichever host the request came through.
         self.engine().change_active_sessions(1).await;
-        self.ctx.hub.notify(
-            ROOT,
-            &view.project,
+        self.ctx.hub.notify(ROOT, &view.project, || {
             engine::notification(
                 "root/sessionAdded",
                 serde_json::json!({"channel": ROOT, "summary": engine::summary(&view)}),
-            ),
-        );
+            )
+        });
         Ok(view)
     }
 
@@ -375,14 +373,12 @@ impl SessionActor {
         })?;
         let view = self.view(model);
         self.engine().change_active_sessions(-1).await;
-        self.ctx.hub.notify(
-            ROOT,
-            &view.project,
+        self.ctx.hub.notify(ROOT, &view.project, || {
             engine::notification(
                 "root/sessionRemoved",
                 serde_json::json!({"channel": ROOT, "session": view.resource}),
-            ),
-        );
+            )
+        });
         Ok(view)
     }
 }
