@@ -292,7 +292,8 @@ impl SessionActor {
                 }
             }
         }
-        if reload && let Err(err) = self.reload().await {
+        // Boxed: rare, and its future would make every batch's large.
+        if reload && let Err(err) = Box::pin(self.reload()).await {
             tracing::error!(session = %self.id, error = %err, "cannot rebuild session state");
         }
         self.announce(false);

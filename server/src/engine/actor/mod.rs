@@ -229,7 +229,9 @@ impl SessionActor {
                         }
                     }
                     Box::pin(actor.dispatch_batch(batch)).await;
-                    Box::pin(actor.run_follow_ups()).await;
+                    if !actor.follow_ups.is_empty() {
+                        Box::pin(actor.run_follow_ups()).await;
+                    }
                     if let Some(command) = other {
                         Box::pin(actor.handle(command)).await;
                     }
@@ -278,6 +280,11 @@ impl SessionActor {
     /// Whether this host still holds the lease long enough to validate and
     /// run side effects on its state (several hosts); re-acquires it when
     /// it is about to run out.
+    ///
+    /// Every batch asks, and nearly always the answer needs no I/O: that
+    /// path awaits nothing, and the renewal's large future is boxed, so
+    /// that each batch's future stays small (it is moved into a box of its
+    /// own by the actor's loop).
     async fn still_writer(&mut self) -> bool {
         let Some(cluster) = &self.ctx.cluster else {
             return true;
@@ -288,6 +295,14 @@ impl SessionActor {
         if cluster.holds(&self.id, cluster.ttl() / 2) {
             return true;
         }
+        Box::pin(self.renew_lease()).await
+    }
+
+    /// Re-acquires the lease (several hosts); see [`Self::still_writer`].
+    async fn renew_lease(&mut self) -> bool {
+        let Some(cluster) = &self.ctx.cluster else {
+            return true;
+        };
         match cluster.acquire(&self.id).await {
             Ok(crate::cluster::Lease::Mine { from: None }) => {
                 // The lease was this host's when it was last looked at, or
