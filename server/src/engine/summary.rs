@@ -28,41 +28,77 @@ struct Fields<'a> {
     default_chat: Option<&'a str>,
 }
 
+/// A field of a summary, by its AHP key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Resource,
+    Provider,
+    Title,
+    Status,
+    Project,
+    WorkingDirectories,
+    CreatedAt,
+    ModifiedAt,
+    DefaultChat,
+}
+
+impl Key {
+    /// Every field, in the order a summary lists them.
+    const ALL: [Key; 9] = [
+        Key::Resource,
+        Key::Provider,
+        Key::Title,
+        Key::Status,
+        Key::Project,
+        Key::WorkingDirectories,
+        Key::CreatedAt,
+        Key::ModifiedAt,
+        Key::DefaultChat,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Key::Resource => "resource",
+            Key::Provider => "provider",
+            Key::Title => "title",
+            Key::Status => "status",
+            Key::Project => "project",
+            Key::WorkingDirectories => "workingDirectories",
+            Key::CreatedAt => "createdAt",
+            Key::ModifiedAt => "modifiedAt",
+            Key::DefaultChat => "defaultChat",
+        }
+    }
+}
+
 impl Fields<'_> {
     fn to_json(&self) -> Value {
-        let keys = [
-            "resource",
-            "provider",
-            "title",
-            "status",
-            "project",
-            "workingDirectories",
-            "createdAt",
-            "modifiedAt",
-            "defaultChat",
-        ];
+        self.object_of(&Key::ALL)
+    }
+
+    /// The summary's `keys` as a JSON object.
+    fn object_of(&self, keys: &[Key]) -> Value {
         Value::Object(
-            keys.into_iter()
-                .map(|key| (key.to_owned(), self.value_of(key)))
+            keys.iter()
+                .map(|key| (key.name().to_owned(), self.value_of(*key)))
                 .collect(),
         )
     }
 
-    /// One field of the summary, by its key.
-    fn value_of(&self, key: &str) -> Value {
+    /// One field of the summary.
+    fn value_of(&self, key: Key) -> Value {
         match key {
-            "resource" => json!(self.resource),
-            "provider" => json!(self.provider),
-            "title" => json!(self.title),
-            "status" => json!(self.status),
-            "project" => {
+            Key::Resource => json!(self.resource),
+            Key::Provider => json!(self.provider),
+            Key::Title => json!(self.title),
+            Key::Status => json!(self.status),
+            Key::Project => {
                 json!({"uri": format!("tether-project:/{}", self.project), "displayName": self.project})
             }
-            "workingDirectories" => json!(self.working_directories),
-            "createdAt" => json!(self.created_at),
-            "modifiedAt" => json!(self.modified_at),
-            "defaultChat" => json!(self.default_chat),
-            _ => Value::Null,
+            Key::WorkingDirectories => json!(self.working_directories),
+            Key::CreatedAt => json!(self.created_at),
+            Key::ModifiedAt => json!(self.modified_at),
+            Key::DefaultChat => json!(self.default_chat),
         }
     }
 }
@@ -131,25 +167,25 @@ impl Fields<'_> {
     }
 
     /// The summary's keys whose values differ from what was heard.
-    fn changed_since(&self, heard: &Heard) -> Vec<&'static str> {
+    fn changed_since(&self, heard: &Heard) -> Vec<Key> {
         let mut keys = Vec::new();
         if self.title != heard.title {
-            keys.push("title");
+            keys.push(Key::Title);
         }
         if self.status != heard.status {
-            keys.push("status");
+            keys.push(Key::Status);
         }
         if self.project != heard.project {
-            keys.push("project");
+            keys.push(Key::Project);
         }
         if self.working_directories != heard.working_directories.as_slice() {
-            keys.push("workingDirectories");
+            keys.push(Key::WorkingDirectories);
         }
         if self.modified_at != heard.modified_at {
-            keys.push("modifiedAt");
+            keys.push(Key::ModifiedAt);
         }
         if self.default_chat != heard.default_chat.as_deref() {
-            keys.push("defaultChat");
+            keys.push(Key::DefaultChat);
         }
         keys
     }
@@ -194,16 +230,13 @@ impl Announcer {
                 self.pending = false;
                 return;
             }
-            let only_time = changed == ["modifiedAt"];
+            let only_time = changed == [Key::ModifiedAt];
             if only_time && !now && self.at.elapsed() < SUMMARY_COALESCE {
                 self.pending = true;
                 return;
             }
             hub.notify(ROOT, &model.created.project, || {
-                let changes: serde_json::Map<String, Value> = changed
-                    .iter()
-                    .map(|key| ((*key).to_owned(), fields.value_of(key)))
-                    .collect();
+                let changes = fields.object_of(&changed);
                 super::notification(
                     "root/sessionSummaryChanged",
                     json!({"channel": ROOT, "session": model.uri(), "changes": changes}),
