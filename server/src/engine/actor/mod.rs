@@ -295,14 +295,12 @@ impl SessionActor {
         if cluster.holds(&self.id, cluster.ttl() / 2) {
             return true;
         }
-        Box::pin(self.renew_lease()).await
+        let cluster = cluster.clone();
+        Box::pin(self.renew_lease(&cluster)).await
     }
 
     /// Re-acquires the lease (several hosts); see [`Self::still_writer`].
-    async fn renew_lease(&mut self) -> bool {
-        let Some(cluster) = &self.ctx.cluster else {
-            return true;
-        };
+    async fn renew_lease(&mut self, cluster: &crate::cluster::Cluster) -> bool {
         match cluster.acquire(&self.id).await {
             Ok(crate::cluster::Lease::Mine { from: None }) => {
                 // The lease was this host's when it was last looked at, or
