@@ -267,7 +267,9 @@ pub(super) fn write_snapshot(tx: &Transaction<'_>, snapshot: &Snapshot) -> Resul
 /// writes the full-text index makes FTS5 flush what it holds to a new
 /// segment first, so a batch's documents go in as few statements as it
 /// takes: chunks of 32, 16, ... 1 rows (at most six shapes, each prepared
-/// once).
+/// once). Within a statement FTS5 flushes again whenever a row's rowid is
+/// below the last one's, so each statement writes its rows in rowid order
+/// (see [`upsert_docs`]).
 const DOCS_PER_STATEMENT: usize = 32;
 
 /// Upserts search documents `(session, seq, at_ms, document)`; with
@@ -326,21 +328,31 @@ fn docs_sql(rows: usize, newer_only: bool) -> &'static str {
 }
 
 /// The upsert of `rows` search documents, nine parameters a row.
+///
+/// The rows go in by the rowid of the document each replaces, then the new
+/// ones in the order given: FTS5 keeps a statement's entries in memory only
+/// while rowids ascend, and flushes a segment to disk at each descent (a
+/// batch of title changes in session order cost one flush every other row,
+/// BENCHMARKS.md). `LEFT JOIN` finds each stored rowid through the
+/// `(session_id, key)` index the upsert probes anyway; `WHERE true` is
+/// SQLite's way to let `ON CONFLICT` follow a `SELECT`.
 fn upsert_docs(rows: usize, newer_only: bool) -> String {
-    let mut sql = String::from(
-        "INSERT INTO search_docs (session_id, key, chat, turn_id, kind, seq, at_ms, body, words) \
-         VALUES ",
-    );
     let values: Vec<String> = (0..rows)
         .map(|row| {
             let params: Vec<String> = (1..=9).map(|n| format!("?{}", row * 9 + n)).collect();
-            format!("({})", params.join(", "))
+            format!("({}, {row})", params.join(", "))
         })
         .collect();
-    sql.push_str(&values.join(", "));
-    sql.push(' ');
-    sql.push_str(crate::store::search::doc_conflict(newer_only));
-    sql
+    format!(
+        "INSERT INTO search_docs (session_id, key, chat, turn_id, kind, seq, at_ms, body, words) \
+         SELECT v.column1, v.column2, v.column3, v.column4, v.column5, v.column6, v.column7, \
+                v.column8, v.column9 \
+         FROM (VALUES {}) AS v \
+         LEFT JOIN search_docs d ON d.session_id = v.column1 AND d.key = v.column2 \
+         WHERE true ORDER BY d.id IS NULL, d.id, v.column10 {}",
+        values.join(", "),
+        crate::store::search::doc_conflict(newer_only)
+    )
 }
 
 /// Writes an event to the outbox with one delivery per webhook of its
