@@ -20,6 +20,7 @@ backend_tests!(
     read_after_returns_exactly_the_suffix_in_order,
     transcript_pages_hold_one_session_in_order,
     session_pages_list_every_session_once_newest_first,
+    session_pages_keep_their_order_across_thousands_of_seqs,
     the_read_model_is_written_with_the_log,
     one_batch_writing_a_key_twice_keeps_the_latest,
     a_refused_origin_in_a_fresh_batch_is_refused_and_the_rest_commit,
@@ -513,6 +514,77 @@ async fn session_pages_list_every_session_once_newest_first(db: TestDb) {
         .unwrap();
     assert_eq!(exact.items.len(), SESSIONS);
     assert_eq!(exact.next_before, None, "no empty trailing page");
+    store.close().await;
+}
+
+/// Postgres orders sessions by `last_seq` in buckets of 4,096 seqs, then
+/// within a bucket (its migration 0016): pages whose sessions and cursors
+/// lie in different buckets, of one, must still be newest first, each
+/// session once.
+async fn session_pages_keep_their_order_across_thousands_of_seqs(db: TestDb) {
+    const SESSIONS: usize = 7;
+    const FILLER: u64 = 1_500;
+    let store = db.open().await;
+    let mut n = 0;
+    let mut append_session = |id: &str, project: &str| {
+        let mut batch = Vec::new();
+        let mut e = envelope(&format!("ahp-session:/{id}"), n);
+        e.session = Some(record(id, project, "dormant"));
+        batch.push(e);
+        // Envelopes of no session, so that sessions lie thousands of seqs
+        // apart.
+        for _ in 0..FILLER {
+            n += 1;
+            batch.push(envelope("ahp-root", n));
+        }
+        batch
+    };
+    for i in 0..SESSIONS {
+        let batch = append_session(&format!("s{i}"), if i % 2 == 0 { "even" } else { "odd" });
+        store.append(batch).await.unwrap();
+    }
+    // Touched again: they move to the front, past several buckets.
+    for id in ["s1", "s4"] {
+        let project = if id == "s4" { "even" } else { "odd" };
+        let batch = append_session(id, project);
+        store.append(batch).await.unwrap();
+    }
+    for (filter, expected) in [
+        (SessionFilter::default(), SESSIONS),
+        (
+            SessionFilter {
+                project: Some("even".into()),
+                ..SessionFilter::default()
+            },
+            SESSIONS.div_ceil(2),
+        ),
+    ] {
+        for limit in [1, 2, 3] {
+            let mut out = Vec::new();
+            let mut before = None;
+            loop {
+                let page = store.sessions(&filter, before, limit).await.unwrap();
+                out.extend(page.items);
+                match page.next_before {
+                    Some(next) => before = Some(next),
+                    None => break,
+                }
+            }
+            let ids: Vec<_> = out.iter().map(|r| r.record.id.as_str()).collect();
+            assert_eq!(out.len(), expected, "every session once, limit {limit}: {ids:?}");
+            assert!(
+                out.windows(2).all(|w| w[0].last_seq > w[1].last_seq),
+                "newest first, limit {limit}: {ids:?}"
+            );
+            assert_eq!(ids[0], "s4", "the last touched first, limit {limit}");
+        }
+    }
+    let all = store
+        .sessions(&SessionFilter::default(), None, 100)
+        .await
+        .unwrap();
+    let ids: Vec<_> = all.items.iter().map(|r| r.record.id.as_str()).collect();
+    assert_eq!(ids, ["s4", "s1", "s6", "s5", "s3", "s2", "s0"]);
     store.close().await;
 }
 

@@ -290,9 +290,12 @@ impl Target {
                 other => MigrateError::Target(other.to_string()),
             })?;
         crate::store::Store::close(&store).await;
+        // Generated columns (migration 0016's buckets) hold nothing of
+        // their own: Postgres computes them as the rows are copied in.
         let columns: Vec<(String, String)> = sqlx::query_as(
             "SELECT table_name::text, column_name::text FROM information_schema.columns \
-             WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position",
+             WHERE table_schema = current_schema() AND is_generated = 'NEVER' \
+             ORDER BY table_name, ordinal_position",
         )
         .fetch_all(&self.pool)
         .await

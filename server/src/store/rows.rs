@@ -172,13 +172,30 @@ impl TryFrom<Session> for SessionRow {
     }
 }
 
+/// How a backend's indexes order sessions by recency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Recency {
+    /// By `last_seq` itself (SQLite).
+    Exact,
+    /// By `recency`, `last_seq` in buckets of [`RECENCY_SEQS`], then by
+    /// `last_seq` within a bucket: a rewrite of the row that keeps its
+    /// bucket changes no index key (Postgres: a HOT update; its migration
+    /// 0016). The same order as [`Recency::Exact`].
+    Bucketed,
+}
+
+/// The seqs in one `recency` bucket (Postgres's migration 0016).
+pub(super) const RECENCY_SEQS: i64 = 4096;
+
 /// The session page query. Conditions are added only for the filters given so
 /// each shape of query can use its index; `placeholder(n)` spells the n-th
 /// (1-based) bind parameter in the backend's syntax. Binds, in order: project,
-/// state, before, limit — each only when present.
+/// state, before, limit — each only when present. [`Recency::Bucketed`]
+/// uses the `before` placeholder twice, so needs numbered placeholders.
 pub(super) fn session_page_sql(
     filter: &SessionFilter,
     before: Option<u64>,
+    recency: Recency,
     placeholder: impl Fn(usize) -> String,
     project_in: impl Fn(&str) -> String,
 ) -> String {
@@ -201,9 +218,17 @@ pub(super) fn session_page_sql(
         sql.push_str(&format!(" AND {}", project_in(&next())));
     }
     if before.is_some() {
-        sql.push_str(&format!(" AND last_seq < {}", next()));
+        let before = next();
+        if recency == Recency::Bucketed {
+            sql.push_str(&format!(" AND recency <= {before} / {RECENCY_SEQS}"));
+        }
+        sql.push_str(&format!(" AND last_seq < {before}"));
     }
-    sql.push_str(&format!(" ORDER BY last_seq DESC LIMIT {}", next()));
+    let order = match recency {
+        Recency::Exact => "last_seq DESC",
+        Recency::Bucketed => "recency DESC, last_seq DESC",
+    };
+    sql.push_str(&format!(" ORDER BY {order} LIMIT {}", next()));
     sql
 }
 

@@ -464,6 +464,7 @@ impl Store for PostgresStore {
         let sql = rows::session_page_sql(
             filter,
             before,
+            rows::Recency::Bucketed,
             |n| format!("${n}"),
             |p| format!("project = ANY({p}::text[])"),
         );
@@ -658,10 +659,13 @@ impl Store for PostgresStore {
 
     async fn expired_sessions(&self, now_ms: i64, limit: u32) -> Result<Vec<Expired>, StoreError> {
         let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            // `idle_hour` is `updated_ms` by the hour, which its index holds
+            // (migration 0016).
             "SELECT s.id, s.project, s.last_seq FROM retention r \
              JOIN sessions s ON s.project = r.project AND s.state <> 'live' \
+                 AND s.idle_hour <= ($1 - r.days * 86400000) / 3600000 \
                  AND s.updated_ms < $1 - r.days * 86400000 \
-             ORDER BY s.updated_ms LIMIT $2",
+             ORDER BY s.idle_hour, s.updated_ms LIMIT $2",
         )
         .bind(now_ms)
         .bind(clamp_limit(limit))

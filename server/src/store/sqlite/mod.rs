@@ -389,6 +389,7 @@ impl Store for SqliteStore {
         let sql = rows::session_page_sql(
             filter,
             before,
+            rows::Recency::Exact,
             |_| "?".to_owned(),
             |p| format!("project IN (SELECT value FROM json_each({p}))"),
         );
