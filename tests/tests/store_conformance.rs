@@ -571,7 +571,11 @@ async fn session_pages_keep_their_order_across_thousands_of_seqs(db: TestDb) {
                 }
             }
             let ids: Vec<_> = out.iter().map(|r| r.record.id.as_str()).collect();
-            assert_eq!(out.len(), expected, "every session once, limit {limit}: {ids:?}");
+            assert_eq!(
+                out.len(),
+                expected,
+                "every session once, limit {limit}: {ids:?}"
+            );
             assert!(
                 out.windows(2).all(|w| w[0].last_seq > w[1].last_seq),
                 "newest first, limit {limit}: {ids:?}"
