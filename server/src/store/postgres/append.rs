@@ -22,9 +22,48 @@ use crate::store::{
 /// round trip: every writer of origins and seqs takes this lock first.
 const BEGIN_LOCKED: &str = "BEGIN; SELECT 1 FROM host WHERE id = 1 FOR UPDATE";
 
-/// A row of the origin probe: the host's last seq, and an origin found
+/// A row of the origin probe: the host's last seq, the batch's sessions
+/// whose lease another host holds (`NULL` when none is), and an origin found
 /// (all `NULL` when none is).
-type HostAndOrigin = (i64, Option<String>, Option<i64>, Option<String>);
+type HostAndOrigin = (
+    i64,
+    Option<Vec<String>>,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+);
+
+/// The statement that writes a group commit's rows: the log rows, the
+/// session records, the chats, the client owners, the host's last seq
+/// (`$1`–`$24`) and the search documents ([`upsert_docs`], from `$25`), in
+/// one round trip. Its parts cannot see each other's rows, and need not:
+/// no table here reads another.
+static COMMIT_ROWS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH d AS ({}), {}",
+        upsert_docs(25, false),
+        "l AS (INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, \
+                                origin_scope, at_ms) \
+             SELECT r.*, $8 FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], \
+                 $5::text[], $6::bigint[], $7::text[]) AS r), \
+         s AS (INSERT INTO sessions (id, project, provider, title, state, turns, resumable, \
+                                     last_seq, created_ms, projection, updated_ms) \
+             SELECT r.*, $8 FROM UNNEST($9::text[], $10::text[], $11::text[], $12::text[], \
+                 $13::text[], $14::bigint[], $15::boolean[], $16::bigint[], $17::bigint[], \
+                 $18::text[]) AS r \
+             ON CONFLICT (id) DO UPDATE SET project = excluded.project, \
+                 provider = excluded.provider, title = excluded.title, state = excluded.state, \
+                 turns = excluded.turns, resumable = excluded.resumable, \
+                 last_seq = excluded.last_seq, updated_ms = excluded.updated_ms, \
+                 projection = excluded.projection), \
+         c AS (INSERT INTO chats (chat, session_id) \
+             SELECT * FROM UNNEST($19::text[], $20::text[]) ON CONFLICT (chat) DO NOTHING), \
+         o AS (INSERT INTO client_owners (session_id, client_id, sub) \
+             SELECT * FROM UNNEST($21::text[], $22::text[], $23::text[]) \
+             ON CONFLICT (session_id, client_id) DO UPDATE SET sub = excluded.sub) \
+         UPDATE host SET last_seq = $24 WHERE id = 1"
+    )
+});
 
 /// The constraint an origin the log already has violates.
 const LOG_ORIGIN_INDEX: &str = "log_origin";
@@ -67,19 +106,23 @@ impl PostgresStore {
         // The host lock makes the origin check and the inserts race-free.
         let mut tx = self.pool.begin_with(BEGIN_LOCKED).await?;
         let at_ms = now_ms();
-        let (last, existing) =
-            Self::last_seq_and_origins(&mut tx, &plan::origins(batch), probe).await?;
-        let fenced = if self.fencing.load(Ordering::Acquire) {
-            Self::fenced(&mut tx, batch, &self.host).await?
+        // Only a host of a cluster checks leases (`fenced` stays empty).
+        let fencing = self.fencing.load(Ordering::Acquire);
+        let leased = if fencing {
+            sessions_of(batch)
         } else {
-            plan::Set::default()
+            Vec::new()
         };
-        let plan = plan::plan(batch, last, &existing, &fenced);
+        let probed =
+            Self::probe(&mut tx, &plan::origins(batch), &leased, &self.host, probe).await?;
+        let plan = plan::plan(batch, probed.last, &probed.existing, &probed.fenced);
         if !plan.rows.is_empty() {
-            // One statement writes the log rows, the session records, the
-            // chats, the client owners and the host's last seq: one round
-            // trip. Its parts cannot see each other's rows, and need not:
-            // no table here reads another.
+            let docs: Vec<(&str, i64, i64, &SearchDoc)> = plan
+                .docs
+                .iter()
+                .map(|d| (d.session_id, d.seq, at_ms, d.doc))
+                .collect();
+            // One statement, one round trip ([`COMMIT_ROWS`]).
             let rows = &plan.rows;
             let column =
                 |f: for<'r> fn(&'r plan::LogRow<'r>) -> Option<&'r str>| -> Vec<Option<&str>> {
@@ -89,79 +132,55 @@ impl PostgresStore {
             let text = |f: fn(&SessionRecord) -> Option<&str>| -> Vec<Option<&str>> {
                 records.iter().map(|(r, _)| f(r)).collect()
             };
-            let written = sqlx::query(
-                "WITH l AS (INSERT INTO log (seq, channel, session_id, action, client_id, \
-                                            client_seq, origin_scope, at_ms) \
-                     SELECT r.*, $8 FROM UNNEST($1::bigint[], $2::text[], $3::text[], \
-                         $4::text[], $5::text[], $6::bigint[], $7::text[]) AS r), \
-                 s AS (INSERT INTO sessions (id, project, provider, title, state, turns, \
-                                             resumable, last_seq, created_ms, projection, \
-                                             updated_ms) \
-                     SELECT r.*, $8 FROM UNNEST($9::text[], $10::text[], $11::text[], \
-                         $12::text[], $13::text[], $14::bigint[], $15::boolean[], \
-                         $16::bigint[], $17::bigint[], $18::text[]) AS r \
-                     ON CONFLICT (id) DO UPDATE SET project = excluded.project, \
-                         provider = excluded.provider, title = excluded.title, \
-                         state = excluded.state, turns = excluded.turns, \
-                         resumable = excluded.resumable, last_seq = excluded.last_seq, \
-                         updated_ms = excluded.updated_ms, projection = excluded.projection), \
-                 c AS (INSERT INTO chats (chat, session_id) \
-                     SELECT * FROM UNNEST($19::text[], $20::text[]) \
-                     ON CONFLICT (chat) DO NOTHING), \
-                 o AS (INSERT INTO client_owners (session_id, client_id, sub) \
-                     SELECT * FROM UNNEST($21::text[], $22::text[], $23::text[]) \
-                     ON CONFLICT (session_id, client_id) DO UPDATE SET sub = excluded.sub) \
-                 UPDATE host SET last_seq = $24 WHERE id = 1",
-            )
-            .bind(rows.iter().map(|r| r.seq).collect::<Vec<i64>>())
-            .bind(column(|r| Some(&r.envelope.channel)))
-            .bind(column(|r| r.envelope.session_id.as_deref()))
-            .bind(column(|r| Some(&r.envelope.action)))
-            .bind(column(|r| {
-                r.envelope.origin.as_ref().map(|o| o.client_id.as_str())
-            }))
-            .bind(
-                rows.iter()
-                    .map(|r| r.envelope.origin.as_ref().map(|o| seq_to_db(o.client_seq)))
-                    .collect::<Vec<Option<i64>>>(),
-            )
-            .bind(column(|r| {
-                Some(r.envelope.origin.as_ref().map_or("", |o| &o.scope))
-            }))
-            .bind(at_ms)
-            .bind(text(|r| Some(&r.id)))
-            .bind(text(|r| Some(&r.project)))
-            .bind(text(|r| Some(&r.provider)))
-            .bind(text(|r| r.title.as_deref()))
-            .bind(text(|r| Some(&r.state)))
-            .bind(
-                records
-                    .iter()
-                    .map(|(r, _)| seq_to_db(r.turns))
-                    .collect::<Vec<i64>>(),
-            )
-            .bind(
-                records
-                    .iter()
-                    .map(|(r, _)| r.resumable)
-                    .collect::<Vec<bool>>(),
-            )
-            .bind(records.iter().map(|(_, seq)| *seq).collect::<Vec<i64>>())
-            .bind(
-                records
-                    .iter()
-                    .map(|(r, _)| r.created_ms)
-                    .collect::<Vec<i64>>(),
-            )
-            .bind(text(|r| Some(&r.projection)))
-            .bind(plan.chats.iter().map(|c| c.0).collect::<Vec<&str>>())
-            .bind(plan.chats.iter().map(|c| c.1).collect::<Vec<&str>>())
-            .bind(plan.owners.iter().map(|o| o.0).collect::<Vec<&str>>())
-            .bind(plan.owners.iter().map(|o| o.1).collect::<Vec<&str>>())
-            .bind(plan.owners.iter().map(|o| o.2).collect::<Vec<&str>>())
-            .bind(plan.last_seq)
-            .execute(&mut *tx)
-            .await;
+            let written = sqlx::query(AssertSqlSafe(COMMIT_ROWS.as_str()))
+                .bind(rows.iter().map(|r| r.seq).collect::<Vec<i64>>())
+                .bind(column(|r| Some(&r.envelope.channel)))
+                .bind(column(|r| r.envelope.session_id.as_deref()))
+                .bind(column(|r| Some(&r.envelope.action)))
+                .bind(column(|r| {
+                    r.envelope.origin.as_ref().map(|o| o.client_id.as_str())
+                }))
+                .bind(
+                    rows.iter()
+                        .map(|r| r.envelope.origin.as_ref().map(|o| seq_to_db(o.client_seq)))
+                        .collect::<Vec<Option<i64>>>(),
+                )
+                .bind(column(|r| {
+                    Some(r.envelope.origin.as_ref().map_or("", |o| &o.scope))
+                }))
+                .bind(at_ms)
+                .bind(text(|r| Some(&r.id)))
+                .bind(text(|r| Some(&r.project)))
+                .bind(text(|r| Some(&r.provider)))
+                .bind(text(|r| r.title.as_deref()))
+                .bind(text(|r| Some(&r.state)))
+                .bind(
+                    records
+                        .iter()
+                        .map(|(r, _)| seq_to_db(r.turns))
+                        .collect::<Vec<i64>>(),
+                )
+                .bind(
+                    records
+                        .iter()
+                        .map(|(r, _)| r.resumable)
+                        .collect::<Vec<bool>>(),
+                )
+                .bind(records.iter().map(|(_, seq)| *seq).collect::<Vec<i64>>())
+                .bind(
+                    records
+                        .iter()
+                        .map(|(r, _)| r.created_ms)
+                        .collect::<Vec<i64>>(),
+                )
+                .bind(text(|r| Some(&r.projection)))
+                .bind(plan.chats.iter().map(|c| c.0).collect::<Vec<&str>>())
+                .bind(plan.chats.iter().map(|c| c.1).collect::<Vec<&str>>())
+                .bind(plan.owners.iter().map(|o| o.0).collect::<Vec<&str>>())
+                .bind(plan.owners.iter().map(|o| o.1).collect::<Vec<&str>>())
+                .bind(plan.owners.iter().map(|o| o.2).collect::<Vec<&str>>())
+                .bind(plan.last_seq);
+            let written = bind_docs(written, &docs).execute(&mut *tx).await;
             match written {
                 Err(sqlx::Error::Database(err))
                     if probe == Probe::Index && err.constraint() == Some(LOG_ORIGIN_INDEX) =>
@@ -173,12 +192,6 @@ impl PostgresStore {
             };
         }
         Self::archive_in(&mut tx, &plan.turns).await?;
-        let docs: Vec<(&str, i64, i64, &SearchDoc)> = plan
-            .docs
-            .iter()
-            .map(|d| (d.session_id, d.seq, at_ms, d.doc))
-            .collect();
-        Self::write_docs_in(&mut tx, &docs, false).await?;
         Self::write_usage_in(&mut tx, &plan.usage, at_ms).await?;
         for (seq, session_id, event) in &plan.events {
             Self::write_event_in(&mut tx, *seq, *session_id, at_ms, event).await?;
@@ -206,38 +219,9 @@ impl PostgresStore {
         if docs.is_empty() {
             return Ok(());
         }
-        let sessions: Vec<&str> = docs.iter().map(|d| d.0).collect();
-        let keys: Vec<&str> = docs.iter().map(|d| d.3.key.as_str()).collect();
-        let chats: Vec<Option<&str>> = docs.iter().map(|d| d.3.chat.as_deref()).collect();
-        let turns: Vec<Option<&str>> = docs.iter().map(|d| d.3.turn_id.as_deref()).collect();
-        let kinds: Vec<&str> = docs.iter().map(|d| d.3.kind).collect();
-        let seqs: Vec<i64> = docs.iter().map(|d| d.1).collect();
-        let times: Vec<i64> = docs.iter().map(|d| d.2).collect();
-        let bodies: Vec<&str> = docs.iter().map(|d| d.3.text.as_str()).collect();
-        let words: Vec<String> = docs
-            .iter()
-            .map(|d| tether_protocol::search::normalized(&d.3.text))
-            .collect();
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO search_docs (session_id, key, chat, turn_id, kind, seq, at_ms, body, \
-                                      words) \
-             SELECT r.s, r.k, r.c, r.t, r.kind, r.seq, r.at, r.body, to_tsvector('simple', r.w) \
-             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-                         $6::bigint[], $7::bigint[], $8::text[], $9::text[]) \
-                  AS r (s, k, c, t, kind, seq, at, body, w) {}",
-            search::doc_conflict(newer_only)
-        )))
-        .bind(sessions)
-        .bind(keys)
-        .bind(chats)
-        .bind(turns)
-        .bind(kinds)
-        .bind(seqs)
-        .bind(times)
-        .bind(bodies)
-        .bind(words)
-        .execute(&mut **tx)
-        .await?;
+        bind_docs(sqlx::query(AssertSqlSafe(upsert_docs(1, newer_only))), docs)
+            .execute(&mut **tx)
+            .await?;
         Ok(())
     }
 
@@ -361,59 +345,38 @@ impl PostgresStore {
         Ok(())
     }
 
-    /// The sessions of `batch` whose lease another host holds. The caller
-    /// holds the host row's lock.
-    pub(super) async fn fenced(
-        tx: &mut Transaction<'static, Postgres>,
-        batch: &[NewEnvelope],
-        host: &str,
-    ) -> Result<plan::Set<String>, StoreError> {
-        let mut sessions: Vec<&str> = batch
-            .iter()
-            .filter_map(|e| e.session_id.as_deref())
-            .collect();
-        sessions.sort_unstable();
-        sessions.dedup();
-        if sessions.is_empty() {
-            return Ok(plan::Set::default());
-        }
-        // No row locks: a lease changes hands only under the host row's
-        // lock, which this transaction holds until it commits.
-        let others: Vec<String> = sqlx::query_scalar(
-            "SELECT session_id FROM leases WHERE session_id = ANY($1) AND holder <> $2",
-        )
-        .bind(sessions)
-        .bind(host)
-        .fetch_all(&mut **tx)
-        .await?;
-        Ok(others.into_iter().collect())
-    }
-
-    /// The host's last issued seq, and which of `origins` already have an
+    /// The host's last issued seq, which of `leased` another host than
+    /// `host` holds the lease of, and which of `origins` already have an
     /// outcome (a log row, unless `probe` leaves those to the log's index,
     /// or a recorded rejection), in one query. The caller holds the host
     /// row's lock, taken by an earlier statement, so this one sees every
-    /// commit made before the lock was granted.
-    async fn last_seq_and_origins(
+    /// commit made before the lock was granted; and a lease changes hands
+    /// only under that lock, so reading the leases takes no row lock.
+    async fn probe(
         tx: &mut Transaction<'static, Postgres>,
         origins: &[&Origin],
+        leased: &[&str],
+        host: &str,
         probe: Probe,
-    ) -> Result<(i64, plan::Set<Origin>), StoreError> {
+    ) -> Result<Probed, StoreError> {
         let ids: Vec<&str> = origins.iter().map(|o| o.client_id.as_str()).collect();
         let seqs: Vec<i64> = origins.iter().map(|o| seq_to_db(o.client_seq)).collect();
         let scopes: Vec<&str> = origins.iter().map(|o| o.scope.as_str()).collect();
-        // The host row, joined with each origin found: one row with NULLs
-        // when none is. `OFFSET 0` keeps each EXISTS a per-origin lookup in
-        // the unique index. Without it the planner may turn it into a hashed
-        // subplan, which reads the whole table: on a fresh database (no
-        // statistics yet) the cached generic plan did so for every group
-        // commit, and the probe grew with the log (3.6 ms a commit after
-        // 30,000 rows; BENCHMARKS.md).
+        // The host row and the fenced sessions (an init plan, read once),
+        // joined with each origin found: one row with NULLs when none is.
+        // `OFFSET 0` keeps each EXISTS a per-origin lookup in the unique
+        // index. Without it the planner may turn it into a hashed subplan,
+        // which reads the whole table: on a fresh database (no statistics
+        // yet) the cached generic plan did so for every group commit, and
+        // the probe grew with the log (3.6 ms a commit after 30,000 rows;
+        // BENCHMARKS.md).
         // The probe, finding the origins (`o`) that `$found` holds for.
         macro_rules! probe {
             ($($found:expr),+) => {
                 concat!(
-                    "SELECT h.last_seq, o.client_id, o.client_seq, o.scope FROM host h \
+                    "SELECT h.last_seq, (SELECT array_agg(l.session_id) FROM leases l \
+                         WHERE l.session_id = ANY($4) AND l.holder <> $5), \
+                         o.client_id, o.client_seq, o.scope FROM host h \
                      LEFT JOIN (SELECT o.client_id, o.client_seq, o.scope \
                          FROM UNNEST($1::text[], $2::bigint[], $3::text[]) \
                               AS o (client_id, client_seq, scope) WHERE ",
@@ -440,12 +403,15 @@ impl PostgresStore {
             .bind(ids)
             .bind(seqs)
             .bind(scopes)
+            .bind(leased)
+            .bind(host)
             .fetch_all(&mut **tx)
             .await?;
-        let last = found.first().ok_or(sqlx::Error::RowNotFound)?.0;
+        let first = found.first().ok_or(sqlx::Error::RowNotFound)?;
+        let (last, fenced) = (first.0, first.1.clone().unwrap_or_default());
         let existing = found
             .into_iter()
-            .filter_map(|(_, client_id, seq, scope)| Some((client_id?, seq?, scope?)))
+            .filter_map(|(_, _, client_id, seq, scope)| Some((client_id?, seq?, scope?)))
             .map(|(client_id, seq, scope)| {
                 Ok(Origin {
                     client_id,
@@ -454,6 +420,79 @@ impl PostgresStore {
                 })
             })
             .collect::<Result<_, StoreError>>()?;
-        Ok((last, existing))
+        Ok(Probed {
+            last,
+            existing,
+            fenced: fenced.into_iter().collect(),
+        })
     }
+}
+
+/// What a group commit's probe found.
+struct Probed {
+    /// The host's last issued seq.
+    last: i64,
+    /// The batch's origins that already have an outcome.
+    existing: plan::Set<Origin>,
+    /// The batch's sessions whose lease another host holds.
+    fenced: plan::Set<String>,
+}
+
+/// The sessions `batch` writes to, each once.
+fn sessions_of(batch: &[NewEnvelope]) -> Vec<&str> {
+    let mut sessions: Vec<&str> = batch
+        .iter()
+        .filter_map(|e| e.session_id.as_deref())
+        .collect();
+    sessions.sort_unstable();
+    sessions.dedup();
+    sessions
+}
+
+/// The statement that upserts search documents from nine arrays, the
+/// parameters from `$first` on ([`bind_docs`] binds them).
+fn upsert_docs(first: usize, newer_only: bool) -> String {
+    let p: Vec<String> = (first..first + 9).map(|n| format!("${n}")).collect();
+    format!(
+        "INSERT INTO search_docs (session_id, key, chat, turn_id, kind, seq, at_ms, body, words) \
+         SELECT r.s, r.k, r.c, r.t, r.kind, r.seq, r.at, r.body, to_tsvector('simple', r.w) \
+         FROM UNNEST({}::text[], {}::text[], {}::text[], {}::text[], {}::text[], \
+                     {}::bigint[], {}::bigint[], {}::text[], {}::text[]) \
+              AS r (s, k, c, t, kind, seq, at, body, w) {}",
+        p[0],
+        p[1],
+        p[2],
+        p[3],
+        p[4],
+        p[5],
+        p[6],
+        p[7],
+        p[8],
+        search::doc_conflict(newer_only)
+    )
+}
+
+/// Binds the nine arrays of [`upsert_docs`] for `docs`, `(session, seq,
+/// at_ms, doc)`.
+fn bind_docs<'q>(
+    query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    docs: &[(&'q str, i64, i64, &'q SearchDoc)],
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    let text = |f: fn(&SearchDoc) -> Option<&str>| -> Vec<Option<&'q str>> {
+        docs.iter().map(|d| f(d.3)).collect()
+    };
+    query
+        .bind(docs.iter().map(|d| d.0).collect::<Vec<&str>>())
+        .bind(text(|d| Some(&d.key)))
+        .bind(text(|d| d.chat.as_deref()))
+        .bind(text(|d| d.turn_id.as_deref()))
+        .bind(text(|d| Some(d.kind)))
+        .bind(docs.iter().map(|d| d.1).collect::<Vec<i64>>())
+        .bind(docs.iter().map(|d| d.2).collect::<Vec<i64>>())
+        .bind(text(|d| Some(&d.text)))
+        .bind(
+            docs.iter()
+                .map(|d| tether_protocol::search::normalized(&d.3.text))
+                .collect::<Vec<String>>(),
+        )
 }
