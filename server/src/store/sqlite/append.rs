@@ -2,7 +2,7 @@
 //! open `BEGIN IMMEDIATE` transaction and uses statements prepared once per
 //! connection.
 
-use std::sync::LazyLock;
+use std::sync::OnceLock;
 
 use rusqlite::{OptionalExtension as _, Row, Transaction, params};
 use tether_protocol::search::{self, SearchDoc};
@@ -265,12 +265,13 @@ pub(super) fn write_snapshot(tx: &Transaction<'_>, snapshot: &Snapshot) -> Resul
 
 /// The most search documents one statement writes. Every statement that
 /// writes the full-text index makes FTS5 flush what it holds to a new
-/// segment first, so a batch's documents go in as few statements as it
-/// takes: chunks of 32, 16, ... 1 rows (at most six shapes, each prepared
-/// once). Within a statement FTS5 flushes again whenever a row's rowid is
-/// below the last one's, so each statement writes its rows in rowid order
-/// (see [`upsert_docs`]).
-const DOCS_PER_STATEMENT: usize = 32;
+/// segment first (its `xSavepoint`), so a batch's documents go in as few
+/// statements as it takes: one of exactly as many rows up to this many (a
+/// shape per count, each prepared on first use and kept in the writer's
+/// statement cache), evenly split above it. Within a statement FTS5 flushes
+/// again whenever a row's rowid is below the last one's, so each statement
+/// writes its rows in rowid order (see [`upsert_docs`]).
+pub(super) const DOCS_PER_STATEMENT: usize = 64;
 
 /// Upserts search documents `(session, seq, at_ms, document)`; with
 /// `newer_only`, keeps a stored one that a later seq wrote.
@@ -279,11 +280,12 @@ pub(super) fn write_docs(
     docs: &[(&str, i64, i64, &SearchDoc)],
     newer_only: bool,
 ) -> Result<(), StoreError> {
-    let mut rest = docs;
-    while !rest.is_empty() {
-        let take = chunk_len(rest.len());
-        let (chunk, after) = rest.split_at(take);
-        let mut statement = tx.prepare_cached(docs_sql(take, newer_only))?;
+    if docs.is_empty() {
+        return Ok(());
+    }
+    let statements = docs.len().div_ceil(DOCS_PER_STATEMENT);
+    for chunk in docs.chunks(docs.len().div_ceil(statements)) {
+        let mut statement = tx.prepare_cached(docs_sql(chunk.len(), newer_only))?;
         for (row, (session_id, seq, at_ms, doc)) in chunk.iter().enumerate() {
             let at = row * 9;
             statement.raw_bind_parameter(at + 1, session_id)?;
@@ -297,34 +299,16 @@ pub(super) fn write_docs(
             statement.raw_bind_parameter(at + 9, search::normalized(&doc.text))?;
         }
         statement.raw_execute()?;
-        rest = after;
     }
     Ok(())
 }
 
-/// How many of `left` documents the next statement writes: the largest
-/// power of two up to [`DOCS_PER_STATEMENT`].
-fn chunk_len(left: usize) -> usize {
-    if left >= DOCS_PER_STATEMENT {
-        DOCS_PER_STATEMENT
-    } else {
-        1 << left.ilog2()
-    }
-}
-
-/// The upsert of `rows` (a power of two up to [`DOCS_PER_STATEMENT`])
-/// search documents, written once.
+/// The upsert of `rows` (1 to [`DOCS_PER_STATEMENT`]) search documents,
+/// rendered once, on first use.
 fn docs_sql(rows: usize, newer_only: bool) -> &'static str {
-    static SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
-        [false, true]
-            .into_iter()
-            .flat_map(|newer_only| {
-                (0..=DOCS_PER_STATEMENT.ilog2()).map(move |n| upsert_docs(1 << n, newer_only))
-            })
-            .collect()
-    });
-    let shapes = DOCS_PER_STATEMENT.ilog2() as usize + 1;
-    &SQL[usize::from(newer_only) * shapes + rows.ilog2() as usize]
+    static SQL: [[OnceLock<String>; DOCS_PER_STATEMENT]; 2] =
+        [const { [const { OnceLock::new() }; DOCS_PER_STATEMENT] }; 2];
+    SQL[usize::from(newer_only)][rows - 1].get_or_init(|| upsert_docs(rows, newer_only))
 }
 
 /// The upsert of `rows` search documents, nine parameters a row.

@@ -62,7 +62,9 @@ impl Writer {
         db.pragma_update(None, "cache_size", -32768)?;
         // A WAL that grew under load shrinks back to this once it starts over.
         db.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)?;
-        db.set_prepared_statement_cache_capacity(64);
+        // Room for the commit's statements, a search document upsert of
+        // each row count (append::DOCS_PER_STATEMENT shapes) and the rest.
+        db.set_prepared_statement_cache_capacity(64 + super::append::DOCS_PER_STATEMENT);
         let checkpointer = Checkpointer::start(path)?;
         let (jobs, queue) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
