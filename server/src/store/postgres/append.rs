@@ -107,8 +107,7 @@ impl PostgresStore {
         let mut tx = self.pool.begin_with(BEGIN_LOCKED).await?;
         let at_ms = now_ms();
         // Only a host of a cluster checks leases (`fenced` stays empty).
-        let fencing = self.fencing.load(Ordering::Acquire);
-        let leased = if fencing {
+        let leased = if self.fencing.load(Ordering::Acquire) {
             sessions_of(batch)
         } else {
             Vec::new()
@@ -399,7 +398,7 @@ impl PostgresStore {
             Probe::Everything => EVERYTHING,
             Probe::Index => REJECTIONS,
         };
-        let found: Vec<HostAndOrigin> = sqlx::query_as(sql)
+        let mut found: Vec<HostAndOrigin> = sqlx::query_as(sql)
             .bind(ids)
             .bind(seqs)
             .bind(scopes)
@@ -407,8 +406,8 @@ impl PostgresStore {
             .bind(host)
             .fetch_all(&mut **tx)
             .await?;
-        let first = found.first().ok_or(sqlx::Error::RowNotFound)?;
-        let (last, fenced) = (first.0, first.1.clone().unwrap_or_default());
+        let first = found.first_mut().ok_or(sqlx::Error::RowNotFound)?;
+        let (last, fenced) = (first.0, first.1.take().unwrap_or_default());
         let existing = found
             .into_iter()
             .filter_map(|(_, _, client_id, seq, scope)| Some((client_id?, seq?, scope?)))
@@ -452,22 +451,18 @@ fn sessions_of(batch: &[NewEnvelope]) -> Vec<&str> {
 /// The statement that upserts search documents from nine arrays, the
 /// parameters from `$first` on ([`bind_docs`] binds them).
 fn upsert_docs(first: usize, newer_only: bool) -> String {
-    let p: Vec<String> = (first..first + 9).map(|n| format!("${n}")).collect();
+    const TYPES: [&str; 9] = [
+        "text", "text", "text", "text", "text", "bigint", "bigint", "text", "text",
+    ];
+    let arrays: Vec<String> = (first..)
+        .zip(TYPES)
+        .map(|(n, ty)| format!("${n}::{ty}[]"))
+        .collect();
     format!(
         "INSERT INTO search_docs (session_id, key, chat, turn_id, kind, seq, at_ms, body, words) \
          SELECT r.s, r.k, r.c, r.t, r.kind, r.seq, r.at, r.body, to_tsvector('simple', r.w) \
-         FROM UNNEST({}::text[], {}::text[], {}::text[], {}::text[], {}::text[], \
-                     {}::bigint[], {}::bigint[], {}::text[], {}::text[]) \
-              AS r (s, k, c, t, kind, seq, at, body, w) {}",
-        p[0],
-        p[1],
-        p[2],
-        p[3],
-        p[4],
-        p[5],
-        p[6],
-        p[7],
-        p[8],
+         FROM UNNEST({}) AS r (s, k, c, t, kind, seq, at, body, w) {}",
+        arrays.join(", "),
         search::doc_conflict(newer_only)
     )
 }
