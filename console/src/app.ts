@@ -277,19 +277,28 @@ class Console {
     const agent = String(filters.get("agent") ?? "");
     const items = answer.items.filter((s) => (!search || `${s.title ?? ""} ${s.id}`.toLowerCase().includes(search)) && (!agent || s.provider === agent));
     const list = $("#session-list");
+    // A session keeps its button (and its list item) across refreshes, and
+    // clicks land on the button itself (style.css): a refresh between a
+    // press and its release does not swallow the click.
+    const shown = new Map(
+      Array.from(list.querySelectorAll<HTMLButtonElement>("button[data-session]"), (b) => [b.dataset.session, b]),
+    );
     list.replaceChildren(
       ...items.map((s) => {
-        const button = element(
-          "button",
-          { type: "button", "data-session": s.id, "aria-current": String(this.current?.id === s.id) },
+        let button = shown.get(s.id);
+        if (!button) {
+          button = element("button", { type: "button", "data-session": s.id });
+          button.addEventListener("click", () => void this.open(s.id));
+        }
+        button.setAttribute("aria-current", String(this.current?.id === s.id));
+        button.replaceChildren(
           element("span", { class: "title" }, s.title || s.id),
           element("span", { class: `badge ${s.state}` }, s.state),
           // AHP's InputNeeded (24): a turn waits for the person (a permission or a question).
           (s.status & 24) === 24 ? element("span", { class: "badge pending-confirmation" }, "needs input") : "",
           element("span", { class: "meta" }, `${s.provider} · ${s.project} · ${s.turns} turns · `, when(s.updatedAt)),
         );
-        button.addEventListener("click", () => void this.open(s.id));
-        return element("li", {}, button);
+        return button.parentElement ?? element("li", {}, button);
       }),
     );
     if (!items.length) list.replaceChildren(element("li", { class: "empty" }, search ? "No session title or id matches." : "No sessions yet. Create one below."));
