@@ -52,6 +52,13 @@ pub fn action_type(action: &Value) -> Option<&str> {
     action.get("type").and_then(Value::as_str)
 }
 
+/// An action's text as it is stored and sent: compact JSON, the same text
+/// `Value::to_string` writes, written straight into a buffer rather than
+/// through a formatter piece by piece.
+pub fn action_text(action: &Value) -> String {
+    serde_json::to_string(action).expect("a JSON value always serialises")
+}
+
 /// The channel kind an action type belongs to: `root`, `session` or `chat`
 /// (the part before the `/`), or `None` for extensions and unknown shapes.
 pub fn action_scope(action_type: &str) -> Option<&str> {
@@ -168,6 +175,15 @@ pub fn is_session_workdir_action(action_type: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_actions_text_is_what_its_value_displays() {
+        let action = serde_json::json!({
+            "type": "session/titleChanged", "title": "é☃\"\n\u{1}", "n": [1, -2, 0.5, 1e300],
+            "nested": {"z": null, "a": true}, "big": u64::MAX,
+        });
+        assert_eq!(action_text(&action), action.to_string());
+    }
 
     #[test]
     fn scopes_and_dispatchability() {

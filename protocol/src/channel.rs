@@ -104,6 +104,12 @@ impl Channel {
         format!("{SESSION_PREFIX}{id}")
     }
 
+    /// Whether `uri` is the channel of session `id` (what comparing it with
+    /// [`Channel::session_uri`] says, without building that URI).
+    pub fn is_session_uri(uri: &str, id: &str) -> bool {
+        uri.strip_prefix(SESSION_PREFIX) == Some(id)
+    }
+
     /// The URI of a chat channel.
     pub fn chat_uri(id: &str) -> String {
         format!("{CHAT_PREFIX}{id}")
@@ -179,6 +185,25 @@ impl Channel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_uri_is_told_without_building_it() {
+        for (uri, id) in [("ahp-session:/s-1", "s-1"), ("ahp-session:/", "")] {
+            assert_eq!(uri, Channel::session_uri(id));
+            assert!(Channel::is_session_uri(uri, id));
+        }
+        for (uri, id) in [
+            ("ahp-session:/s-10", "s-1"),
+            ("ahp-session:/s", "s-1"),
+            ("ahp-chat:/s-1", "s-1"),
+            ("s-1", "s-1"),
+        ] {
+            assert!(
+                !Channel::is_session_uri(uri, id),
+                "{uri} is not session {id}'s"
+            );
+        }
+    }
 
     #[test]
     fn parses_the_three_kinds_and_refuses_the_rest() {

@@ -192,6 +192,11 @@ impl SessionModel {
         Channel::session_uri(&self.id)
     }
 
+    /// Whether `channel` is the session's own channel (no URI is built).
+    pub fn is_own_channel(&self, channel: &str) -> bool {
+        Channel::is_session_uri(channel, &self.id)
+    }
+
     /// Folds one action on `channel` (this session, one of its chats,
     /// changesets or terminals) and
     /// reports the reducer's outcome. `Applied` and `NoOp` change (or keep)
@@ -219,12 +224,12 @@ impl SessionModel {
         let (outcome, target) = if kind.starts_with(EXTENSION_PREFIX) {
             // Tether's extensions live on the session channel and only move
             // the projection; AHP state has no slot for them.
-            if channel == self.uri() && kind != SESSION_CREATED {
+            if self.is_own_channel(channel) && kind != SESSION_CREATED {
                 (ReduceOutcome::Applied, Target::Extension)
             } else {
                 (ReduceOutcome::OutOfScope, Target::Extension)
             }
-        } else if channel == self.uri() {
+        } else if self.is_own_channel(channel) {
             let mut session = self.session.clone();
             let outcome = apply_action_to_session(&mut session, typed);
             (outcome, Target::Session(Box::new(session)))

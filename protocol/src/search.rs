@@ -64,14 +64,14 @@ pub fn doc(model: &SessionModel, channel: &str, action: &Value) -> Option<Search
     let make = |key: String, kind: &'static str, text: String| {
         (!text.trim().is_empty()).then(|| SearchDoc {
             key,
-            chat: (channel != model.uri()).then(|| channel.to_owned()),
+            chat: (!model.is_own_channel(channel)).then(|| channel.to_owned()),
             turn_id: (!turn.is_empty()).then(|| turn.to_owned()),
             kind,
             text: cut(text),
         })
     };
     match action_type(action)? {
-        "session/titleChanged" if channel == model.uri() => {
+        "session/titleChanged" if model.is_own_channel(channel) => {
             make("title".into(), "title", str_of(action, "title").to_owned())
         }
         "chat/turnStarted" => {

@@ -358,14 +358,17 @@ pub fn write_envelope(
     origin: Option<&Origin>,
     rejection: Option<&str>,
 ) {
-    use std::fmt::Write as _;
+    let mut number = itoa::Buffer::new();
     out.push_str(r#"{"channel":"#);
     push_json_string(out, channel);
-    let _ = write!(out, r#","serverSeq":{seq}"#);
+    out.push_str(r#","serverSeq":"#);
+    out.push_str(number.format(seq));
     if let Some(origin) = origin {
         out.push_str(r#","origin":{"clientId":"#);
         push_json_string(out, &origin.client_id);
-        let _ = write!(out, r#","clientSeq":{}}}"#, origin.client_seq);
+        out.push_str(r#","clientSeq":"#);
+        out.push_str(number.format(origin.client_seq));
+        out.push('}');
     }
     if let Some(reason) = rejection {
         out.push_str(r#","rejectionReason":"#);

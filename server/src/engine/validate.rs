@@ -63,8 +63,9 @@ pub(super) fn retry_outcome(
 }
 
 /// Runs the whole validation pipeline for one dispatch and, when it passes,
-/// applies it to `model`. Client dispatches get every rule and the side
-/// effect; host-originated ones only the reducer.
+/// applies it to `model` and returns the action's type. Client dispatches
+/// get every rule and the side effect; host-originated ones only the
+/// reducer.
 pub(super) async fn check_dispatch(
     ctx: &Ctx,
     model: &mut SessionModel,
@@ -73,7 +74,7 @@ pub(super) async fn check_dispatch(
     owners: &std::collections::HashMap<String, String>,
     d: &mut Dispatch,
     follow: &mut Vec<(String, Value)>,
-) -> Result<(), Refusal> {
+) -> Result<String, Refusal> {
     if let Some(principal) = &d.principal
         && !principal.can_see(&model.created.project)
     {
@@ -270,7 +271,7 @@ pub(super) async fn check_dispatch(
         })?;
     }
     model.accept(trial, &d.action, &typed);
-    Ok(())
+    Ok(kind)
 }
 
 /// A client's `session/configChanged` must name properties the session's

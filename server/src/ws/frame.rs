@@ -20,13 +20,15 @@ pub(super) struct Request<'a> {
     pub(super) params: Params<'a>,
 }
 
-/// A message's `params`: as text when the message was read that way, or
-/// already parsed.
+/// A message's `params`: as text when the message was read that way,
+/// already parsed, or read as a well-formed dispatch's.
 pub(super) enum Params<'a> {
     /// The text of `params`; `None` when there is none.
     Text(Option<&'a RawValue>),
     /// Parsed (`Value::Null` when there is none).
     Parsed(Value),
+    /// A `dispatchAction`'s, read with the message in one pass.
+    Dispatch(Dispatched),
 }
 
 impl Params<'_> {
@@ -34,6 +36,11 @@ impl Params<'_> {
     pub(super) fn into_value(self) -> Result<Value, RpcError> {
         match self {
             Params::Parsed(value) => Ok(value),
+            Params::Dispatch(d) => Ok(serde_json::json!({
+                "channel": d.channel,
+                "clientSeq": d.client_seq,
+                "action": d.action,
+            })),
             Params::Text(None) => Ok(Value::Null),
             Params::Text(Some(text)) => serde_json::from_str(text.get()).map_err(|err| {
                 RpcError::new(
@@ -66,8 +73,44 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::
     <&RawValue>::deserialize(d).map(Some)
 }
 
+/// A well-formed `dispatchAction`, the message most clients send most:
+/// read in one pass, its params straight into their parts.
+#[derive(Deserialize)]
+struct DispatchFrame<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    method: Cow<'a, str>,
+    #[serde(borrow)]
+    params: DispatchParams<'a>,
+}
+
+/// Reads `text` as a well-formed dispatch, or `None` (then it is read the
+/// general way, which tells what is wrong with it).
+fn read_dispatch(text: &str) -> Option<Request<'_>> {
+    if !text.contains("\"dispatchAction\"") {
+        return None;
+    }
+    let frame = serde_json::from_str::<DispatchFrame<'_>>(text).ok()?;
+    if frame.method != "dispatchAction" {
+        return None;
+    }
+    let dispatched = frame.params.into_dispatched()?;
+    Some(Request {
+        // Already checked as JSON: this parse cannot fail.
+        id: frame
+            .id
+            .map(|id| serde_json::from_str(id.get()).unwrap_or(Value::Null)),
+        method: frame.method,
+        params: Params::Dispatch(dispatched),
+    })
+}
+
 /// Reads one text message.
 pub(super) fn read(text: &str) -> Result<Request<'_>, Unread> {
+    if let Some(request) = read_dispatch(text) {
+        return Ok(request);
+    }
     if text.trim_start().starts_with('{')
         && let Ok(frame) = serde_json::from_str::<Frame<'_>>(text)
         && let Some(method) = frame.method
@@ -132,20 +175,32 @@ pub(super) struct Dispatched {
     pub(super) action_text: String,
 }
 
+impl DispatchParams<'_> {
+    /// The dispatch, when its clientSeq is in range and its action is an
+    /// object.
+    fn into_dispatched(self) -> Option<Dispatched> {
+        if self.client_seq > MAX_SEQ {
+            return None;
+        }
+        let Ok(action @ Value::Object(_)) = serde_json::from_str::<Value>(self.action.get()) else {
+            return None;
+        };
+        Some(Dispatched {
+            channel: self.channel.into_owned(),
+            client_seq: self.client_seq,
+            action,
+            action_text: self.action.get().to_owned(),
+        })
+    }
+}
+
 /// Reads `dispatchAction`'s params, with an error that names what is
 /// missing or wrong.
 pub(super) fn dispatch_params(params: Params<'_>) -> Result<Dispatched, RpcError> {
-    if let Params::Text(Some(text)) = &params
-        && let Ok(p) = serde_json::from_str::<DispatchParams<'_>>(text.get())
-        && p.client_seq <= MAX_SEQ
-        && let Ok(action @ Value::Object(_)) = serde_json::from_str::<Value>(p.action.get())
-    {
-        return Ok(Dispatched {
-            channel: p.channel.into_owned(),
-            client_seq: p.client_seq,
-            action,
-            action_text: p.action.get().to_owned(),
-        });
+    // A well-formed dispatch was read with its message; what is left is
+    // read as a value, to tell what is wrong with it.
+    if let Params::Dispatch(dispatched) = params {
+        return Ok(dispatched);
     }
     let mut params = params.into_value()?;
     let channel = channel_param(&params)?;
@@ -217,6 +272,31 @@ mod tests {
             let echoed: Value = serde_json::from_str(&d.action_text).unwrap();
             assert_eq!(echoed, d.action);
         }
+    }
+
+    #[test]
+    fn a_dispatch_is_read_in_one_pass_in_any_member_order_and_nothing_else_is() {
+        let text = r#"{"params":{"action":{"type":"x"},"clientSeq":9,"channel":"c"},
+            "id":[1],"jsonrpc":"2.0","method":"dispatchAction"}"#;
+        let m = read(text).unwrap();
+        assert_eq!(m.id, Some(serde_json::json!([1])));
+        let Params::Dispatch(d) = m.params else {
+            panic!("a well-formed dispatch is read in one pass");
+        };
+        assert_eq!((d.channel.as_str(), d.client_seq), ("c", 9));
+        assert_eq!(d.action_text, r#"{"type":"x"}"#);
+        // Another method whose params name a dispatch keeps its own.
+        let text = r#"{"id":2,"method":"subscribe","params":{"channel":"c","clientSeq":1,
+            "action":{"type":"dispatchAction"}}}"#;
+        let m = read(text).unwrap();
+        assert_eq!(m.method.as_ref(), "subscribe");
+        assert!(matches!(m.params, Params::Text(Some(_))));
+        // A repeated key is read the general way: the last one counts.
+        let text = r#"{"method":"ping","method":"dispatchAction",
+            "params":{"channel":"c","clientSeq":1,"action":{}}}"#;
+        let m = read(text).unwrap();
+        assert_eq!(m.method.as_ref(), "dispatchAction");
+        assert_eq!(dispatch_params(m.params).unwrap().channel, "c");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! host-originated follow-ups.
 
 use serde_json::Value;
-use tether_protocol::actions::{AGENT_OPENED, action_type};
+use tether_protocol::actions::{AGENT_OPENED, action_text, action_type};
 use tether_protocol::model::typed_action;
 use tether_protocol::search;
 use tokio::sync::oneshot;
@@ -113,7 +113,7 @@ impl SessionActor {
                         records.push(NewEnvelope {
                             channel: d.channel.clone(),
                             session_id: Some(self.id.clone()),
-                            action: load.to_string(),
+                            action: action_text(&load),
                             origin: None,
                             session: None,
                             chats: Vec::new(),
@@ -162,8 +162,7 @@ impl SessionActor {
             .await;
             self.follow_ups.extend(follow);
             match checked {
-                Ok(()) => {
-                    let kind = action_type(&d.action).unwrap_or_default().to_owned();
+                Ok(kind) => {
                     if kind == AGENT_OPENED {
                         self.agent_live = true;
                     }
@@ -190,7 +189,7 @@ impl SessionActor {
                     records.push(NewEnvelope {
                         channel: d.channel.clone(),
                         session_id: Some(self.id.clone()),
-                        action: d.action.to_string(),
+                        action: action_text(&d.action),
                         origin: d.origin.clone(),
                         session: None,
                         chats,
