@@ -14,6 +14,7 @@
 //! statements, one row at a time, where a statement costs no hop.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The sets and maps of a commit's plan: keyed by origins and session ids
 /// from clients, hashed with foldhash (SipHash cost ~2 % of the writer's
@@ -30,10 +31,8 @@ use super::{
 };
 
 /// How a group commit finds the origins of its batch that already have
-/// an outcome (DESIGN.md: an origin is accepted once). Postgres starts
-/// with [`Probe::Index`]; SQLite always probes (there, a probe is a cheap
-/// lookup in pages it has cached, and undoing an attempt cost more than
-/// the probe saved: BENCHMARKS.md).
+/// an outcome (DESIGN.md: an origin is accepted once). Both backends start
+/// with [`Probe::Index`] ([`Probing`] says when not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Probe {
     /// Look each origin up in the log and in the rejections first.
@@ -50,7 +49,33 @@ pub enum Probe {
 /// After a group commit met an origin the log already had, this many
 /// commits probe every origin first ([`Probe::Everything`]): a client that
 /// keeps retrying costs at most one wasted attempt in this many.
-pub const PROBES_AFTER_A_DUPLICATE: u32 = 64;
+const PROBES_AFTER_A_DUPLICATE: u32 = 64;
+
+/// A store's choice of [`Probe`] for each group commit: the index, but
+/// every origin probed for [`PROBES_AFTER_A_DUPLICATE`] commits after one
+/// met an origin the log already had.
+#[derive(Debug, Default)]
+pub struct Probing(AtomicU32);
+
+impl Probing {
+    /// The probe for the next attempt of a commit.
+    pub fn next(&self) -> Probe {
+        match self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+        {
+            Ok(_) => Probe::Everything,
+            Err(_) => Probe::Index,
+        }
+    }
+
+    /// An attempt with [`Probe::Index`] met an origin the log already had
+    /// (and was undone): it and the next commits probe every origin.
+    pub fn met_a_duplicate(&self) -> Probe {
+        self.0.store(PROBES_AFTER_A_DUPLICATE, Ordering::Release);
+        Probe::Everything
+    }
+}
 
 /// One row for the log.
 #[derive(Debug)]

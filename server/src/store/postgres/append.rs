@@ -76,22 +76,14 @@ impl PostgresStore {
         snapshots: Vec<Snapshot>,
     ) -> Result<Vec<Appended>, StoreError> {
         let (batch, snapshots) = (batch.as_slice(), snapshots.as_slice());
-        let mut probe = match self
-            .probing
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-        {
-            Ok(_) => Probe::Everything,
-            Err(_) => Probe::Index,
-        };
+        let mut probe = self.probing.next();
         // At most twice: `Probe::Everything` never leaves an origin to the
         // index.
         loop {
             if let Some(outcomes) = self.append_with(batch, snapshots, probe).await? {
                 return Ok(outcomes);
             }
-            self.probing
-                .store(plan::PROBES_AFTER_A_DUPLICATE, Ordering::Release);
-            probe = Probe::Everything;
+            probe = self.probing.met_a_duplicate();
         }
     }
 

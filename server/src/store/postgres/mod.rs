@@ -13,7 +13,7 @@
 //! woken after the commit, by `cluster`, not inside the transaction.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -57,7 +57,7 @@ pub struct PostgresStore {
     fencing: Arc<AtomicBool>,
     /// Group commits left that probe the log for every origin (see
     /// `plan::Probe`).
-    probing: Arc<AtomicU32>,
+    probing: Arc<super::plan::Probing>,
 }
 
 impl PostgresStore {
@@ -114,7 +114,7 @@ impl PostgresStore {
                 .unwrap_or_else(|| Uuid::new_v4().to_string()),
             _claim: claim,
             fencing: Arc::new(AtomicBool::new(false)),
-            probing: Arc::new(AtomicU32::new(0)),
+            probing: Arc::default(),
         })
     }
 

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use rusqlite::{OptionalExtension as _, Row, Transaction, params};
 use tether_protocol::search::{self, SearchDoc};
 
-use crate::store::plan;
+use crate::store::plan::{self, Probe};
 use crate::store::rows;
 use crate::store::webhooks::{self, OutboxEvent};
 use crate::store::{
@@ -16,16 +16,24 @@ use crate::store::{
 };
 
 /// Appends `batch` and writes `snapshots` (see `Store::append_with_snapshots`).
+/// `None` when `probe` left an origin the log already had to its unique
+/// index: the attempt must be undone and made again with
+/// [`Probe::Everything`].
 pub(super) fn append(
     tx: &Transaction<'_>,
     batch: &[NewEnvelope],
     snapshots: &[Snapshot],
-) -> Result<Vec<Appended>, StoreError> {
+    probe: Probe,
+) -> Result<Option<Vec<Appended>>, StoreError> {
     let last: i64 = tx
         .prepare_cached("SELECT last_seq FROM host WHERE id = 1")?
         .query_row([], |row| row.get(0))?;
     let at_ms = now_ms();
-    let existing = existing_origins(tx, &plan::origins(batch))?;
+    let origins = plan::origins(batch);
+    let existing = match probe {
+        Probe::Everything => existing_origins(tx, &origins)?,
+        Probe::Index => rejected_origins(tx, &origins)?,
+    };
     let plan = plan::plan(batch, last, &existing, &plan::Set::default());
     {
         let mut insert = tx.prepare_cached(
@@ -36,7 +44,7 @@ pub(super) fn append(
         for row in &plan.rows {
             let e = row.envelope;
             let origin = e.origin.as_ref();
-            insert.execute(params![
+            let inserted = insert.execute(params![
                 row.seq,
                 e.channel,
                 e.session_id,
@@ -45,7 +53,17 @@ pub(super) fn append(
                 origin.map(|o| seq_to_db(o.client_seq)),
                 origin.map_or("", |o| o.scope.as_str()),
                 at_ms,
-            ])?;
+            ]);
+            match inserted {
+                // The log's one unique index besides its key: `log_origin`.
+                Err(rusqlite::Error::SqliteFailure(err, _))
+                    if probe == Probe::Index
+                        && err.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE =>
+                {
+                    return Ok(None);
+                }
+                inserted => inserted?,
+            };
         }
     }
     if !plan.sessions.is_empty() {
@@ -135,7 +153,43 @@ pub(super) fn append(
         .into_iter()
         .map(|origin| outcome(tx, origin))
         .collect::<Result<Vec<_>, _>>()?;
-    plan::outcomes(&plan, at_ms, found)
+    plan::outcomes(&plan, at_ms, found).map(Some)
+}
+
+/// Which of `origins` have a recorded rejection: one range read of the
+/// rejections' key per client and scope in the batch (usually no row), not
+/// a lookup per origin.
+fn rejected_origins(
+    tx: &Transaction<'_>,
+    origins: &[&Origin],
+) -> Result<plan::Set<Origin>, StoreError> {
+    let mut ranges: plan::Map<(&str, &str), (u64, u64)> = plan::Map::default();
+    for origin in origins {
+        let seq = origin.client_seq;
+        ranges
+            .entry((&origin.client_id, &origin.scope))
+            .and_modify(|(low, high)| (*low, *high) = ((*low).min(seq), (*high).max(seq)))
+            .or_insert((seq, seq));
+    }
+    let mut read = tx.prepare_cached(
+        "SELECT client_seq FROM rejections \
+         WHERE client_id = ?1 AND origin_scope = ?2 AND client_seq BETWEEN ?3 AND ?4",
+    )?;
+    let mut found = plan::Set::default();
+    for ((client_id, scope), (low, high)) in ranges {
+        let seqs = read.query_map(
+            params![client_id, scope, seq_to_db(low), seq_to_db(high)],
+            |row| row.get::<_, i64>(0),
+        )?;
+        for seq in seqs {
+            found.insert(Origin {
+                client_id: client_id.to_owned(),
+                client_seq: u64::try_from(seq?).unwrap_or_default(),
+                scope: scope.to_owned(),
+            });
+        }
+    }
+    Ok(found)
 }
 
 /// Which of `origins` already have an outcome (a log row or a recorded

@@ -60,6 +60,9 @@ pub struct SqliteStore {
     /// one host (several hosts share a Postgres database instead), and a
     /// second `tether serve` on the same file would split the stream.
     lock: Arc<Mutex<Option<std::fs::File>>>,
+    /// How the next group commit finds the origins it already has (see
+    /// `plan::Probe`).
+    probing: Arc<crate::store::plan::Probing>,
 }
 
 impl SqliteStore {
@@ -112,6 +115,7 @@ impl SqliteStore {
             readers,
             pages: Pages::new(Path::new(path), options.max_connections.max(1) as usize),
             lock: Arc::new(Mutex::new(lock)),
+            probing: Arc::default(),
         })
     }
 
@@ -165,8 +169,18 @@ impl Store for SqliteStore {
         batch: Arc<Vec<NewEnvelope>>,
         snapshots: Vec<Snapshot>,
     ) -> Result<Vec<Appended>, StoreError> {
+        let probing = Arc::clone(&self.probing);
+        let mut probe = probing.next();
+        // At most twice: `Probe::Everything` never leaves an origin to the
+        // index.
         self.writer
-            .transaction(move |tx| append::append(tx, &batch, &snapshots))
+            .transaction_until(move |tx| {
+                let appended = append::append(tx, &batch, &snapshots, probe)?;
+                if appended.is_none() {
+                    probe = probing.met_a_duplicate();
+                }
+                Ok(appended)
+            })
             .await
     }
 

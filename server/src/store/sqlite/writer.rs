@@ -118,6 +118,27 @@ impl Writer {
         .await
     }
 
+    /// Runs `write` as [`Writer::transaction`] does, except that when it
+    /// answers `None` its transaction is rolled back and it runs again, in
+    /// a new one (it is the one to make its next attempt differ).
+    pub(super) async fn transaction_until<T, F>(&self, mut write: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnMut(&Transaction<'_>) -> Result<Option<T>, StoreError> + Send + 'static,
+    {
+        self.run(move |db| {
+            loop {
+                let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                if let Some(value) = write(&tx)? {
+                    tx.commit()?;
+                    return Ok(value);
+                }
+                tx.rollback()?;
+            }
+        })
+        .await
+    }
+
     /// Runs `job` on the writer thread and returns its answer.
     async fn run<T, F>(&self, job: F) -> Result<T, StoreError>
     where
