@@ -45,7 +45,11 @@ pub fn validate_name(kind: &'static str, name: &str) -> Result<(), NameError> {
     if name.is_empty() {
         return Err(NameError::Empty { kind });
     }
-    if let Some(found) = name.chars().find(|c| !is_name_char(*c)) {
+    // Byte by byte: every allowed character is ASCII, so the first byte
+    // refused starts the first character refused (a multi-byte character
+    // begins with a byte of 0x80 or more, never allowed).
+    if let Some(at) = name.bytes().position(|b| !is_name_byte(b)) {
+        let found = name[at..].chars().next().unwrap_or_default();
         return Err(NameError::BadCharacter { kind, found });
     }
     if name.len() > MAX_NAME_LEN {
@@ -57,8 +61,8 @@ pub fn validate_name(kind: &'static str, name: &str) -> Result<(), NameError> {
     Ok(())
 }
 
-fn is_name_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')
+fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-')
 }
 
 #[cfg(test)]
@@ -90,6 +94,14 @@ mod tests {
             "session id contains '/'; only letters, digits and . _ : - are allowed"
         );
         assert!(validate_name("project", "é").is_err());
+        // The character refused is named whole, even when it takes bytes.
+        assert_eq!(
+            validate_name("chat id", "ab\u{e9}c"),
+            Err(NameError::BadCharacter {
+                kind: "chat id",
+                found: '\u{e9}'
+            })
+        );
     }
 
     #[test]
@@ -97,9 +109,10 @@ mod tests {
         // The documented pattern, read literally: one class and the length.
         let class = "A-Za-z0-9._:-";
         assert_eq!(NAME_PATTERN, format!("^[{class}]{{1,{MAX_NAME_LEN}}}$"));
-        for c in (0_u8..128).map(char::from) {
-            let in_class = c.is_ascii_alphanumeric() || "._:-".contains(c);
-            assert_eq!(is_name_char(c), in_class, "{c:?}");
+        for b in 0_u8..=255 {
+            let c = char::from(b);
+            let in_class = b < 128 && (c.is_ascii_alphanumeric() || "._:-".contains(c));
+            assert_eq!(is_name_byte(b), in_class, "{b:#x}");
         }
     }
 }

@@ -80,12 +80,30 @@ async fn metrics_count_dispatches_subscriptions_and_deliveries(db: TestDb) {
     assert!(series(&text, "tether_dispatch_to_commit_seconds_count") >= 4.0);
     assert!(series(&text, "tether_commit_to_delivery_seconds_count") >= 3.0);
     assert!(series(&text, "tether_commit_batch_envelopes_count") >= 1.0);
+    // The local backend has no effect on a title or a turn: it is not
+    // called, so not timed. A working directory it checks is.
+    let local_effects = r#"tether_effect_duration_seconds_count{backend="local"}"#;
+    assert_eq!(series(&text, local_effects), 0.0);
+    let directory = tempfile::tempdir().expect("a directory");
+    writer
+        .dispatch(
+            "ahp-session:/ops-metrics".into(),
+            action(json!({"type": "session/workingDirectorySet",
+                "directory": format!("file://{}", directory.path().display())})),
+        )
+        .await
+        .expect("dispatch");
+    // Committed: the watcher sees it (a refusal reaches its sender only).
+    let committed = tether_tests::next_envelope(&mut stream).await;
     assert!(
-        series(
-            &text,
-            r#"tether_effect_duration_seconds_count{backend="local"}"#
-        ) >= 3.0
+        matches!(
+            committed.action,
+            ahp_types::actions::StateAction::SessionWorkingDirectorySet(_)
+        ),
+        "{committed:?}"
     );
+    let text = exposition(&base).await;
+    assert_eq!(series(&text, local_effects), 1.0);
     assert_eq!(
         series(&text, r#"tether_subscriptions{kind="session"}"#),
         1.0

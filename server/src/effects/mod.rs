@@ -82,16 +82,31 @@ pub trait Effects: Send + Sync + std::fmt::Debug {
     /// Applies the action's side effect, or says why it cannot.
     async fn apply(&self, request: &EffectRequest<'_>) -> Result<(), EffectError>;
 
+    /// Whether an action of type `kind` has a side effect here at all:
+    /// when not, the dispatch does not call [`Effects::apply`] (nor time
+    /// it) and the action is accepted as if it had answered `Ok`.
+    fn concerns(&self, _kind: &str) -> bool {
+        true
+    }
+
     /// Checks the working directories of a session about to be created.
     async fn check_directories(&self, directories: &[String]) -> Result<(), EffectError>;
 }
 
+/// The member naming the directory an action of type `kind` adds, if it
+/// adds one.
+fn added_directory_field(kind: &str) -> Option<&'static str> {
+    match kind {
+        "session/workingDirectorySet" | "chat/workingDirectorySet" => Some("directory"),
+        "session/workingDirectoryReplaced" => Some("replacement"),
+        _ => None,
+    }
+}
+
 /// The directories an action would add.
 pub fn added_directories(action: &Value) -> Vec<&str> {
-    let field = match action_type(action) {
-        Some("session/workingDirectorySet" | "chat/workingDirectorySet") => "directory",
-        Some("session/workingDirectoryReplaced") => "replacement",
-        _ => return Vec::new(),
+    let Some(field) = action_type(action).and_then(added_directory_field) else {
+        return Vec::new();
     };
     action
         .get(field)
@@ -123,6 +138,10 @@ impl Effects for LocalEffects {
             self.check(directory).await?;
         }
         Ok(())
+    }
+
+    fn concerns(&self, kind: &str) -> bool {
+        added_directory_field(kind).is_some()
     }
 
     async fn check_directories(&self, directories: &[String]) -> Result<(), EffectError> {

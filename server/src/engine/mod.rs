@@ -272,6 +272,11 @@ impl Ctx {
     /// the actor's future contain itself.
     fn mailbox(self: &Arc<Self>, id: &str) -> Option<mailbox::Sender<Command>> {
         let mut actors = self.actors.lock().ok()?;
+        // A running actor's session is never retiring (`begin_retiring`
+        // refuses one in memory, under this lock).
+        if let Some(sender) = actors.get(id) {
+            return Some(sender.clone());
+        }
         // A session retention is deleting gets no actor (the lock order is
         // `actors`, then `retiring`).
         if self.retiring.lock().ok()?.contains(id) {
@@ -308,6 +313,11 @@ impl Ctx {
         if let Ok(mut retiring) = self.retiring.lock() {
             retiring.remove(id);
         }
+    }
+
+    /// The mailbox of a session's actor if it is in memory.
+    fn running(&self, id: &str) -> Option<mailbox::Sender<Command>> {
+        self.actors.lock().ok()?.get(id).cloned()
     }
 
     fn forget_actor(&self, id: &str) {
@@ -533,20 +543,10 @@ impl Engine {
         }
     }
 
-    /// Whether a session exists: its actor is in memory, or the store has
-    /// it. Only then may a command start an actor (and, with several
-    /// hosts, take a lease): a lookup of an id nobody created leaves no
-    /// trace.
-    async fn exists(&self, id: &str) -> Result<bool, EngineError> {
-        let running = self
-            .ctx
-            .actors
-            .lock()
-            .map(|actors| actors.contains_key(id))
-            .unwrap_or(false);
-        if running {
-            return Ok(true);
-        }
+    /// Whether the store has a session. Only then may a command start an
+    /// actor (and, with several hosts, take a lease): a lookup of an id
+    /// nobody created leaves no trace.
+    async fn stored(&self, id: &str) -> Result<bool, EngineError> {
         self.ctx
             .store
             .session(id)
@@ -557,18 +557,27 @@ impl Engine {
 
     /// Sends a command to a session's actor, starting it if needed; a
     /// command for a session that does not exist is answered as such
-    /// (only `Create` starts an actor for an unknown id).
+    /// (only `Create` starts an actor for an unknown id). A session whose
+    /// actor is in memory exists: its mailbox is taken under one lock.
     async fn send(&self, id: &str, mut command: Command) {
-        if !command.creates() {
-            match self.exists(id).await {
-                Ok(true) => {}
-                Ok(false) => return command.answer_missing(id),
-                Err(err) => return command.fail(err),
-            }
-        }
+        let mut checked = command.creates();
         for _ in 0..3 {
-            let Some(sender) = self.ctx.mailbox(id) else {
-                return;
+            let running = self.ctx.running(id);
+            let sender = match running {
+                Some(sender) => sender,
+                None => {
+                    if !checked {
+                        match self.stored(id).await {
+                            Ok(true) => checked = true,
+                            Ok(false) => return command.answer_missing(id),
+                            Err(err) => return command.fail(err),
+                        }
+                    }
+                    let Some(sender) = self.ctx.mailbox(id) else {
+                        return;
+                    };
+                    sender
+                }
             };
             match sender.send(command).await {
                 Ok(()) => return,

@@ -229,7 +229,9 @@ pub(super) async fn check_dispatch(
             .input(data)
             .await
             .map_err(|reason| Refusal::new(RefusalKind::Conflict, reason))?;
-    } else if let Some(origin) = &d.origin {
+    } else if let Some(origin) = &d.origin
+        && ctx.effects.concerns(&kind)
+    {
         let request = EffectRequest {
             channel: &d.channel,
             action: &d.action,
