@@ -517,8 +517,9 @@ async fn session_pages_list_every_session_once_newest_first(db: TestDb) {
     store.close().await;
 }
 
-/// Postgres orders sessions by `last_seq` in buckets of 4,096 seqs, then
-/// within a bucket (its migration 0016): pages whose sessions and cursors
+/// Both backends order sessions by `last_seq` in buckets of 4,096 seqs,
+/// then within a bucket (Postgres's migration 0016, SQLite's 0013): pages
+/// whose sessions and cursors
 /// lie in different buckets, of one, must still be newest first, each
 /// session once.
 async fn session_pages_keep_their_order_across_thousands_of_seqs(db: TestDb) {
@@ -589,6 +590,29 @@ async fn session_pages_keep_their_order_across_thousands_of_seqs(db: TestDb) {
         .unwrap();
     let ids: Vec<_> = all.items.iter().map(|r| r.record.id.as_str()).collect();
     assert_eq!(ids, ["s4", "s1", "s6", "s5", "s3", "s2", "s0"]);
+    // Touched twice more, one envelope each: the second stays in the
+    // first's bucket, so only the columns no index holds are rewritten
+    // (SQLite's migration 0013); the row must still say all of it.
+    let mut seqs = Vec::new();
+    for title in ["first", "second"] {
+        n += 1;
+        let mut again = envelope("ahp-session:/s6", n);
+        let mut row = record("s6", "even", "dormant");
+        row.title = Some(title.to_owned());
+        again.session = Some(row);
+        seqs.extend(committed(&store.append(vec![again]).await.unwrap()));
+    }
+    assert_eq!(seqs[0] / 4096, seqs[1] / 4096, "one bucket: {seqs:?}");
+    let all = store
+        .sessions(&SessionFilter::default(), None, 100)
+        .await
+        .unwrap();
+    let ids: Vec<_> = all.items.iter().map(|r| r.record.id.as_str()).collect();
+    assert_eq!(ids, ["s6", "s4", "s1", "s5", "s3", "s2", "s0"]);
+    let s6 = store.session("s6").await.unwrap().expect("s6");
+    assert_eq!(s6.record.title.as_deref(), Some("second"));
+    assert_eq!(s6.last_seq, seqs[1]);
+    assert_eq!(all.items[0].last_seq, seqs[1]);
     store.close().await;
 }
 

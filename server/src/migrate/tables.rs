@@ -392,6 +392,13 @@ where
         .collect()
 }
 
+/// Columns each backend derives from others in the same row: the session
+/// indexes' buckets of `last_seq` and `updated_ms`. Postgres generates
+/// them; SQLite's writer sets them (its migration 0013). Never copied: the
+/// target computes its own.
+pub(super) const DERIVED_COLUMNS: &[(&str, &str)] =
+    &[("sessions", "recency"), ("sessions", "idle_hour")];
+
 /// Compares a database's tables and columns with [`TABLES`]: `Err` names
 /// the first table or column the migration does not know (it would be left
 /// behind) or expects and cannot find.
@@ -410,7 +417,11 @@ pub(super) fn check_schema(side: &str, found: &[(String, Vec<String>)]) -> Resul
                  copy; refusing to leave it behind (use the tether release that wrote it)"
             ));
         };
-        if let Some(extra) = columns.iter().find(|c| !expected.contains(&c.as_str())) {
+        let derived = |c: &str| DERIVED_COLUMNS.contains(&(table.as_str(), c));
+        if let Some(extra) = columns
+            .iter()
+            .find(|c| !expected.contains(&c.as_str()) && !derived(c))
+        {
             return Err(format!(
                 "the {side}'s table {table} has a column {extra:?} this version of tether \
                  migrate does not copy; refusing to leave it behind"
@@ -480,6 +491,20 @@ mod tests {
             HOST_COLUMNS.iter().map(|c| (*c).to_owned()).collect(),
         ));
         assert!(check_schema("source", &found).is_ok());
+        // A column the backend derives (SQLite's buckets) is not copied,
+        // and not refused; the same name on another table is.
+        let mut derived = found.clone();
+        let sessions = derived.iter_mut().find(|(t, _)| t == "sessions").unwrap();
+        sessions
+            .1
+            .extend(["recency".to_owned(), "idle_hour".to_owned()]);
+        assert!(check_schema("source", &derived).is_ok());
+        derived[0].1.push("recency".into());
+        assert!(
+            check_schema("source", &derived)
+                .unwrap_err()
+                .contains("recency")
+        );
         let mut extra_column = found.clone();
         extra_column[0].1.push("added_later".into());
         let err = check_schema("source", &extra_column).unwrap_err();

@@ -172,30 +172,25 @@ impl TryFrom<Session> for SessionRow {
     }
 }
 
-/// How a backend's indexes order sessions by recency.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Recency {
-    /// By `last_seq` itself (SQLite).
-    Exact,
-    /// By `recency`, `last_seq` in buckets of [`RECENCY_SEQS`], then by
-    /// `last_seq` within a bucket: a rewrite of the row that keeps its
-    /// bucket changes no index key (Postgres: a HOT update; its migration
-    /// 0016). The same order as [`Recency::Exact`].
-    Bucketed,
-}
-
-/// The seqs in one `recency` bucket (Postgres's migration 0016).
+/// The seqs in one `recency` bucket. Both backends' session indexes hold
+/// `recency` (`last_seq` in buckets) and `idle_hour` (`updated_ms` by the
+/// hour), not the exact values, so a commit that rewrites a session's row
+/// within its buckets changes no index key (Postgres: a HOT update, its
+/// migration 0016; SQLite: an update of unindexed columns, its migration
+/// 0013). Pages order by the bucket, then by `last_seq` within it.
 pub(super) const RECENCY_SEQS: i64 = 4096;
+
+/// The milliseconds in one `idle_hour` bucket.
+pub(super) const IDLE_HOUR_MS: i64 = 3_600_000;
 
 /// The session page query. Conditions are added only for the filters given so
 /// each shape of query can use its index; `placeholder(n)` spells the n-th
 /// (1-based) bind parameter in the backend's syntax. Binds, in order: project,
-/// state, before, limit — each only when present. [`Recency::Bucketed`]
-/// uses the `before` placeholder twice, so needs numbered placeholders.
+/// state, before, limit — each only when present. The `before` placeholder
+/// is used twice, so placeholders must be numbered.
 pub(super) fn session_page_sql(
     filter: &SessionFilter,
     before: Option<u64>,
-    recency: Recency,
     placeholder: impl Fn(usize) -> String,
     project_in: impl Fn(&str) -> String,
 ) -> String {
@@ -219,16 +214,14 @@ pub(super) fn session_page_sql(
     }
     if before.is_some() {
         let before = next();
-        if recency == Recency::Bucketed {
-            sql.push_str(&format!(" AND recency <= {before} / {RECENCY_SEQS}"));
-        }
-        sql.push_str(&format!(" AND last_seq < {before}"));
+        sql.push_str(&format!(
+            " AND recency <= {before} / {RECENCY_SEQS} AND last_seq < {before}"
+        ));
     }
-    let order = match recency {
-        Recency::Exact => "last_seq DESC",
-        Recency::Bucketed => "recency DESC, last_seq DESC",
-    };
-    sql.push_str(&format!(" ORDER BY {order} LIMIT {}", next()));
+    sql.push_str(&format!(
+        " ORDER BY recency DESC, last_seq DESC LIMIT {}",
+        next()
+    ));
     sql
 }
 

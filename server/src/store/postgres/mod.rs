@@ -464,7 +464,6 @@ impl Store for PostgresStore {
         let sql = rows::session_page_sql(
             filter,
             before,
-            rows::Recency::Bucketed,
             |n| format!("${n}"),
             |p| format!("project = ANY({p}::text[])"),
         );

@@ -8,11 +8,11 @@ use rusqlite::{OptionalExtension as _, Row, Transaction, params};
 use tether_protocol::search::{self, SearchDoc};
 
 use crate::store::plan::{self, Probe};
-use crate::store::rows;
+use crate::store::rows::{self, IDLE_HOUR_MS, RECENCY_SEQS};
 use crate::store::webhooks::{self, OutboxEvent};
 use crate::store::{
     Appended, ArchivedTurn, NewEnvelope, Origin, OriginOutcome, Rejection, SNAPSHOTS_KEPT,
-    Snapshot, StoreError, StoredEnvelope, now_ms, seq_to_db,
+    SessionRecord, Snapshot, StoreError, StoredEnvelope, now_ms, seq_to_db,
 };
 
 /// Appends `batch` and writes `snapshots` (see `Store::append_with_snapshots`).
@@ -67,31 +67,7 @@ pub(super) fn append(
         }
     }
     if !plan.sessions.is_empty() {
-        let mut upsert = tx.prepare_cached(
-            "INSERT INTO sessions (id, project, provider, title, state, turns, resumable, \
-                                   last_seq, created_ms, updated_ms, projection) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
-             ON CONFLICT (id) DO UPDATE SET project = excluded.project, \
-                 provider = excluded.provider, title = excluded.title, state = excluded.state, \
-                 turns = excluded.turns, resumable = excluded.resumable, \
-                 last_seq = excluded.last_seq, updated_ms = excluded.updated_ms, \
-                 projection = excluded.projection",
-        )?;
-        for (r, seq) in &plan.sessions {
-            upsert.execute(params![
-                r.id,
-                r.project,
-                r.provider,
-                r.title,
-                r.state,
-                seq_to_db(r.turns),
-                r.resumable,
-                seq,
-                r.created_ms,
-                at_ms,
-                r.projection,
-            ])?;
-        }
+        write_sessions(tx, &plan.sessions, at_ms)?;
     }
     if !plan.chats.is_empty() {
         let mut chat = tx.prepare_cached(
@@ -154,6 +130,73 @@ pub(super) fn append(
         .map(|origin| outcome(tx, origin))
         .collect::<Result<Vec<_>, _>>()?;
     plan::outcomes(&plan, at_ms, found).map(Some)
+}
+
+/// Writes each session's row as it stands after the batch. A row that
+/// keeps its project, state and buckets (`recency`, `idle_hour`: nearly
+/// every commit) is updated in the columns no index holds, which rewrites
+/// the row alone; SQLite would otherwise move the row's entry in each index
+/// whose columns the statement sets, even to the same value (migration
+/// 0013). Any other row (a new session, a new bucket, a new state) is
+/// upserted whole.
+fn write_sessions(
+    tx: &Transaction<'_>,
+    sessions: &[(&SessionRecord, i64)],
+    at_ms: i64,
+) -> Result<(), StoreError> {
+    let mut within = tx.prepare_cached(
+        "UPDATE sessions SET provider = ?2, title = ?3, turns = ?4, resumable = ?5, \
+             last_seq = ?6, updated_ms = ?7, projection = ?8 \
+         WHERE id = ?1 AND project = ?9 AND state = ?10 AND recency = ?11 AND idle_hour = ?12",
+    )?;
+    let mut whole = tx.prepare_cached(
+        "INSERT INTO sessions (id, project, provider, title, state, turns, resumable, \
+                               last_seq, created_ms, updated_ms, projection, recency, idle_hour) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+         ON CONFLICT (id) DO UPDATE SET project = excluded.project, \
+             provider = excluded.provider, title = excluded.title, state = excluded.state, \
+             turns = excluded.turns, resumable = excluded.resumable, \
+             last_seq = excluded.last_seq, updated_ms = excluded.updated_ms, \
+             projection = excluded.projection, recency = excluded.recency, \
+             idle_hour = excluded.idle_hour",
+    )?;
+    for (r, seq) in sessions {
+        let recency = seq / RECENCY_SEQS;
+        let idle_hour = at_ms / IDLE_HOUR_MS;
+        let updated = within.execute(params![
+            r.id,
+            r.provider,
+            r.title,
+            seq_to_db(r.turns),
+            r.resumable,
+            seq,
+            at_ms,
+            r.projection,
+            r.project,
+            r.state,
+            recency,
+            idle_hour,
+        ])?;
+        if updated == 1 {
+            continue;
+        }
+        whole.execute(params![
+            r.id,
+            r.project,
+            r.provider,
+            r.title,
+            r.state,
+            seq_to_db(r.turns),
+            r.resumable,
+            seq,
+            r.created_ms,
+            at_ms,
+            r.projection,
+            recency,
+            idle_hour,
+        ])?;
+    }
+    Ok(())
 }
 
 /// Which of `origins` have a recorded rejection: one range read of the

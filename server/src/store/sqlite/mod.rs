@@ -403,8 +403,7 @@ impl Store for SqliteStore {
         let sql = rows::session_page_sql(
             filter,
             before,
-            rows::Recency::Exact,
-            |_| "?".to_owned(),
+            |n| format!("?{n}"),
             |p| format!("project IN (SELECT value FROM json_each({p}))"),
         );
         let limit = clamp_limit(limit);
@@ -594,10 +593,13 @@ impl Store for SqliteStore {
 
     async fn expired_sessions(&self, now_ms: i64, limit: u32) -> Result<Vec<Expired>, StoreError> {
         let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            // `idle_hour` is `updated_ms` by the hour, which its index holds
+            // (migration 0013).
             "SELECT s.id, s.project, s.last_seq FROM retention r \
              JOIN sessions s ON s.project = r.project AND s.state <> 'live' \
+                 AND s.idle_hour <= (?1 - r.days * 86400000) / 3600000 \
                  AND s.updated_ms < ?1 - r.days * 86400000 \
-             ORDER BY s.updated_ms LIMIT ?2",
+             ORDER BY s.idle_hour, s.updated_ms LIMIT ?2",
         )
         .bind(now_ms)
         .bind(clamp_limit(limit))
