@@ -183,7 +183,12 @@ pub(super) const RECENCY_SEQS: i64 = 4096;
 /// The milliseconds in one `idle_hour` bucket.
 pub(super) const IDLE_HOUR_MS: i64 = 3_600_000;
 
-/// The session page query. Conditions are added only for the filters given so
+/// The columns a session's row is read with, in [`Session`]'s order.
+pub(super) const SESSION_COLUMNS: &str = "id, project, provider, title, state, turns, \
+     resumable, last_seq, created_ms, updated_ms, projection";
+
+/// The session page query, selecting `select` (such as
+/// [`SESSION_COLUMNS`]). Conditions are added only for the filters given so
 /// each shape of query can use its index; `placeholder(n)` spells the n-th
 /// (1-based) bind parameter in the backend's syntax. Binds, in order: project,
 /// state, before, limit — each only when present. The `before` placeholder
@@ -191,13 +196,11 @@ pub(super) const IDLE_HOUR_MS: i64 = 3_600_000;
 pub(super) fn session_page_sql(
     filter: &SessionFilter,
     before: Option<u64>,
+    select: &str,
     placeholder: impl Fn(usize) -> String,
     project_in: impl Fn(&str) -> String,
 ) -> String {
-    let mut sql = String::from(
-        "SELECT id, project, provider, title, state, turns, resumable, last_seq, \
-         created_ms, updated_ms, projection FROM sessions WHERE TRUE",
-    );
+    let mut sql = format!("SELECT {select} FROM sessions WHERE TRUE");
     let mut n = 0;
     let mut next = || {
         n += 1;

@@ -464,6 +464,7 @@ impl Store for PostgresStore {
         let sql = rows::session_page_sql(
             filter,
             before,
+            rows::SESSION_COLUMNS,
             |n| format!("${n}"),
             |p| format!("project = ANY({p}::text[])"),
         );

@@ -400,11 +400,20 @@ impl Store for SqliteStore {
         before: Option<u64>,
         limit: u32,
     ) -> Result<SessionPage, StoreError> {
-        let sql = rows::session_page_sql(
+        // A page sorts the whole recency bucket it starts in (its index
+        // holds no `last_seq`, migration 0013): the sort carries rowids,
+        // and only the page's rows are read whole.
+        let keys = rows::session_page_sql(
             filter,
             before,
+            "rowid",
             |n| format!("?{n}"),
             |p| format!("project IN (SELECT value FROM json_each({p}))"),
+        );
+        let sql = format!(
+            "SELECT {} FROM sessions WHERE rowid IN ({keys}) \
+             ORDER BY recency DESC, last_seq DESC",
+            rows::SESSION_COLUMNS
         );
         let limit = clamp_limit(limit);
         let mut query = sqlx::query_as::<_, rows::Session>(AssertSqlSafe(sql));
