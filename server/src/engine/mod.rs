@@ -25,6 +25,7 @@ pub mod mcp;
 mod notify;
 mod operations;
 pub mod rebuild;
+mod registry;
 mod retention;
 mod root;
 mod rules;
@@ -47,7 +48,7 @@ pub use actor::DispatchOutcome;
 pub use error::{EngineError, Refusal, RefusalKind};
 pub use summary::summary;
 
-use actor::{Command, Dispatch, SessionActor};
+use actor::{Command, Dispatch};
 use commit::Committer;
 use delivery::Delivery;
 use fanout::Hub;
@@ -257,87 +258,10 @@ pub(crate) fn storage_unavailable(cause: &commit::CommitError) -> String {
     )
 }
 
-/// Mailbox size of a session actor: a burst larger than this waits.
-const MAILBOX: usize = 1024;
-
 impl Ctx {
     fn remember_chat(&self, chat: &str, session: &str) {
         if let Ok(mut chats) = self.chats.lock() {
             chats.insert(chat.to_owned(), session.to_owned());
-        }
-    }
-
-    /// The mailbox of a session's actor, started if needed. Not async: an
-    /// actor re-routes commands through it, and an async fn here would make
-    /// the actor's future contain itself.
-    fn mailbox(self: &Arc<Self>, id: &str) -> Option<mailbox::Sender<Command>> {
-        let mut actors = self.actors.lock().ok()?;
-        // A running actor's session is never retiring (`begin_retiring`
-        // refuses one in memory, under this lock).
-        if let Some(sender) = actors.get(id) {
-            return Some(sender.clone());
-        }
-        // A session retention is deleting gets no actor (the lock order is
-        // `actors`, then `retiring`).
-        if self.retiring.lock().ok()?.contains(id) {
-            return None;
-        }
-        Some(
-            actors
-                .entry(id.to_owned())
-                .or_insert_with(|| {
-                    let (sender, mailbox) = mailbox::mailbox(MAILBOX);
-                    tokio::spawn(SessionActor::run(id.to_owned(), self.clone(), mailbox));
-                    sender
-                })
-                .clone(),
-        )
-    }
-
-    /// Marks a session as being deleted, unless its actor is in memory
-    /// (then `false`): until [`Ctx::end_retiring`], no actor starts for it.
-    fn begin_retiring(&self, id: &str) -> bool {
-        let Ok(actors) = self.actors.lock() else {
-            return false;
-        };
-        if actors.contains_key(id) {
-            return false;
-        }
-        self.retiring
-            .lock()
-            .map(|mut r| r.insert(id.to_owned()))
-            .unwrap_or(false)
-    }
-
-    fn end_retiring(&self, id: &str) {
-        if let Ok(mut retiring) = self.retiring.lock() {
-            retiring.remove(id);
-        }
-    }
-
-    /// The mailbox of a session's actor if it is in memory.
-    fn running(&self, id: &str) -> Option<mailbox::Sender<Command>> {
-        self.actors.lock().ok()?.get(id).cloned()
-    }
-
-    fn forget_actor(&self, id: &str) {
-        if let Ok(mut actors) = self.actors.lock() {
-            actors.remove(id);
-        }
-    }
-
-    /// Removes an idle actor from the registry if nothing is queued for it.
-    /// Under the registry lock no new sender can be handed out, so a
-    /// command sent after this returns fails and is re-routed to a new actor.
-    fn evict_if_idle(&self, id: &str, mailbox: &mailbox::Receiver<Command>) -> bool {
-        let Ok(mut actors) = self.actors.lock() else {
-            return false;
-        };
-        if mailbox.is_empty() {
-            actors.remove(id);
-            true
-        } else {
-            false
         }
     }
 }
@@ -541,65 +465,6 @@ impl Engine {
             Channel::Chat(_) => self.chat_session(&channel.uri()).await,
             named => Ok(named.named_session().map(str::to_owned)),
         }
-    }
-
-    /// Whether the store has a session. Only then may a command start an
-    /// actor (and, with several hosts, take a lease): a lookup of an id
-    /// nobody created leaves no trace.
-    async fn stored(&self, id: &str) -> Result<bool, EngineError> {
-        self.ctx
-            .store
-            .session(id)
-            .await
-            .map(|row| row.is_some())
-            .map_err(|e| EngineError::Unavailable(e.to_string()))
-    }
-
-    /// Sends a command to a session's actor, starting it if needed; a
-    /// command for a session that does not exist is answered as such
-    /// (only `Create` starts an actor for an unknown id). A session whose
-    /// actor is in memory exists: its mailbox is taken under one lock.
-    async fn send(&self, id: &str, mut command: Command) {
-        let mut checked = command.creates();
-        for _ in 0..3 {
-            let running = self.ctx.running(id);
-            let sender = match running {
-                Some(sender) => sender,
-                None => {
-                    if !checked {
-                        match self.stored(id).await {
-                            Ok(true) => checked = true,
-                            Ok(false) => return command.answer_missing(id),
-                            Err(err) => return command.fail(err),
-                        }
-                    }
-                    let Some(sender) = self.ctx.mailbox(id) else {
-                        return;
-                    };
-                    sender
-                }
-            };
-            match sender.send(command).await {
-                Ok(()) => return,
-                // The actor was evicted between lookup and send: start anew.
-                Err(mailbox::Closed(returned)) => {
-                    self.ctx.forget_actor(id);
-                    command = returned;
-                }
-            }
-        }
-    }
-
-    async fn ask<T>(
-        &self,
-        id: &str,
-        make: impl FnOnce(oneshot::Sender<Result<T, EngineError>>) -> Command,
-    ) -> Result<T, EngineError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(id, make(reply)).await;
-        answer
-            .await
-            .map_err(|_| EngineError::Unavailable("the session stopped unexpectedly".to_owned()))?
     }
 
     /// The view of a session the principal may see.
