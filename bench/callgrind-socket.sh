@@ -12,6 +12,7 @@
 #   bench/callgrind-socket.sh --short 10 --long 30 --top 40
 #   bench/callgrind-socket.sh --keep DIR      # keeps both callgrind files
 #   bench/callgrind-socket.sh --in-flight 1   # one dispatch in flight a session
+#   bench/callgrind-socket.sh --sessions 100  # as many sessions as ingest-16 has
 #
 # Environment: TETHER_BIN, TETHER_LOAD_BIN (default: the release build),
 # TETHER_BENCH_PORT (default 17989).
@@ -23,6 +24,7 @@ long=30
 top=30
 keep=""
 in_flight=16
+sessions=10
 while [ $# -gt 0 ]; do
   case "$1" in
     --short) short="$2"; shift ;;
@@ -30,7 +32,8 @@ while [ $# -gt 0 ]; do
     --top) top="$2"; shift ;;
     --keep) keep="$2"; shift ;;
     --in-flight) in_flight="$2"; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --sessions) sessions="$2"; shift ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -63,7 +66,7 @@ curl -sf "http://127.0.0.1:$port/readyz" >/dev/null || { tail -20 "$work/server.
 # One measured run: zero the counters, drive, dump; prints "actions file".
 run() { # seconds, name
   callgrind_control -z "$server" >/dev/null
-  "$load" --url "ws://127.0.0.1:$port/ahp" ingest --sessions 10 --in-flight "$in_flight" \
+  "$load" --url "ws://127.0.0.1:$port/ahp" ingest --sessions "$sessions" --in-flight "$in_flight" \
     --duration "$1" --warmup 0 >"$work/$2.txt"
   callgrind_control -d "$2" "$server" >/dev/null
   local actions

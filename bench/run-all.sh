@@ -17,16 +17,19 @@
 #   --with-peer          run case by case instead of backend by backend: each
 #                        case the reference peer can run (ingest and fanout)
 #                        first on the peer (a fresh node process, a fresh
-#                        database), then on Tether on each backend; the other
-#                        cases on Tether only; at the end, a table of the main
-#                        figures with each Tether figure's ratio to the peer's.
+#                        database), then on the storage-free floor
+#                        (tether-floor: in memory, on the peer's wire), then on
+#                        Tether on each backend; the other cases on Tether
+#                        only; at the end, a table of the main figures with
+#                        each Tether figure's ratio to the peer's and the
+#                        floor's.
 #                        Needs node and npm: the peer's node_modules are
 #                        installed once per run (npm ci) into a temporary
 #                        directory, never into the repository
 #
 # Environment:
-#   TETHER_BIN, TETHER_LOAD_BIN   the binaries (default: the release build in
-#                                 $CARGO_TARGET_DIR or ./target)
+#   TETHER_BIN, TETHER_LOAD_BIN,  the binaries (default: the release build in
+#   TETHER_FLOOR_BIN              $CARGO_TARGET_DIR or ./target)
 #   TETHER_BENCH_POSTGRES_URL     a Postgres server whose user may create
 #                                 databases (default
 #                                 postgres://postgres@127.0.0.1:5432/postgres);
@@ -55,7 +58,7 @@ while [ $# -gt 0 ]; do
     --only) only="$2"; shift ;;
     --out) out="$2"; shift ;;
     --with-peer) with_peer=1 ;;
-    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -65,6 +68,7 @@ target="${CARGO_TARGET_DIR:-target}"
 out="${out:-$target/bench-results-$(date +%Y%m%d-%H%M%S).jsonl}"
 tether="${TETHER_BIN:-$target/release/tether}"
 load="${TETHER_LOAD_BIN:-$target/release/tether-load}"
+floor="${TETHER_FLOOR_BIN:-$target/release/tether-floor}"
 pg_admin="${TETHER_BENCH_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 port="${TETHER_BENCH_PORT:-17979}"
 peer_src="${TETHER_BENCH_PEER_DIR:-../shared/reference/peer}"
@@ -75,6 +79,10 @@ for bin in "$tether" "$load"; do
   fi
 done
 if [ "$with_peer" = 1 ]; then
+  if [ ! -x "$floor" ]; then
+    echo "$floor is missing: cargo build --release -p tether-bench" >&2
+    exit 2
+  fi
   for tool in node npm python3; do
     if ! command -v "$tool" >/dev/null 2>&1; then
       echo "--with-peer needs $tool (the reference peer runs on Node.js 20 with npm; python3 makes the table); install it or leave --with-peer out" >&2
@@ -194,6 +202,12 @@ start_peer() { # case name
   await_ready /healthz "the peer did not start" "$work/server-peer-$name.log"
 }
 
+start_floor() { # case name
+  "$floor" --bind "127.0.0.1:$port" >"$work/server-floor-$1.log" 2>&1 &
+  server=$!
+  await_ready /healthz "the floor did not start" "$work/server-floor-$1.log"
+}
+
 stop_server() {
   kill "$server" 2>/dev/null || true
   wait "$server" 2>/dev/null || true
@@ -210,12 +224,12 @@ sitting="$work/sitting"
 : >"$sitting"
 lines_out() { if [ -f "$out" ]; then wc -l <"$out"; else echo 0; fi; }
 
-run_case() { # who (a backend, or peer), case name, extra server flags, load arguments
+run_case() { # who (a backend, peer or floor), case name, extra server flags, load arguments
   local who=$1 name=$2 extra=$3 args=$4 before
   echo
-  if [ "$who" = peer ]; then
-    echo "== peer $name: tether-load --target peer $args"
-    start_peer "$name" || { failed+=("peer:$name"); stop_server; return 0; }
+  if [ "$who" = peer ] || [ "$who" = floor ]; then
+    echo "== $who $name: tether-load --target peer $args"
+    "start_$who" "$name" || { failed+=("$who:$name"); stop_server; return 0; }
     set -- --target peer --url "ws://127.0.0.1:$port/ws"
   else
     echo "== $who $name: tether-load $args${extra:+   (server: $extra)}"
@@ -271,6 +285,7 @@ else
       ingest|fanout)
         peer_cases+=("$name")
         run_case peer "$name" "" "$args"
+        run_case floor "$name" "" "$args"
         ;;
     esac
     for backend in "${usable[@]}"; do
@@ -279,7 +294,7 @@ else
   done
   if [ ${#peer_cases[@]} -gt 0 ] && [ -s "$sitting" ]; then
     echo
-    echo "== Tether against the reference peer (ratio: Tether's figure / the peer's)"
+    echo "== Tether against the reference peer and the floor (ratios: Tether's figure / the peer's; / the floor's)"
     python3 - "$out" "$sitting" "${usable[*]}" "${peer_cases[@]}" <<'PY'
 import json
 import sys
@@ -291,44 +306,58 @@ for row in open(sitting):
     name, who, line = row.split()
     runs[(name, who)] = json.loads(lines[int(line) - 1])
 
-# The main figures of each scenario: (label, figure name or latency name, p99?).
+# The main figures of each scenario: (label, figure name or latency name,
+# kind): a figure, a latency's p99, or the server's CPU per action (its
+# cores over the rate, in µs; on Postgres the database's own comes beside
+# it, as the cores everything else on the machine used).
 MAIN = {
-    "ingest": [("durable actions/s", "durable actions/s", False),
-               ("ack p99 ms", "ack latency (dispatch -> echo)", True)],
-    "fanout": [("delivery p99 ms", "dispatch -> delivery, every subscriber", True),
-               ("deliveries/s", "deliveries/s", False)],
+    "ingest": [("durable actions/s", "durable actions/s", "figure"),
+               ("ack p99 ms", "ack latency (dispatch -> echo)", "p99"),
+               ("server CPU µs per action", "durable actions/s", "cpu")],
+    "fanout": [("delivery p99 ms", "dispatch -> delivery, every subscriber", "p99"),
+               ("deliveries/s", "deliveries/s", "figure")],
 }
 
-def value(report, name, p99):
+def value(report, name, kind):
     phase = report["phases"][0]
-    if p99:
+    if kind == "p99":
         return next(l["p99Ms"] for l in phase["latencies"] if l["name"] == name)
-    return next(f["value"] for f in phase["figures"] if f["name"] == name)
+    rate = next(f["value"] for f in phase["figures"] if f["name"] == name)
+    if kind == "cpu":
+        return (phase["cpu"].get("serverCores") or 0) / rate * 1e6 if rate else 0
+    return rate
 
 def show(v):
     return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
-def cell(report, name, p99, peer=None):
+def cell(report, name, kind, peer=None, floor=None):
     if report is None:
         return "-"
-    v = value(report, name, p99)
+    v = value(report, name, kind)
     text = show(v) + ("" if all(c["ok"] for c in report["checks"]) else " !")
-    if peer is not None and peer > 0:
-        text += f" ({v / peer:.2f}x)"
+    ratios = [f"{v / base:.2f}x" for base in (peer, floor) if base]
+    if ratios:
+        text += f" ({'; '.join(ratios)})"
+    if kind == "cpu" and report.get("backend") == "postgres":
+        cpu = report["phases"][0]["cpu"]
+        rate = value(report, name, "figure")
+        rest = cpu["machineBusyCores"] - (cpu.get("serverCores") or 0) - cpu["loadToolCores"]
+        text += f" + {rest / rate * 1e6:.3g} else"
     return text
 
-print("| case | figure | peer | " + " | ".join(f"tether {b}" for b in backends) + " |")
-print("|---|---|---|" + "---|" * len(backends))
+print("| case | figure | peer | floor | " + " | ".join(f"tether {b}" for b in backends) + " |")
+print("|---|---|---|---|" + "---|" * len(backends))
 for name in cases:
     peer = runs.get((name, "peer"))
+    floor = runs.get((name, "floor"))
     scenario = next((r["scenario"] for (n, _), r in runs.items() if n == name), None)
-    for label, figure, p99 in MAIN.get(scenario, []):
-        base = value(peer, figure, p99) if peer else None
-        row = [name, label, cell(peer, figure, p99)]
-        row += [cell(runs.get((name, b)), figure, p99, base) for b in backends]
+    for label, figure, kind in MAIN.get(scenario, []):
+        bases = [value(r, figure, kind) if r else None for r in (peer, floor)]
+        row = [name, label, cell(peer, figure, kind), cell(floor, figure, kind)]
+        row += [cell(runs.get((name, b)), figure, kind, *bases) for b in backends]
         print("| " + " | ".join(row) + " |")
     if scenario is None:
-        print(f"| {name} | every run failed | - |" + " - |" * len(backends))
+        print(f"| {name} | every run failed | - | - |" + " - |" * len(backends))
 print("(! = a check failed in that run; - = no result)")
 PY
   fi
