@@ -182,3 +182,75 @@ fn reject(outbox: &Outbox, client_seq: u64, reason: &str) {
     let rejected = serde_json::json!({"t": "rejected", "clientSeq": client_seq, "reason": reason});
     let _ = outbox.send(rejected.to_string().into());
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connection() -> (Outbox, mpsc::UnboundedReceiver<Utf8Bytes>) {
+        mpsc::unbounded_channel()
+    }
+
+    fn drain(queue: &mut mpsc::UnboundedReceiver<Utf8Bytes>) -> Vec<Value> {
+        std::iter::from_fn(|| queue.try_recv().ok())
+            .map(|text| serde_json::from_str(&text).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn events_reach_subscribers_in_order_and_origins_are_taken_once() {
+        let mut floor = Floor::default();
+        let (a, mut a_in) = connection();
+        let (b, mut b_in) = connection();
+        floor.on_frame(1, &a, r#"{"t":"sub","session":"s"}"#);
+        assert_eq!(
+            drain(&mut a_in),
+            vec![serde_json::json!({"t":"subscribed","session":"s"})]
+        );
+        let dispatch = |seq: u64| {
+            format!(
+                r#"{{"t":"dispatch","session":"s","clientId":"c","clientSeq":{seq},"action":{{"type":"x","n":{seq}}}}}"#
+            )
+        };
+        floor.on_frame(2, &b, &dispatch(1));
+        floor.on_frame(2, &b, &dispatch(2));
+        floor.on_frame(2, &b, &dispatch(1));
+        let events = drain(&mut a_in);
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0]["seq"], 1);
+        assert_eq!(events[1]["seq"], 2);
+        assert_eq!(events[1]["clientId"], "c");
+        assert_eq!(events[1]["action"], serde_json::json!({"type":"x","n":2}));
+        // The dispatcher is not subscribed: it hears only the refusal.
+        let refused = drain(&mut b_in);
+        assert_eq!(refused.len(), 1);
+        assert_eq!(refused[0]["t"], "rejected");
+        assert_eq!(refused[0]["reason"], "duplicate");
+    }
+
+    #[test]
+    fn a_subscriber_with_after_gets_what_it_missed_first() {
+        let mut floor = Floor::default();
+        let (a, mut a_in) = connection();
+        for seq in 1..=3 {
+            let frame = format!(
+                r#"{{"t":"dispatch","session":"s","clientId":"c","clientSeq":{seq},"action":{{"type":"x"}}}}"#
+            );
+            floor.on_frame(1, &a, &frame);
+        }
+        floor.on_frame(
+            1,
+            &a,
+            r#"{"t":"dispatch","session":"s","clientId":"c","clientSeq":4}"#,
+        );
+        assert_eq!(drain(&mut a_in)[0]["reason"], "invalid action");
+        floor.on_frame(2, &a, r#"{"t":"sub","session":"s","after":1}"#);
+        let heard = drain(&mut a_in);
+        let seqs: Vec<&Value> = heard.iter().map(|m| &m["seq"]).collect();
+        assert_eq!(
+            seqs,
+            [&serde_json::json!(2), &serde_json::json!(3), &Value::Null]
+        );
+        assert_eq!(heard[2]["t"], "subscribed");
+    }
+}

@@ -22,6 +22,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::frame::{self, Params, Request};
 use super::queue::{Gone, Outbound, Queue};
+use super::readiness::ReadReadiness;
 use super::rpc::RpcError;
 use super::{
     CATCH_UP_PAGE, CLOSE_LINGER, CLOSE_PING_TIMEOUT, CLOSE_SLOW_CONSUMER, CLOSE_TOKEN_EXPIRED,
@@ -218,7 +219,10 @@ impl Connection {
         let mut ping = tokio::time::interval(state.ws.ping_interval);
         ping.tick().await;
         let mut last_heard = Instant::now();
-        let shutdown = state.shutdown.clone();
+        // Waited on once for the connection's life: a `cancelled()` made
+        // anew each turn joins and leaves the token's waiters every time.
+        let shutdown = state.shutdown.clone().cancelled_owned();
+        tokio::pin!(shutdown);
         // A connection lives no longer than its token.
         let leeway = state.auth.leeway();
         let expiry = connection.principal.expires_at.map(|exp| {
@@ -232,6 +236,7 @@ impl Connection {
             }
         };
         tokio::pin!(expired);
+        let readiness = ReadReadiness::new();
         let verdict = loop {
             // What the socket takes now is written before anything else.
             if connection.write_what_fits().await.is_err() {
@@ -239,7 +244,7 @@ impl Connection {
             }
             let reading = connection.pending.len() < MAX_INFLIGHT_DISPATCHES;
             let next = tokio::select! {
-                io = poll_fn(|cx| poll_io(cx, &mut connection.socket, &mut connection.queue, reading)) => match io {
+                io = poll_fn(|cx| poll_io(cx, &mut connection.socket, &mut connection.queue, reading, &readiness)) => match io {
                     Io::Gone => break None,
                     Io::Read(Some(Ok(Message::Text(text)))) => {
                         last_heard = Instant::now();
@@ -295,7 +300,7 @@ impl Connection {
                         Next::Continue
                     }
                 }
-                () = shutdown.cancelled() => Next::Close(1001, "server shutting down".into()),
+                () = &mut shutdown => Next::Close(1001, "server shutting down".into()),
                 () = &mut expired => Next::Close(
                     CLOSE_TOKEN_EXPIRED,
                     "token expired: reconnect with a fresh token and replay".into(),
@@ -685,18 +690,22 @@ enum Io {
 }
 
 /// Writes what the socket takes, then reads the next message when
-/// `reading`; pending until one arrives (or the socket fails).
+/// `reading` and the socket may have one (see [`ReadReadiness`]); pending
+/// until one arrives (or the socket fails).
 fn poll_io(
     cx: &mut Context<'_>,
     socket: &mut WebSocket,
     queue: &mut Queue,
     reading: bool,
+    readiness: &ReadReadiness,
 ) -> Poll<Io> {
     if let Poll::Ready(Err(Gone)) = queue.poll_write(cx, socket) {
         return Poll::Ready(Io::Gone);
     }
     if reading {
-        socket.poll_next_unpin(cx).map(Io::Read)
+        readiness
+            .poll(cx, |cx| socket.poll_next_unpin(cx))
+            .map(Io::Read)
     } else {
         Poll::Pending
     }

@@ -19,6 +19,7 @@ mod connection;
 mod frame;
 mod methods;
 mod queue;
+mod readiness;
 mod rpc;
 
 use std::time::Duration;
