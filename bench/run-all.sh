@@ -335,8 +335,9 @@ def cell(report, name, kind, peer=None, floor=None):
         return "-"
     v = value(report, name, kind)
     text = show(v) + ("" if all(c["ok"] for c in report["checks"]) else " !")
-    ratios = [f"{v / base:.2f}x" for base in (peer, floor) if base]
-    if ratios:
+    # Both ratios, in the header's order, "-" where a base run is missing.
+    if peer is not None or floor is not None:
+        ratios = [f"{v / base:.2f}x" if base else "-" for base in (peer, floor)]
         text += f" ({'; '.join(ratios)})"
     if kind == "cpu" and report.get("backend") == "postgres":
         cpu = report["phases"][0]["cpu"]
