@@ -13,6 +13,8 @@
 #   bench/callgrind-socket.sh --keep DIR      # keeps both callgrind files
 #   bench/callgrind-socket.sh --in-flight 1   # one dispatch in flight a session
 #   bench/callgrind-socket.sh --sessions 100  # as many sessions as ingest-16 has
+#   bench/callgrind-socket.sh --fanout 200 --short 5 --long 15
+#       # per delivery instead: one session, 200 subscribers, 10 dispatches/s
 #
 # Environment: TETHER_BIN, TETHER_LOAD_BIN (default: the release build),
 # TETHER_BENCH_PORT (default 17989).
@@ -25,6 +27,7 @@ top=30
 keep=""
 in_flight=16
 sessions=10
+fanout=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --short) short="$2"; shift ;;
@@ -33,7 +36,8 @@ while [ $# -gt 0 ]; do
     --keep) keep="$2"; shift ;;
     --in-flight) in_flight="$2"; shift ;;
     --sessions) sessions="$2"; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --fanout) fanout="$2"; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -63,14 +67,21 @@ for _ in $(seq 1 600); do
 done
 curl -sf "http://127.0.0.1:$port/readyz" >/dev/null || { tail -20 "$work/server.log"; exit 1; }
 
-# One measured run: zero the counters, drive, dump; prints "actions file".
+# One measured run: zero the counters, drive, dump; prints "actions file"
+# (with --fanout, deliveries instead of actions).
 run() { # seconds, name
   callgrind_control -z "$server" >/dev/null
-  "$load" --url "ws://127.0.0.1:$port/ahp" ingest --sessions "$sessions" --in-flight "$in_flight" \
-    --duration "$1" --warmup 0 >"$work/$2.txt"
-  callgrind_control -d "$2" "$server" >/dev/null
   local actions
-  actions=$(grep -o 'serverSeq advanced by [0-9]*' "$work/$2.txt" | grep -o '[0-9]*$')
+  if [ -n "$fanout" ]; then
+    "$load" --url "ws://127.0.0.1:$port/ahp" fanout --subscribers "$fanout" --rate 10 \
+      --duration "$1" >"$work/$2.txt"
+    actions=$(grep -o '([0-9]* of [0-9]* delivered' "$work/$2.txt" | grep -o '[0-9]*' | head -1)
+  else
+    "$load" --url "ws://127.0.0.1:$port/ahp" ingest --sessions "$sessions" --in-flight "$in_flight" \
+      --duration "$1" --warmup 0 >"$work/$2.txt"
+    actions=$(grep -o 'serverSeq advanced by [0-9]*' "$work/$2.txt" | grep -o '[0-9]*$')
+  fi
+  callgrind_control -d "$2" "$server" >/dev/null
   local file
   file=$(ls -t "$work"/cg.out.* | head -1)
   echo "$actions $file"
@@ -81,9 +92,9 @@ if [ -n "$keep" ]; then mkdir -p "$keep" && cp "$short_file" "$keep/short.cg" &&
 callgrind_annotate --inclusive=yes "$short_file" >"$work/short.txt" 2>/dev/null
 callgrind_annotate --inclusive=yes "$long_file" >"$work/long.txt" 2>/dev/null
 
-python3 - "$work/short.txt" "$work/long.txt" "$short_actions" "$long_actions" "$top" <<'EOF'
+python3 - "$work/short.txt" "$work/long.txt" "$short_actions" "$long_actions" "$top" "$fanout" <<'EOF'
 import re, sys
-short_path, long_path, a, b, top = sys.argv[1:]
+short_path, long_path, a, b, top, fanout = sys.argv[1:]
 a, b, top = int(a), int(b), int(top)
 def read(path):
     total, costs = 0, {}
@@ -102,10 +113,11 @@ ta, ca = read(short_path)
 tb, cb = read(long_path)
 n = b - a
 print(f"actions: {a} and {b}; instructions: {ta:,} and {tb:,}")
-print(f"instructions per durable action: {(tb - ta) / n:,.0f}")
+unit = "delivery" if fanout else "durable action"
+print(f"instructions per {unit}: {(tb - ta) / n:,.0f}")
 rows = sorted(((cb.get(k, 0) - ca.get(k, 0)) / n, k) for k in set(ca) | set(cb))
 rows.reverse()
-print(f"\ninclusive instructions per action, top {top}:")
+print(f"\ninclusive instructions per {unit.split()[-1]}, top {top}:")
 for cost, name in rows[:top]:
     print(f"{cost:12,.0f}  {name[:150]}")
 EOF

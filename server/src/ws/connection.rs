@@ -22,7 +22,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::frame::{self, Params, Request};
 use super::queue::{Gone, Outbound, Queue};
-use super::readiness::ReadReadiness;
+use super::readiness::Readiness;
 use super::rpc::RpcError;
 use super::{
     CATCH_UP_PAGE, CLOSE_LINGER, CLOSE_PING_TIMEOUT, CLOSE_SLOW_CONSUMER, CLOSE_TOKEN_EXPIRED,
@@ -236,7 +236,10 @@ impl Connection {
             }
         };
         tokio::pin!(expired);
-        let readiness = ReadReadiness::new();
+        // The socket's read side, and the timers with the shutdown wait,
+        // are polled only when their wakers fired (see `Readiness`).
+        let readiness = Readiness::new();
+        let timers = Readiness::new();
         let verdict = loop {
             // What the socket takes now is written before anything else.
             if connection.write_what_fits().await.is_err() {
@@ -292,19 +295,20 @@ impl Connection {
                 Some(reply) = connection.pending.next(), if !connection.pending.is_empty() => {
                     connection.on_answer(reply)
                 }
-                _ = ping.tick() => {
-                    if last_heard.elapsed() > connection.limits.ping_timeout {
+                due = poll_fn(|cx| timers.poll(cx, |cx| poll_timers(cx, &mut ping, shutdown.as_mut(), expired.as_mut()))) => match due {
+                    Due::Ping if last_heard.elapsed() > connection.limits.ping_timeout => {
                         Next::Close(CLOSE_PING_TIMEOUT, "ping timeout: no frame or pong received in time".into())
-                    } else {
+                    }
+                    Due::Ping => {
                         connection.queue.control(Outbound::Ping);
                         Next::Continue
                     }
-                }
-                () = &mut shutdown => Next::Close(1001, "server shutting down".into()),
-                () = &mut expired => Next::Close(
-                    CLOSE_TOKEN_EXPIRED,
-                    "token expired: reconnect with a fresh token and replay".into(),
-                ),
+                    Due::Shutdown => Next::Close(1001, "server shutting down".into()),
+                    Due::Expired => Next::Close(
+                        CLOSE_TOKEN_EXPIRED,
+                        "token expired: reconnect with a fresh token and replay".into(),
+                    ),
+                },
             };
             match next {
                 Next::Continue if connection.closing => {
@@ -690,14 +694,38 @@ enum Io {
 }
 
 /// Writes what the socket takes, then reads the next message when
-/// `reading` and the socket may have one (see [`ReadReadiness`]); pending
+/// `reading` and the socket may have one (see [`Readiness`]); pending
 /// until one arrives (or the socket fails).
+/// What came due among a connection's timers and the host's shutdown.
+enum Due {
+    Ping,
+    Shutdown,
+    Expired,
+}
+
+/// Polls the shutdown wait, the token's expiry and the ping interval, in
+/// that order: the first that is due.
+fn poll_timers(
+    cx: &mut Context<'_>,
+    ping: &mut tokio::time::Interval,
+    shutdown: Pin<&mut impl Future<Output = ()>>,
+    expired: Pin<&mut impl Future<Output = ()>>,
+) -> Poll<Due> {
+    if shutdown.poll(cx).is_ready() {
+        return Poll::Ready(Due::Shutdown);
+    }
+    if expired.poll(cx).is_ready() {
+        return Poll::Ready(Due::Expired);
+    }
+    ping.poll_tick(cx).map(|_| Due::Ping)
+}
+
 fn poll_io(
     cx: &mut Context<'_>,
     socket: &mut WebSocket,
     queue: &mut Queue,
     reading: bool,
-    readiness: &ReadReadiness,
+    readiness: &Readiness,
 ) -> Poll<Io> {
     if let Poll::Ready(Err(Gone)) = queue.poll_write(cx, socket) {
         return Poll::Ready(Io::Gone);

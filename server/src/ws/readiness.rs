@@ -1,18 +1,20 @@
-//! Whether a connection's socket has anything to read.
+//! Whether one of a connection's sources of wakes may have anything.
 //!
 //! A connection's one task wakes for many reasons: the hub routing an
-//! envelope to it, a dispatch's answer, its ping timer, bytes from its
-//! client. On each wake it polls everything that may be ready, and polling
-//! the socket's read side is the dearest of them: the WebSocket, its codec,
+//! envelope to it, a dispatch's answer, its timers, bytes from its client.
+//! On each wake `select!` polls every branch, and most are dear to poll for
+//! nothing. The socket's read side is the dearest: the WebSocket, its codec,
 //! hyper's upgraded stream and the listener's deadline each take a turn
-//! before the TCP stream says it has nothing (~1,300 instructions). A
-//! subscriber under fan-out wakes once an envelope and has nothing to read
-//! on almost every wake (BENCHMARKS.md, "The floor").
+//! before the TCP stream says it has nothing (~1,300 instructions). The
+//! timers (the ping interval, the token's expiry) and the shutdown wait
+//! take ~620 more between them. A subscriber under fan-out wakes once an
+//! envelope and finds nothing in any of them on almost every wake
+//! (BENCHMARKS.md, "The floor").
 //!
-//! So the read side is polled with a waker of its own, which notes that it
-//! fired before it wakes the task. The socket is polled again only when
-//! that waker fired, or when its last poll gave a message (the codec may
-//! hold more than the socket signalled).
+//! So each such source is polled with a waker of its own, which notes that
+//! it fired before it wakes the task. The source is polled again only when
+//! that waker fired, or when its last poll was ready (the codec may hold
+//! more than the socket signalled; a ticking interval may be behind).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,9 +22,9 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use futures_util::task::AtomicWaker;
 
-/// The read side's waker and what it noted.
+/// A source's waker and what it noted.
 #[derive(Debug)]
-pub(super) struct ReadReadiness {
+pub(super) struct Readiness {
     inner: Arc<Flag>,
     /// A waker of `inner`, made once.
     waker: Waker,
@@ -30,8 +32,8 @@ pub(super) struct ReadReadiness {
 
 #[derive(Debug)]
 struct Flag {
-    /// Whether the read side may have something: its waker fired, or its
-    /// last poll was not `Pending`.
+    /// Whether the source may have something: its waker fired, or its last
+    /// poll was not `Pending`.
     woken: AtomicBool,
     /// The connection's task, woken with the flag.
     task: AtomicWaker,
@@ -48,7 +50,7 @@ impl Wake for Flag {
     }
 }
 
-impl ReadReadiness {
+impl Readiness {
     pub(super) fn new() -> Self {
         let inner = Arc::new(Flag {
             // The first poll registers the waker.
@@ -59,8 +61,8 @@ impl ReadReadiness {
         Self { inner, waker }
     }
 
-    /// Polls `read` when the read side may have something, with the waker
-    /// that notes its readiness; `Pending` without polling it otherwise.
+    /// Polls `read` when its source may have something, with the waker that
+    /// notes its readiness; `Pending` without polling it otherwise.
     pub(super) fn poll<T>(
         &self,
         cx: &mut Context<'_>,
@@ -98,7 +100,7 @@ mod tests {
         let count = Arc::new(Count(AtomicUsize::new(0)));
         let task = Waker::from(Arc::clone(&count));
         let mut cx = Context::from_waker(&task);
-        let readiness = ReadReadiness::new();
+        let readiness = Readiness::new();
         let mut registered: Option<Waker> = None;
         let mut polls = 0;
 
