@@ -9,9 +9,10 @@
 #   bench/ab-ingest.sh [--backend sqlite|postgres] [--case NAME]
 #                      [--rounds N] DIR_A DIR_B
 #
-# DIR_A and DIR_B each hold a `tether` and a `tether-load` (release builds);
-# NAME is a run-all.sh case (default ingest-1). The environment is
-# run-all.sh's.
+# DIR_A and DIR_B each hold a `tether` (release builds). Both are driven by
+# one load tool, TETHER_LOAD_BIN (default: the release build), which reports
+# the CPU figures. NAME is a run-all.sh case (default ingest-1). The
+# environment is run-all.sh's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +28,9 @@ while [ $# -gt 2 ]; do
   esac
   shift
 done
-[ $# -eq 2 ] || { sed -n 2,15p "$0" >&2; exit 2; }
+[ $# -eq 2 ] || { sed -n 2,16p "$0" >&2; exit 2; }
+load="${TETHER_LOAD_BIN:-${CARGO_TARGET_DIR:-target}/release/tether-load}"
+[ -x "$load" ] || { echo "no load tool at $load (cargo build --release -p tether-bench)" >&2; exit 2; }
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -36,7 +39,7 @@ echo "$case_name on $backend, $rounds rounds, alternated"
 for round in $(seq "$rounds"); do
   for dir in "$1" "$2"; do
     lines="$out/$round-$(basename "$dir").jsonl"
-    TETHER_BIN="$dir/tether" TETHER_LOAD_BIN="$dir/tether-load" \
+    TETHER_BIN="$dir/tether" TETHER_LOAD_BIN="$load" \
       bench/run-all.sh --backends "$backend" --only "$case_name" --out "$lines" >/dev/null
     python3 - "$dir" "$lines" <<'EOF'
 import json, sys
@@ -44,12 +47,13 @@ dir, path = sys.argv[1:]
 for line in open(path):
     result = json.loads(line)
     for phase in result["phases"]:
-        figure, cpu = phase["figures"][0], phase["cpu"]
-        per = lambda cores: cores / figure["value"] * 1e6
-        text = f"{dir}: {figure['value']:,.0f} {figure['unit']}, server {per(cpu['serverCores']):.1f} us/action"
-        if result["backend"] == "postgres":
-            rest = cpu["machineBusyCores"] - cpu["serverCores"] - cpu["loadToolCores"]
-            text += f", rest of the machine {per(rest):.1f} us/action"
+        figures = {f["name"]: f["value"] for f in phase["figures"]}
+        figure = phase["figures"][0]
+        text = f"{dir}: {figure['value']:,.0f} {figure['unit']}"
+        if "server CPU per action" in figures:
+            text += f", server {figures['server CPU per action']:.1f} us/action"
+            if result["backend"] == "postgres":
+                text += f", rest of the machine {figures['other CPU per action']:.1f} us/action"
         print(text)
 EOF
   done

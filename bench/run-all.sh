@@ -307,13 +307,13 @@ for row in open(sitting):
     runs[(name, who)] = json.loads(lines[int(line) - 1])
 
 # The main figures of each scenario: (label, figure name or latency name,
-# kind): a figure, a latency's p99, or the server's CPU per action (its
-# cores over the rate, in µs; on Postgres the database's own comes beside
-# it, as the cores everything else on the machine used).
+# kind): a figure, a latency's p99, or the server's CPU per action (the
+# load tool's figure, in µs; on Postgres the database's own comes beside
+# it, as the load tool's CPU per action of everything else on the machine).
 MAIN = {
     "ingest": [("durable actions/s", "durable actions/s", "figure"),
                ("ack p99 ms", "ack latency (dispatch -> echo)", "p99"),
-               ("server CPU µs per action", "durable actions/s", "cpu")],
+               ("server CPU µs per action", "server CPU per action", "cpu")],
     "fanout": [("delivery p99 ms", "dispatch -> delivery, every subscriber", "p99"),
                ("deliveries/s", "deliveries/s", "figure")],
 }
@@ -322,10 +322,7 @@ def value(report, name, kind):
     phase = report["phases"][0]
     if kind == "p99":
         return next(l["p99Ms"] for l in phase["latencies"] if l["name"] == name)
-    rate = next(f["value"] for f in phase["figures"] if f["name"] == name)
-    if kind == "cpu":
-        return (phase["cpu"].get("serverCores") or 0) / rate * 1e6 if rate else 0
-    return rate
+    return next((f["value"] for f in phase["figures"] if f["name"] == name), 0)
 
 def show(v):
     return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
@@ -340,10 +337,7 @@ def cell(report, name, kind, peer=None, floor=None):
         ratios = [f"{v / base:.2f}x" if base else "-" for base in (peer, floor)]
         text += f" ({'; '.join(ratios)})"
     if kind == "cpu" and report.get("backend") == "postgres":
-        cpu = report["phases"][0]["cpu"]
-        rate = value(report, name, "figure")
-        rest = cpu["machineBusyCores"] - (cpu.get("serverCores") or 0) - cpu["loadToolCores"]
-        text += f" + {rest / rate * 1e6:.3g} else"
+        text += f" + {value(report, 'other CPU per action', kind):.3g} else"
     return text
 
 print("| case | figure | peer | floor | " + " | ".join(f"tether {b}" for b in backends) + " |")

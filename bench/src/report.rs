@@ -39,6 +39,11 @@ pub struct Phase {
     pub cpu: CpuShare,
 }
 
+/// The figure [`Phase::cpu_per_action`] adds for the server.
+pub const SERVER_CPU_PER_ACTION: &str = "server CPU per action";
+/// The figure [`Phase::cpu_per_action`] adds for the rest of the machine.
+pub const OTHER_CPU_PER_ACTION: &str = "other CPU per action";
+
 /// A named number.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -93,6 +98,24 @@ impl Phase {
             unit: unit.to_owned(),
         });
         self
+    }
+
+    /// Adds the CPU an action cost over the phase, in µs, at `rate` actions
+    /// a second: the server's (its cores over the rate), and that of
+    /// everything else on the machine but the load tool (on Postgres, mostly
+    /// the database's own). Nothing without `--server-pid`: a figure without
+    /// the server's share would read as complete.
+    pub fn cpu_per_action(mut self, rate: f64) -> Self {
+        let Some(server) = self.cpu.server_cores else {
+            return self;
+        };
+        if rate <= 0.0 {
+            return self;
+        }
+        let rest = (self.cpu.machine_busy_cores - self.cpu.load_tool_cores - server).max(0.0);
+        let per = |cores: f64| cores / rate * 1e6;
+        self = self.figure(SERVER_CPU_PER_ACTION, per(server), "µs/action");
+        self.figure(OTHER_CPU_PER_ACTION, per(rest), "µs/action")
     }
 
     /// Adds a latency distribution.

@@ -178,16 +178,14 @@ pub async fn run(ctx: &Ctx, args: &IngestArgs) -> Result<Report> {
     }
 
     let seconds = stop_at.duration_since(measure_from).as_secs_f64();
+    let rate = total.acked_in_window as f64 / seconds;
     report.phases.push(
         Phase::new(
             format!("{sessions} sessions x {in_flight} in flight, {seconds:.1} s measured"),
             share,
         )
-        .figure(
-            "durable actions/s",
-            total.acked_in_window as f64 / seconds,
-            "actions/s",
-        )
+        .figure("durable actions/s", rate, "actions/s")
+        .cpu_per_action(rate)
         .figure("acknowledged in window", total.acked_in_window as f64, "")
         .latency("ack latency (dispatch -> echo)", total.latency.summary()),
     );
