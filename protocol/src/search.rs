@@ -42,7 +42,9 @@ pub struct SearchDoc {
 }
 
 fn str_of<'a>(value: &'a Value, key: &str) -> &'a str {
-    value.get(key).and_then(Value::as_str).unwrap_or_default()
+    crate::actions::field(value, key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
 }
 
 fn cut(mut text: String) -> String {
