@@ -13,7 +13,7 @@ use utoipa::ToSchema;
 
 use crate::actions::{
     AGENT_OPENED, COMMANDS_ADVERTISED, COMMANDS_META, CONTEXT_SHARED, DOCUMENT_EDITED, PLAN_META,
-    SESSION_SETTLED, USAGE_META, action_type,
+    SESSION_SETTLED, USAGE_META, action_type, field,
 };
 
 /// How many characters of the first turn's text make a derived title.
@@ -230,7 +230,11 @@ impl Projection {
         let Some(kind) = action_type(action) else {
             return;
         };
-        let text = |key: &str| action.get(key).and_then(Value::as_str).map(str::to_owned);
+        let text = |key: &str| {
+            field(action, key)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
         match kind {
             AGENT_OPENED if action.get("chat").is_some() => {
                 // A chat's own session: the session's agent is as it was.
