@@ -22,6 +22,7 @@ pub mod identity;
 mod open;
 mod plan;
 pub(crate) mod postgres;
+mod rfc3339;
 mod rows;
 pub mod search;
 pub(crate) mod sqlite;
@@ -39,6 +40,7 @@ pub use tether_protocol::window::ArchivedTurn;
 pub use open::{StoreOptions, backup, data_files, open, redact_url};
 pub(crate) use open::{Target, parse_url};
 pub use postgres::PostgresStore;
+pub use rfc3339::rfc3339;
 pub use sqlite::SqliteStore;
 pub use sqlite::backup::BackupReport;
 
@@ -352,13 +354,6 @@ impl SessionRow {
         view.updated_at = rfc3339(self.updated_ms);
         Ok(view)
     }
-}
-
-/// Formats milliseconds since the epoch as RFC 3339 with milliseconds.
-pub fn rfc3339(ms: i64) -> String {
-    jiff::Timestamp::from_millisecond(ms)
-        .map(|t| format!("{t:.3}"))
-        .unwrap_or_default()
 }
 
 /// Which sessions a page holds.
