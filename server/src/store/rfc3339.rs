@@ -25,21 +25,20 @@ pub fn rfc3339(ms: i64) -> String {
     let (year, month, day) = civil_from_days(days);
     let (hour, minute) = (of_day / 3_600_000, of_day / 60_000 % 60);
     let (second, milli) = (of_day / 1000 % 60, of_day % 1000);
-    let mut text = [0u8; 24];
-    put(&mut text[0..4], year);
-    text[4] = b'-';
-    put(&mut text[5..7], month);
-    text[7] = b'-';
-    put(&mut text[8..10], day);
-    text[10] = b'T';
-    put(&mut text[11..13], hour);
-    text[13] = b':';
-    put(&mut text[14..16], minute);
-    text[16] = b':';
-    put(&mut text[17..19], second);
-    text[19] = b'.';
-    put(&mut text[20..23], milli);
-    text[23] = b'Z';
+    // The separators are in place; each field's digits fill its span.
+    let mut text = *b"0000-00-00T00:00:00.000Z";
+    let fields = [
+        (0..4, year),
+        (5..7, month),
+        (8..10, day),
+        (11..13, hour),
+        (14..16, minute),
+        (17..19, second),
+        (20..23, milli),
+    ];
+    for (span, value) in fields {
+        put(&mut text[span], value);
+    }
     // Digits and separators: ASCII, so always UTF-8.
     std::str::from_utf8(&text)
         .map(str::to_owned)
