@@ -135,34 +135,31 @@ impl CpuShare {
         }
     }
 
+    /// Cores busy on the machine with neither the load tool nor the server
+    /// (everything of it without `--server-pid`); never below zero.
+    pub fn other_cores(&self) -> f64 {
+        (self.machine_busy_cores - self.load_tool_cores - self.server_cores.unwrap_or(0.0)).max(0.0)
+    }
+
     /// One line: `load tool 0.62, server 1.21, everything else 0.05 cores
     /// busy (of 2; over 10.0 s)`.
     pub fn describe(&self) -> String {
-        let (server, others) = match self.server_cores {
-            Some(c) if self.server_cores_each.len() > 1 => (
-                format!(
-                    "servers {c:.2} ({})",
-                    self.server_cores_each
-                        .iter()
-                        .map(|c| format!("{c:.2}"))
-                        .collect::<Vec<_>>()
-                        .join(" + ")
-                ),
-                self.machine_busy_cores - self.load_tool_cores - c,
+        let server = match self.server_cores {
+            Some(c) if self.server_cores_each.len() > 1 => format!(
+                "servers {c:.2} ({})",
+                self.server_cores_each
+                    .iter()
+                    .map(|c| format!("{c:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(" + ")
             ),
-            Some(c) => (
-                format!("server {c:.2}"),
-                self.machine_busy_cores - self.load_tool_cores - c,
-            ),
-            None => (
-                "server ? (pass --server-pid)".to_owned(),
-                self.machine_busy_cores - self.load_tool_cores,
-            ),
+            Some(c) => format!("server {c:.2}"),
+            None => "server ? (pass --server-pid)".to_owned(),
         };
         format!(
             "load tool {:.2}, {server}, everything else {:.2} cores busy (of {}; over {:.1} s)",
             self.load_tool_cores,
-            others.max(0.0),
+            self.other_cores(),
             self.machine_cores,
             self.wall_seconds
         )

@@ -112,10 +112,10 @@ impl Phase {
         if rate <= 0.0 {
             return self;
         }
-        let rest = (self.cpu.machine_busy_cores - self.cpu.load_tool_cores - server).max(0.0);
         let per = |cores: f64| cores / rate * 1e6;
+        let rest = per(self.cpu.other_cores());
         self = self.figure(SERVER_CPU_PER_ACTION, per(server), "µs/action");
-        self.figure(OTHER_CPU_PER_ACTION, per(rest), "µs/action")
+        self.figure(OTHER_CPU_PER_ACTION, rest, "µs/action")
     }
 
     /// Adds a latency distribution.

@@ -17,9 +17,7 @@ const MS_PER_DAY: i64 = 86_400_000;
 /// milliseconds.
 pub fn rfc3339(ms: i64) -> String {
     if !(0..YEAR_10000_MS).contains(&ms) {
-        return jiff::Timestamp::from_millisecond(ms)
-            .map(|t| format!("{t:.3}"))
-            .unwrap_or_default();
+        return by_jiff(ms);
     }
     let (days, of_day) = (ms / MS_PER_DAY, ms % MS_PER_DAY);
     let (year, month, day) = civil_from_days(days);
@@ -42,6 +40,13 @@ pub fn rfc3339(ms: i64) -> String {
     // Digits and separators: ASCII, so always UTF-8.
     std::str::from_utf8(&text)
         .map(str::to_owned)
+        .unwrap_or_default()
+}
+
+/// The same text through `jiff` (`""` past its range).
+fn by_jiff(ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| format!("{t:.3}"))
         .unwrap_or_default()
 }
 
@@ -76,12 +81,6 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn by_jiff(ms: i64) -> String {
-        jiff::Timestamp::from_millisecond(ms)
-            .map(|t| format!("{t:.3}"))
-            .unwrap_or_default()
-    }
 
     #[test]
     fn it_writes_what_jiff_writes_from_1970_to_9999_and_at_the_edges() {

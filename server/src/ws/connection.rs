@@ -693,9 +693,6 @@ enum Io {
     Gone,
 }
 
-/// Writes what the socket takes, then reads the next message when
-/// `reading` and the socket may have one (see [`Readiness`]); pending
-/// until one arrives (or the socket fails).
 /// What came due among a connection's timers and the host's shutdown.
 enum Due {
     Ping,
@@ -720,6 +717,9 @@ fn poll_timers(
     ping.poll_tick(cx).map(|_| Due::Ping)
 }
 
+/// Writes what the socket takes, then reads the next message when
+/// `reading` and the socket may have one (see [`Readiness`]); pending
+/// until one arrives (or the socket fails).
 fn poll_io(
     cx: &mut Context<'_>,
     socket: &mut WebSocket,
