@@ -17,6 +17,7 @@ backend_tests!(
     seqs_are_monotonic_and_gap_free_across_batches_and_restarts,
     concurrent_appends_never_share_a_seq,
     an_origin_is_accepted_once_and_its_outcome_is_kept,
+    names_first_seen_in_a_commit_that_met_a_duplicate_read_back_as_their_own,
     read_after_returns_exactly_the_suffix_in_order,
     transcript_pages_hold_one_session_in_order,
     session_pages_list_every_session_once_newest_first,
@@ -336,6 +337,80 @@ async fn an_origin_is_accepted_once_and_its_outcome_is_kept(db: TestDb) {
         "the durable scope's rejection of clientSeq 7 does not bind conn-3"
     );
     store.close().await;
+}
+
+/// A batch that meets a duplicate origin is written twice (SQLite: the
+/// log's unique index refuses the first attempt, which is rolled back).
+/// A channel and a client first seen in it are named by their first
+/// attempt; the retry and every later commit must name them afresh, or a
+/// channel's envelopes would be read back under another channel's name.
+async fn names_first_seen_in_a_commit_that_met_a_duplicate_read_back_as_their_own(db: TestDb) {
+    let store = db.open().await;
+    let first = store
+        .append(vec![from_client(envelope("ahp-session:/a", 1), "c", 1)])
+        .await
+        .unwrap();
+    assert_eq!(committed(&first), vec![1]);
+    let mixed = store
+        .append(vec![
+            from_client(envelope("ahp-session:/fresh", 2), "d", 1),
+            from_client(envelope("ahp-session:/a", 99), "c", 1),
+        ])
+        .await
+        .unwrap();
+    assert!(
+        matches!(mixed[0], Appended::Committed { seq: 2, .. }),
+        "{mixed:?}"
+    );
+    assert!(matches!(mixed[1], Appended::Duplicate(_)), "{mixed:?}");
+    let later = store
+        .append(vec![
+            from_client(envelope("ahp-session:/later", 3), "e", 1),
+            from_client(envelope("ahp-session:/fresh", 4), "d", 2),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(committed(&later), vec![3, 4]);
+    for (channel, seqs) in [
+        ("ahp-session:/a", vec![1]),
+        ("ahp-session:/fresh", vec![2, 4]),
+        ("ahp-session:/later", vec![3]),
+    ] {
+        let read = store
+            .read_after(0, Some(&[channel.to_owned()]), 100)
+            .await
+            .unwrap();
+        assert_eq!(
+            read.iter()
+                .map(|e| (e.channel.as_str(), e.seq))
+                .collect::<Vec<_>>(),
+            seqs.iter().map(|seq| (channel, *seq)).collect::<Vec<_>>(),
+            "read by channel"
+        );
+        let id = channel.strip_prefix("ahp-session:/").unwrap();
+        let page = store.transcript(id, 0, 100).await.unwrap();
+        assert_eq!(
+            page.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            seqs,
+            "{id}'s transcript"
+        );
+    }
+    // The clients' origins are still each their own.
+    let again = store
+        .append(vec![
+            from_client(envelope("ahp-session:/later", 98), "d", 2),
+            from_client(envelope("ahp-session:/later", 5), "e", 2),
+        ])
+        .await
+        .unwrap();
+    assert!(
+        matches!(&again[0], Appended::Duplicate(OriginOutcome::Accepted(e)) if e.seq == 4),
+        "{again:?}"
+    );
+    assert!(
+        matches!(again[1], Appended::Committed { seq: 5, .. }),
+        "{again:?}"
+    );
 }
 
 async fn read_after_returns_exactly_the_suffix_in_order(db: TestDb) {

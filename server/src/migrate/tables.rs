@@ -245,6 +245,9 @@ pub(super) const HOST_COLUMNS: &[&str] = &["id", "epoch", "last_seq"];
 /// each backend (an FTS5 table and its shadow tables on SQLite, a
 /// `tsvector` on Postgres): it is not copied; the copy lists every session
 /// as pending, and the first host on the target indexes them.
+///
+/// SQLite's `channels` and `origins` name the numbers its log's indexes
+/// hold ([`DERIVED_COLUMNS`]); the log's rows carry the names themselves.
 pub(super) const BOOKKEEPING: &[&str] = &[
     "_sqlx_migrations",
     super::target::PROGRESS_TABLE,
@@ -258,6 +261,8 @@ pub(super) const BOOKKEEPING: &[&str] = &[
     "search_fts_idx",
     "search_fts_docsize",
     "search_fts_config",
+    "channels",
+    "origins",
 ];
 
 impl Table {
@@ -392,12 +397,18 @@ where
         .collect()
 }
 
-/// Columns each backend derives from others in the same row: the session
-/// indexes' buckets of `last_seq` and `updated_ms`. Postgres generates
-/// them; SQLite's writer sets them (its migration 0013). Never copied: the
-/// target computes its own.
-pub(super) const DERIVED_COLUMNS: &[(&str, &str)] =
-    &[("sessions", "recency"), ("sessions", "idle_hour")];
+/// Columns a backend derives from others in the same row: the session
+/// indexes' buckets of `last_seq` and `updated_ms` (Postgres generates
+/// them; SQLite's writer sets them, its migration 0013), and SQLite's
+/// integer keys of the log's channel and origin (its migration 0014; the
+/// names are in `channels` and `origins`). Never copied: the target
+/// computes its own.
+pub(super) const DERIVED_COLUMNS: &[(&str, &str)] = &[
+    ("sessions", "recency"),
+    ("sessions", "idle_hour"),
+    ("log", "channel_id"),
+    ("log", "origin_id"),
+];
 
 /// Compares a database's tables and columns with [`TABLES`]: `Err` names
 /// the first table or column the migration does not know (it would be left

@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use rusqlite::{OptionalExtension as _, Row, Transaction, params};
 use tether_protocol::search::{self, SearchDoc};
 
+use super::keys::LogKeys;
 use crate::store::plan::{self, Probe};
 use crate::store::rows::{self, IDLE_HOUR_MS, RECENCY_SEQS};
 use crate::store::webhooks::{self, OutboxEvent};
@@ -21,6 +22,7 @@ use crate::store::{
 /// [`Probe::Everything`].
 pub(super) fn append(
     tx: &Transaction<'_>,
+    keys: &mut LogKeys,
     batch: &[NewEnvelope],
     snapshots: &[Snapshot],
     probe: Probe,
@@ -38,12 +40,17 @@ pub(super) fn append(
     {
         let mut insert = tx.prepare_cached(
             "INSERT INTO log (seq, channel, session_id, action, client_id, client_seq, \
-                              origin_scope, at_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                              origin_scope, at_ms, channel_id, origin_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         )?;
         for row in &plan.rows {
             let e = row.envelope;
             let origin = e.origin.as_ref();
+            let channel_id = keys.channel(tx, &e.channel)?;
+            let origin_id = match origin {
+                Some(o) => Some(keys.origin(tx, &o.client_id, &o.scope)?),
+                None => None,
+            };
             let inserted = insert.execute(params![
                 row.seq,
                 e.channel,
@@ -53,9 +60,11 @@ pub(super) fn append(
                 origin.map(|o| seq_to_db(o.client_seq)),
                 origin.map_or("", |o| o.scope.as_str()),
                 at_ms,
+                channel_id,
+                origin_id,
             ]);
             match inserted {
-                // The log's one unique index besides its key: `log_origin`.
+                // The log's one unique index besides its key: `log_origin_id`.
                 Err(rusqlite::Error::SqliteFailure(err, _))
                     if probe == Probe::Index
                         && err.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE =>
@@ -245,8 +254,9 @@ fn existing_origins(
         return Ok(plan::Set::default());
     }
     let mut probe = tx.prepare_cached(
-        "SELECT EXISTS (SELECT 1 FROM log WHERE client_id = ?1 AND origin_scope = ?2 \
-                                            AND client_seq = ?3) \
+        "SELECT EXISTS (SELECT 1 FROM log WHERE origin_id = \
+                            (SELECT id FROM origins WHERE client_id = ?1 AND scope = ?2) \
+                        AND client_seq = ?3) \
              OR EXISTS (SELECT 1 FROM rejections WHERE client_id = ?1 AND origin_scope = ?2 \
                                                    AND client_seq = ?3)",
     )?;
@@ -272,7 +282,9 @@ pub(super) fn outcome(
     let accepted = tx
         .prepare_cached(
             "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
-             FROM log WHERE client_id = ?1 AND origin_scope = ?2 AND client_seq = ?3",
+             FROM log WHERE origin_id = \
+                 (SELECT id FROM origins WHERE client_id = ?1 AND scope = ?2) \
+             AND client_seq = ?3",
         )?
         .query_row(params![origin.client_id, origin.scope, seq], envelope)
         .optional()?;

@@ -11,6 +11,7 @@
 mod append;
 pub mod backup;
 mod checkpoint;
+mod keys;
 mod outbox;
 mod pages;
 mod writer;
@@ -174,8 +175,8 @@ impl Store for SqliteStore {
         // At most twice: `Probe::Everything` never leaves an origin to the
         // index.
         self.writer
-            .transaction_until(move |tx| {
-                let appended = append::append(tx, &batch, &snapshots, probe)?;
+            .transaction_until(move |tx, keys| {
+                let appended = append::append(tx, keys, &batch, &snapshots, probe)?;
                 if appended.is_none() {
                     probe = probing.met_a_duplicate();
                 }
@@ -216,7 +217,7 @@ impl Store for SqliteStore {
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
         // A session's rows are on its channel and its chats' (the log has
         // no session index: see migration 0005). Each channel is one ordered
-        // range of log_channel; the ranges are merged by seq.
+        // range of log_channel_id; the ranges are merged by seq.
         let limit = clamp_limit(limit);
         let mut channels: Vec<String> =
             sqlx::query_scalar("SELECT chat FROM chats WHERE session_id = ?")
@@ -229,7 +230,8 @@ impl Store for SqliteStore {
             let page: Vec<rows::Envelope> = sqlx::query_as(
                 "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, \
                         at_ms \
-                 FROM log WHERE channel = ? AND seq > ? ORDER BY seq LIMIT ?",
+                 FROM log WHERE channel_id = (SELECT id FROM channels WHERE uri = ?) \
+                       AND seq > ? ORDER BY seq LIMIT ?",
             )
             .bind(channel)
             .bind(seq_to_db(after))

@@ -133,7 +133,8 @@ fn read_page(
             let mut statement = db.prepare_cached(
                 "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, \
                         at_ms \
-                 FROM log WHERE seq > ?1 AND channel IN (SELECT value FROM json_each(?2)) \
+                 FROM log WHERE seq > ?1 AND channel_id IN \
+                     (SELECT id FROM channels WHERE uri IN (SELECT value FROM json_each(?2))) \
                  ORDER BY seq LIMIT ?3",
             )?;
             let mut rows = statement.query((after, channels, limit))?;

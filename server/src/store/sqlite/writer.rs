@@ -21,9 +21,10 @@ use tokio::sync::oneshot;
 
 use super::BUSY_TIMEOUT;
 use super::checkpoint::{self, Checkpointer};
+use super::keys::LogKeys;
 use crate::store::StoreError;
 
-type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+type Job = Box<dyn FnOnce(&mut Connection, &mut LogKeys) + Send>;
 
 /// The handle the store hands writes to.
 #[derive(Debug)]
@@ -71,10 +72,11 @@ impl Writer {
             .name("tether-sqlite-writer".into())
             .spawn(move || {
                 checkpoint::track_frames(&db);
+                let mut keys = LogKeys::default();
                 // The WAL's size when the checkpointer was last woken.
                 let mut woken_at = 0;
                 while let Ok(job) = queue.recv() {
-                    job(&mut db);
+                    job(&mut db, &mut keys);
                     let frames = checkpoint::frames();
                     if frames < woken_at {
                         woken_at = 0; // the WAL started over
@@ -109,7 +111,7 @@ impl Writer {
         T: Send + 'static,
         F: FnOnce(&Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
     {
-        self.run(move |db| {
+        self.run(move |db, _| {
             let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let value = write(&tx)?;
             tx.commit()?;
@@ -118,19 +120,22 @@ impl Writer {
         .await
     }
 
-    /// Runs `write` as [`Writer::transaction`] does, except that when it
-    /// answers `None` its transaction is rolled back and it runs again, in
-    /// a new one (it is the one to make its next attempt differ).
+    /// Runs `write` as [`Writer::transaction`] does, with the log's keys
+    /// (see [`LogKeys`]), except that when it answers `None` its
+    /// transaction is rolled back and it runs again, in a new one (it is
+    /// the one to make its next attempt differ).
     pub(super) async fn transaction_until<T, F>(&self, mut write: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnMut(&Transaction<'_>) -> Result<Option<T>, StoreError> + Send + 'static,
+        F: FnMut(&Transaction<'_>, &mut LogKeys) -> Result<Option<T>, StoreError> + Send + 'static,
     {
-        self.run(move |db| {
+        self.run(move |db, keys| {
             loop {
+                keys.begin();
                 let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                if let Some(value) = write(&tx)? {
+                if let Some(value) = write(&tx, keys)? {
                     tx.commit()?;
+                    keys.settle();
                     return Ok(value);
                 }
                 tx.rollback()?;
@@ -143,7 +148,7 @@ impl Writer {
     async fn run<T, F>(&self, job: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection, &mut LogKeys) -> Result<T, StoreError> + Send + 'static,
     {
         let (answer, answered) = oneshot::channel();
         let sent = self
@@ -152,8 +157,8 @@ impl Writer {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .map(|jobs| {
-                jobs.send(Box::new(move |db: &mut Connection| {
-                    let _ = answer.send(job(db));
+                jobs.send(Box::new(move |db: &mut Connection, keys: &mut LogKeys| {
+                    let _ = answer.send(job(db, keys));
                 }))
             });
         match sent {
