@@ -10,9 +10,10 @@
 //! row that names it could be rolled back, and SQLite would hand the same
 //! number to the next name. So a transaction that assigned one and did not
 //! settle (rolled back, failed, or failed to commit) has the memory
-//! forgotten at the next transaction's start. The rows are never deleted
-//! (retention deletes the log's rows, not the names), so a number once
-//! committed names the same thing for the database's life.
+//! forgotten at the next transaction's start. Retention deletes a
+//! session's names with its log rows (a client's only once no row of
+//! another session names it), in a write after which the writer forgets
+//! every number ([`LogKeys::forget`]).
 
 use rusqlite::{OptionalExtension as _, Transaction, params};
 
@@ -50,6 +51,15 @@ impl LogKeys {
 
     /// The transaction committed: what it assigned holds.
     pub(super) fn settle(&mut self) {
+        self.unsettled = false;
+    }
+
+    /// Forgets every number: names were deleted (see [`delete_names`]), and
+    /// a name written again must get a number its row has.
+    pub(super) fn forget(&mut self) {
+        self.channels.clear();
+        self.origins.clear();
+        self.origin_count = 0;
         self.unsettled = false;
     }
 
@@ -113,4 +123,54 @@ impl LogKeys {
         self.origin_count += 1;
         Ok(id)
     }
+}
+
+/// The numbers a session's log rows hold, read before the rows are deleted.
+pub(super) struct SessionNames {
+    channels: Vec<i64>,
+    origins: Vec<i64>,
+}
+
+/// Reads the channels and origins `session_id`'s log rows name.
+pub(super) fn session_names(
+    tx: &Transaction<'_>,
+    session_id: &str,
+) -> Result<SessionNames, StoreError> {
+    let mut read =
+        tx.prepare_cached("SELECT DISTINCT channel_id, origin_id FROM log WHERE session_id = ?1")?;
+    let mut names = SessionNames {
+        channels: Vec::new(),
+        origins: Vec::new(),
+    };
+    let rows = read.query_map([session_id], |row| {
+        Ok((row.get::<_, Option<i64>>(0)?, row.get::<_, Option<i64>>(1)?))
+    })?;
+    for row in rows {
+        let (channel, origin) = row?;
+        names.channels.extend(channel);
+        names.origins.extend(origin);
+    }
+    names.channels.sort_unstable();
+    names.channels.dedup();
+    names.origins.sort_unstable();
+    names.origins.dedup();
+    Ok(names)
+}
+
+/// After a session's log rows are deleted: deletes its channels' names
+/// (a channel belongs to one session) and its clients' names that no
+/// other row holds. The writer must then forget its numbers.
+pub(super) fn delete_names(tx: &Transaction<'_>, names: &SessionNames) -> Result<(), StoreError> {
+    let mut channel = tx.prepare_cached("DELETE FROM channels WHERE id = ?1")?;
+    for id in &names.channels {
+        channel.execute([id])?;
+    }
+    let mut origin = tx.prepare_cached(
+        "DELETE FROM origins WHERE id = ?1 \
+         AND NOT EXISTS (SELECT 1 FROM log WHERE origin_id = ?1)",
+    )?;
+    for id in &names.origins {
+        origin.execute([id])?;
+    }
+    Ok(())
 }

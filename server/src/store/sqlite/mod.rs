@@ -622,7 +622,7 @@ impl Store for SqliteStore {
     async fn delete_sessions(&self, sessions: &[Expired]) -> Result<Vec<String>, StoreError> {
         let sessions = sessions.to_vec();
         self.writer
-            .transaction(move |tx| {
+            .transaction_forgetting_keys(move |tx| {
                 let mut deleted = Vec::new();
                 for s in &sessions {
                     let gone = tx
@@ -634,9 +634,11 @@ impl Store for SqliteStore {
                     if gone == 0 {
                         continue;
                     }
+                    let names = keys::session_names(tx, &s.id)?;
                     for sql in super::owned_rows_sql("?1") {
                         tx.prepare_cached(&sql)?.execute([&s.id])?;
                     }
+                    keys::delete_names(tx, &names)?;
                     deleted.push(s.id.clone());
                 }
                 Ok(deleted)

@@ -111,11 +111,21 @@ impl Writer {
         T: Send + 'static,
         F: FnOnce(&Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
     {
-        self.run(move |db, _| {
-            let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let value = write(&tx)?;
-            tx.commit()?;
-            Ok(value)
+        self.run(move |db, _| in_transaction(db, write)).await
+    }
+
+    /// Runs `write` as [`Writer::transaction`] does, then has the writer
+    /// forget the log's keys, whatever the outcome: for a write that
+    /// deletes channels' or origins' names ([`LogKeys::forget`]).
+    pub(super) async fn transaction_forgetting_keys<T, F>(&self, write: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.run(move |db, keys| {
+            let done = in_transaction(db, write);
+            keys.forget();
+            done
         })
         .await
     }
@@ -176,6 +186,18 @@ impl Writer {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
     }
+}
+
+/// Runs `write` in one `BEGIN IMMEDIATE` transaction, committed when it
+/// returns `Ok` and rolled back (dropped) when it returns `Err`.
+fn in_transaction<T>(
+    db: &mut Connection,
+    write: impl FnOnce(&Transaction<'_>) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let value = write(&tx)?;
+    tx.commit()?;
+    Ok(value)
 }
 
 fn stopped() -> StoreError {
