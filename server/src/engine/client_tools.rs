@@ -6,7 +6,7 @@
 //! owner, recorded with the registration): while it is active, no other
 //! principal may register under its `clientId` or answer its calls.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use serde_json::Value;
 use tether_protocol::model::SessionModel;
@@ -24,7 +24,7 @@ pub struct Caller<'a> {
 impl Caller<'_> {
     /// Whether this caller is `client_id`'s owner (or the client has none
     /// recorded: a registration from before owners were kept).
-    fn owns(&self, owners: &BTreeMap<String, String>, client_id: &str) -> bool {
+    fn owns(&self, owners: &HashMap<String, String>, client_id: &str) -> bool {
         match (owners.get(client_id), self.sub) {
             (Some(owner), Some(sub)) => owner == sub,
             (Some(_), None) => false,
@@ -42,7 +42,7 @@ pub const MAX_TOOLS_BYTES: usize = 64 * 1024;
 /// or `chat/toolCallComplete` dispatched as `client_id`.
 pub fn check(
     model: &SessionModel,
-    owners: &BTreeMap<String, String>,
+    owners: &HashMap<String, String>,
     channel: &str,
     caller: Caller<'_>,
     kind: &str,

@@ -671,27 +671,4 @@ mod item_sizes {
             "a hub item is {item} bytes; box the large variant"
         );
     }
-
-    /// A session actor's task is one allocation for as long as the session
-    /// is in memory, most of it the actor itself (its model inline): what
-    /// few sessions use (an agent process, client tool calls) is boxed or
-    /// kept in maps that allocate nothing while empty. The allocator
-    /// rounds a block up to its size class (3 KiB, then 3.5 KiB, then 4),
-    /// so a few bytes more can cost 512 of RSS for every session in
-    /// memory. Measured in a test build; a release build's is smaller.
-    #[test]
-    fn an_actors_task_stays_within_its_budget() {
-        fn returned<F, A, B, C, R>(_: F) -> usize
-        where
-            F: Fn(A, B, C) -> R,
-        {
-            std::mem::size_of::<R>()
-        }
-        let task = returned(super::actor::SessionActor::run);
-        assert!(
-            task <= 2_944,
-            "a session actor's future is {task} bytes (BENCHMARKS.md, \"A live session's \
-             task\"); box what only some sessions use"
-        );
-    }
 }

@@ -71,7 +71,7 @@ pub(super) async fn check_dispatch(
     model: &mut SessionModel,
     agent: Option<&crate::agents::AgentSpec>,
     process: Option<&crate::agents::acp::AgentProcess>,
-    owners: &std::collections::BTreeMap<String, String>,
+    owners: &std::collections::HashMap<String, String>,
     d: &mut Dispatch,
     follow: &mut Vec<(String, Value)>,
 ) -> Result<String, Refusal> {

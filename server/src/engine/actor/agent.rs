@@ -143,7 +143,7 @@ impl SessionActor {
             self.ctx.terminals.clone(),
         )?;
         tracing::info!(session = %self.id, agent = %spec.provider, "agent process started");
-        self.running = Some(Box::new(Running {
+        self.running = Some(Running {
             process,
             _slot: slot,
             permissions: HashMap::new(),
@@ -154,7 +154,7 @@ impl SessionActor {
             opened: false,
             dirs,
             stale: false,
-        }));
+        });
         Ok(())
     }
 

@@ -50,18 +50,16 @@ pub(super) struct SessionActor {
     announcer: Announcer,
     /// Another host took the lease: stop after the current command.
     stepped_down: bool,
-    /// The session's ACP agent process, while one runs (boxed: most
-    /// sessions in memory have none, and this struct is in every actor's
-    /// task for its life).
-    running: Option<Box<agent::Running>>,
+    /// The session's ACP agent process, while one runs.
+    running: Option<agent::Running>,
     /// Client tool calls waiting for their clients.
     client_calls: tools::ClientCalls,
     /// Directed copies of queued host actions, by their place in
     /// `follow_ups` (taken with them).
-    directed: std::collections::BTreeMap<usize, crate::store::Directed>,
+    directed: std::collections::HashMap<usize, crate::store::Directed>,
     /// Who registered each active client's tools: `clientId` → token `sub`
     /// (recorded with each `activeClientSet`, loaded with the session).
-    tool_owners: std::collections::BTreeMap<String, String>,
+    tool_owners: std::collections::HashMap<String, String>,
     /// Who started the latest turn (the token's `sub`), for the usage
     /// ledger; empty until a principal starts one here.
     turn_by: String,
@@ -112,8 +110,8 @@ impl SessionActor {
             stepped_down: false,
             running: None,
             client_calls: tools::ClientCalls::new(),
-            directed: std::collections::BTreeMap::new(),
-            tool_owners: std::collections::BTreeMap::new(),
+            directed: std::collections::HashMap::new(),
+            tool_owners: std::collections::HashMap::new(),
             turn_by: String::new(),
         };
         if let Err(err) = Box::pin(actor.reload()).await {

@@ -15,7 +15,7 @@
 //! leaves by disconnecting (past the grace period), fails with a clear
 //! error, and the agent gets that error, not a hang.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use serde_json::{Value, json};
 use tether_protocol::toolctx::ToolCallContext;
@@ -47,7 +47,7 @@ pub(super) struct ClientCall {
 }
 
 /// The calls waiting, by `(chat, toolCallId)`.
-pub(super) type ClientCalls = BTreeMap<(String, String), ClientCall>;
+pub(super) type ClientCalls = HashMap<(String, String), ClientCall>;
 
 impl SessionActor {
     /// The host's context for a client tool: the primary working directory
