@@ -10,6 +10,7 @@ pub mod ahp_raw;
 pub mod deploy;
 pub mod ledger;
 pub mod seed;
+pub mod store_reads;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -4,25 +4,9 @@
 //! envelopes on its old channels join them.
 
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
-use tether_server::store::{Appended, NewEnvelope, Origin, OriginOutcome};
+use tether_server::store::{Appended, OriginOutcome};
 use tether_tests::TestDb;
-
-fn envelope(channel: &str, n: u64, client: &str, client_seq: u64) -> NewEnvelope {
-    NewEnvelope {
-        channel: channel.to_owned(),
-        session_id: channel.strip_prefix("ahp-session:/").map(str::to_owned),
-        action: format!(r#"{{"type":"x-test/n","n":{n}}}"#),
-        origin: Some(Origin::durable(client, client_seq)),
-        session: None,
-        chats: Vec::new(),
-        turns: Vec::new(),
-        directed: None,
-        owner: None,
-        search: None,
-        usage: None,
-        events: Vec::new(),
-    }
-}
+use tether_tests::store_reads::{assert_read_back, envelope, from_client};
 
 #[tokio::test]
 async fn a_log_written_before_its_integer_keys_is_read_and_deduplicated_after() {
@@ -73,9 +57,9 @@ async fn a_log_written_before_its_integer_keys_is_read_and_deduplicated_after() 
     let store = db.open().await;
     let retried = store
         .append(vec![
-            envelope("ahp-session:/b", 99, "d", 1),
-            envelope("ahp-session:/b", 5, "d", 2),
-            envelope("ahp-session:/c", 6, "c", 3),
+            from_client(envelope("ahp-session:/b", 99), "d", 1),
+            from_client(envelope("ahp-session:/b", 5), "d", 2),
+            from_client(envelope("ahp-session:/c", 6), "c", 3),
         ])
         .await
         .unwrap();
@@ -91,24 +75,12 @@ async fn a_log_written_before_its_integer_keys_is_read_and_deduplicated_after() 
         matches!(retried[2], Appended::Committed { seq: 6, .. }),
         "{retried:?}"
     );
-    for (session, seqs) in [("a", vec![1, 3, 4]), ("b", vec![2, 5]), ("c", vec![6])] {
-        let channel = format!("ahp-session:/{session}");
-        let read = store
-            .read_after(0, Some(std::slice::from_ref(&channel)), 100)
-            .await
-            .unwrap();
-        assert_eq!(
-            read.iter().map(|e| e.seq).collect::<Vec<_>>(),
-            seqs,
-            "{channel} read by channel"
-        );
-        assert!(read.iter().all(|e| e.channel == channel));
-        let page = store.transcript(session, 0, 100).await.unwrap();
-        assert_eq!(
-            page.iter().map(|e| e.seq).collect::<Vec<_>>(),
-            seqs,
-            "{session}'s transcript"
-        );
+    for (channel, seqs) in [
+        ("ahp-session:/a", &[1, 3, 4][..]),
+        ("ahp-session:/b", &[2, 5]),
+        ("ahp-session:/c", &[6]),
+    ] {
+        assert_read_back(store.as_ref(), channel, seqs).await;
     }
     let both = store
         .read_after(

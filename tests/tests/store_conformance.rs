@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tether_server::store::{
-    Appended, ArchivedTurn, NewEnvelope, Origin, OriginOutcome, Rejection, SessionFilter,
-    SessionRecord, Snapshot, Store, StoreOptions,
+    Appended, ArchivedTurn, Origin, OriginOutcome, Rejection, SessionFilter, SessionRecord,
+    Snapshot, Store, StoreOptions,
 };
+use tether_tests::store_reads::{assert_read_back, envelope, from_client};
 use tether_tests::{TestDb, backend_tests};
 
 backend_tests!(
@@ -31,28 +32,6 @@ backend_tests!(
     the_turn_archive_upserts_and_reads_ranges,
     a_batch_of_many_search_documents_is_all_found,
 );
-
-fn envelope(channel: &str, n: u64) -> NewEnvelope {
-    NewEnvelope {
-        channel: channel.to_owned(),
-        session_id: channel.strip_prefix("ahp-session:/").map(str::to_owned),
-        action: format!(r#"{{"type":"x-test/n","n":{n}}}"#),
-        origin: None,
-        session: None,
-        chats: Vec::new(),
-        turns: Vec::new(),
-        directed: None,
-        owner: None,
-        search: None,
-        usage: None,
-        events: Vec::new(),
-    }
-}
-
-fn from_client(mut envelope: NewEnvelope, client_id: &str, client_seq: u64) -> NewEnvelope {
-    envelope.origin = Some(Origin::durable(client_id, client_seq));
-    envelope
-}
 
 fn record(id: &str, project: &str, state: &str) -> SessionRecord {
     SessionRecord {
@@ -372,28 +351,11 @@ async fn names_first_seen_in_a_commit_that_met_a_duplicate_read_back_as_their_ow
         .unwrap();
     assert_eq!(committed(&later), vec![3, 4]);
     for (channel, seqs) in [
-        ("ahp-session:/a", vec![1]),
-        ("ahp-session:/fresh", vec![2, 4]),
-        ("ahp-session:/later", vec![3]),
+        ("ahp-session:/a", &[1][..]),
+        ("ahp-session:/fresh", &[2, 4]),
+        ("ahp-session:/later", &[3]),
     ] {
-        let read = store
-            .read_after(0, Some(&[channel.to_owned()]), 100)
-            .await
-            .unwrap();
-        assert_eq!(
-            read.iter()
-                .map(|e| (e.channel.as_str(), e.seq))
-                .collect::<Vec<_>>(),
-            seqs.iter().map(|seq| (channel, *seq)).collect::<Vec<_>>(),
-            "read by channel"
-        );
-        let id = channel.strip_prefix("ahp-session:/").unwrap();
-        let page = store.transcript(id, 0, 100).await.unwrap();
-        assert_eq!(
-            page.iter().map(|e| e.seq).collect::<Vec<_>>(),
-            seqs,
-            "{id}'s transcript"
-        );
+        assert_read_back(store.as_ref(), channel, seqs).await;
     }
     // The clients' origins are still each their own.
     let again = store
