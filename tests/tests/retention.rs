@@ -290,4 +290,23 @@ async fn settled_sessions_past_the_limit_go_with_everything_they_own(db: TestDb)
         answers.push(body["serverSeq"].as_u64().expect("a serverSeq"));
     }
     assert_eq!(answers[0], answers[1], "the retry is the original");
+
+    // A deleted session's id may be used again: it starts afresh.
+    let (status, body) = call(
+        &base,
+        "POST",
+        "/v1/sessions",
+        Some(json!({"id": "old-1", "project": "keep", "provider": "echo"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, page) = call(&base, "GET", "/v1/sessions/old-1/transcript", None).await;
+    assert_eq!(status, 200, "{page}");
+    let titles = page["envelopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"]["type"] == "session/titleChanged")
+        .count();
+    assert_eq!(titles, 0, "none of the deleted session's envelopes: {page}");
 }

@@ -67,6 +67,11 @@ pub(super) async fn round(ctx: &Arc<Ctx>) -> Result<usize, crate::store::StoreEr
         ctx.end_retiring(&s.id);
     }
     let deleted = result?;
+    // Their chats are no longer theirs (the store's rows are gone): an id
+    // made again starts afresh.
+    if let Ok(mut chats) = ctx.chats.lock() {
+        chats.retain(|_, session| !deleted.contains(session));
+    }
     for s in held.iter().filter(|s| deleted.contains(&s.id)) {
         tracing::info!(session = %s.id, project = %s.project, "retention: settled session deleted");
         ctx.hub.notify(ROOT, &s.project, || {

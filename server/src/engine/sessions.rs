@@ -71,8 +71,16 @@ impl Engine {
         let default_chat = Channel::default_chat_uri(&request.id);
         // Its default chat is its own from the start: no chat takes that
         // name before the session (see `create_chat`), and a chat a store
-        // from before that rule holds under it is never adopted.
-        if self.chat_session(&default_chat).await?.is_some() {
+        // from before that rule holds under it is never adopted. Asked of
+        // the store, not this host's memory of chats: retention (on any
+        // host) may have deleted a session of this id with its chats.
+        let taken = self
+            .ctx
+            .store
+            .chat_session(&default_chat)
+            .await
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        if taken.is_some() {
             return Err(EngineError::AlreadyExists(format!(
                 "Session {} cannot be created: its default chat {default_chat} is already taken.",
                 request.id
