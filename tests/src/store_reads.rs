@@ -10,15 +10,7 @@ pub fn envelope(channel: &str, n: u64) -> NewEnvelope {
         channel: channel.to_owned(),
         session_id: channel.strip_prefix("ahp-session:/").map(str::to_owned),
         action: format!(r#"{{"type":"x-test/n","n":{n}}}"#),
-        origin: None,
-        session: None,
-        chats: Vec::new(),
-        turns: Vec::new(),
-        directed: None,
-        owner: None,
-        search: None,
-        usage: None,
-        events: Vec::new(),
+        ..NewEnvelope::default()
     }
 }
 

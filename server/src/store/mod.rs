@@ -151,7 +151,7 @@ impl Origin {
 }
 
 /// One envelope to append.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct NewEnvelope {
     /// The channel URI (`ahp-session:/<id>`, `ahp-chat:/<id>`, `ahp-root://`).
     pub channel: String,

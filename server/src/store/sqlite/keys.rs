@@ -15,7 +15,7 @@
 //! another session names it), in a write after which the writer forgets
 //! every number ([`LogKeys::forget`]).
 
-use rusqlite::{OptionalExtension as _, Transaction, params};
+use rusqlite::{OptionalExtension as _, Params, Transaction};
 
 use crate::store::StoreError;
 use crate::store::plan::Map;
@@ -42,10 +42,7 @@ impl LogKeys {
     /// assigned numbers and did not commit them.
     pub(super) fn begin(&mut self) {
         if self.unsettled {
-            self.channels.clear();
-            self.origins.clear();
-            self.origin_count = 0;
-            self.unsettled = false;
+            self.forget();
         }
     }
 
@@ -68,18 +65,12 @@ impl LogKeys {
         if let Some(id) = self.channels.get(uri) {
             return Ok(*id);
         }
-        let found = tx
-            .prepare_cached("SELECT id FROM channels WHERE uri = ?1")?
-            .query_row([uri], |row| row.get(0))
-            .optional()?;
-        let id = match found {
-            Some(id) => id,
-            None => {
-                self.unsettled = true;
-                tx.prepare_cached("INSERT INTO channels (uri) VALUES (?1) RETURNING id")?
-                    .query_row([uri], |row| row.get(0))?
-            }
-        };
+        let id = self.find_or_name(
+            tx,
+            "SELECT id FROM channels WHERE uri = ?1",
+            "INSERT INTO channels (uri) VALUES (?1) RETURNING id",
+            [uri],
+        )?;
         if self.channels.len() >= REMEMBERED {
             self.channels.clear();
         }
@@ -98,20 +89,12 @@ impl LogKeys {
         if let Some(id) = self.origins.get(scope).and_then(|ids| ids.get(client_id)) {
             return Ok(*id);
         }
-        let found = tx
-            .prepare_cached("SELECT id FROM origins WHERE client_id = ?1 AND scope = ?2")?
-            .query_row(params![client_id, scope], |row| row.get(0))
-            .optional()?;
-        let id = match found {
-            Some(id) => id,
-            None => {
-                self.unsettled = true;
-                tx.prepare_cached(
-                    "INSERT INTO origins (client_id, scope) VALUES (?1, ?2) RETURNING id",
-                )?
-                .query_row(params![client_id, scope], |row| row.get(0))?
-            }
-        };
+        let id = self.find_or_name(
+            tx,
+            "SELECT id FROM origins WHERE client_id = ?1 AND scope = ?2",
+            "INSERT INTO origins (client_id, scope) VALUES (?1, ?2) RETURNING id",
+            [client_id, scope],
+        )?;
         if self.origin_count >= REMEMBERED {
             self.origins.clear();
             self.origin_count = 0;
@@ -122,6 +105,28 @@ impl LogKeys {
             .insert(client_id.to_owned(), id);
         self.origin_count += 1;
         Ok(id)
+    }
+
+    /// The number `find` reads for a name, or the one `name` assigns it
+    /// now (which this transaction must commit before it is trusted).
+    fn find_or_name<P: Params + Copy>(
+        &mut self,
+        tx: &Transaction<'_>,
+        find: &str,
+        name: &str,
+        names: P,
+    ) -> Result<i64, StoreError> {
+        let found = tx
+            .prepare_cached(find)?
+            .query_row(names, |row| row.get(0))
+            .optional()?;
+        if let Some(id) = found {
+            return Ok(id);
+        }
+        self.unsettled = true;
+        Ok(tx
+            .prepare_cached(name)?
+            .query_row(names, |row| row.get(0))?)
     }
 }
 
