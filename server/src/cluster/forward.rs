@@ -184,11 +184,23 @@ impl Cluster {
         );
     }
 
+    /// Takes the answers of the requests waited for. Only those: a request
+    /// is answered as soon as its row is in the database, which can be
+    /// before [`Cluster::forward`] has registered its waiter, and an answer
+    /// taken then would be dropped (its sender would wait out its limit).
+    /// Such an answer is taken by the next collection; rows nobody waits
+    /// for any more are deleted by whoever gave up on them, or swept.
     async fn collect(&self, pending: &Pending) -> Result<(), StoreError> {
+        let ids = pending.ids();
+        if ids.is_empty() {
+            return Ok(());
+        }
         let answered: Vec<(i64, String)> = sqlx::query_as(
-            "DELETE FROM forwards WHERE sender = $1 AND answer IS NOT NULL RETURNING id, answer",
+            "DELETE FROM forwards WHERE sender = $1 AND answer IS NOT NULL AND id = ANY($2) \
+             RETURNING id, answer",
         )
         .bind(self.host())
+        .bind(ids)
         .fetch_all(self.pool())
         .await?;
         if answered.is_empty() {
@@ -218,6 +230,14 @@ impl Cluster {
 impl Pending {
     fn is_empty(&self) -> bool {
         self.waiting.lock().map(|w| w.is_empty()).unwrap_or(true)
+    }
+
+    /// The requests whose answers are waited for.
+    fn ids(&self) -> Vec<i64> {
+        self.waiting
+            .lock()
+            .map(|w| w.keys().copied().collect())
+            .unwrap_or_default()
     }
 }
 
