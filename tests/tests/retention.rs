@@ -26,6 +26,10 @@ async fn owned(db: &TestDb, id: &str) -> Vec<(&'static str, i64)> {
             format!("SELECT count(*) FROM log WHERE session_id = '{id}'"),
         ),
         (
+            "log on its chat",
+            format!("SELECT count(*) FROM log WHERE channel = 'ahp-chat:/{id}.main'"),
+        ),
+        (
             "chats",
             format!("SELECT count(*) FROM chats WHERE session_id = '{id}'"),
         ),
@@ -110,6 +114,22 @@ async fn settled_sessions_past_the_limit_go_with_everything_they_own(db: TestDb)
                 &format!("/v1/sessions/{id}/actions"),
                 Some(json!({"clientId": format!("retention-{id}"), "clientSeq": seq,
                             "action": {"type": "session/titleChanged", "title": format!("aardvark {id} {seq}")}})),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+        }
+        if id != "live-1" {
+            // A turn: envelopes on its chat's channel too (SQLite deletes
+            // a session's log rows channel by channel).
+            let (status, body) = call(
+                &base,
+                "POST",
+                &format!("/v1/sessions/{id}/actions"),
+                Some(json!({"clientId": format!("retention-{id}"), "clientSeq": 7,
+                            "channel": format!("ahp-chat:/{id}.main"),
+                            "action": {"type": "chat/turnStarted", "turnId": "t1",
+                                       "startedAt": "2026-12-03T10:00:00.000Z",
+                                       "message": {"text": "aardvark", "origin": {"kind": "user"}}}})),
             )
             .await;
             assert_eq!(status, 200, "{body}");
@@ -261,6 +281,8 @@ async fn settled_sessions_past_the_limit_go_with_everything_they_own(db: TestDb)
         .map(|h| h["sessionId"].as_str().unwrap())
         .collect();
     sessions.sort();
+    // A session's title, its message and the answer to it each match.
+    sessions.dedup();
     assert_eq!(sessions, ["fresh-1", "live-1", "other-1"]);
     assert!(
         server.log().contains("retention: settled session deleted"),

@@ -677,10 +677,18 @@ impl Expired {
     }
 }
 
-/// The statements that delete a session with everything it owns, each
-/// taking the session id as its only parameter (`p`, the backend's
-/// placeholder for it), after its read-model row was deleted.
-pub(crate) fn owned_rows_sql(p: &str) -> [String; 9] {
+/// The statement that deletes a session's log rows by its id. The log has
+/// no index on it: each run reads the whole log (SQLite deletes through its
+/// channels' numbers instead).
+pub(crate) fn session_log_sql(p: &str) -> String {
+    format!("DELETE FROM log WHERE session_id = {p}")
+}
+
+/// The statements that delete everything a session owns but its log rows
+/// (see [`session_log_sql`]), each taking the session id as its only
+/// parameter (`p`, the backend's placeholder for it), after its read-model
+/// row was deleted.
+pub(crate) fn owned_rows_sql(p: &str) -> [String; 8] {
     let chats = format!("SELECT chat FROM chats WHERE session_id = {p}");
     // Prefixes compared exactly: an id may hold `_`, which LIKE reads as
     // any character.
@@ -694,7 +702,6 @@ pub(crate) fn owned_rows_sql(p: &str) -> [String; 9] {
         under("ahp-terminal")
     );
     [
-        format!("DELETE FROM log WHERE session_id = {p}"),
         format!("DELETE FROM snapshots WHERE {channels}"),
         format!("DELETE FROM rejections WHERE {channels}"),
         format!("DELETE FROM chat_turns WHERE chat IN ({chats})"),

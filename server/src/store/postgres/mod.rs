@@ -701,7 +701,8 @@ impl Store for PostgresStore {
             if gone.rows_affected() == 0 {
                 continue;
             }
-            for sql in super::owned_rows_sql("$1::text") {
+            let log = super::session_log_sql("$1::text");
+            for sql in std::iter::once(log).chain(super::owned_rows_sql("$1::text")) {
                 sqlx::query(AssertSqlSafe(sql))
                     .bind(&s.id)
                     .execute(&mut *tx)

@@ -136,30 +136,46 @@ pub(super) struct SessionNames {
     origins: Vec<i64>,
 }
 
-/// Reads the channels and origins `session_id`'s log rows name.
+/// The numbers of `session_id`'s channels (its own, its chats', its
+/// changesets' and terminals'; the channels `owned_rows_sql` names) and of
+/// the origins its log rows hold. Every lookup is indexed: the channels'
+/// names by their URI (a prefix is a range of it), the log by
+/// `log_channel_id`. Before its chats are deleted.
 pub(super) fn session_names(
     tx: &Transaction<'_>,
     session_id: &str,
 ) -> Result<SessionNames, StoreError> {
-    let mut read =
-        tx.prepare_cached("SELECT DISTINCT channel_id, origin_id FROM log WHERE session_id = ?1")?;
-    let mut names = SessionNames {
-        channels: Vec::new(),
-        origins: Vec::new(),
-    };
-    let rows = read.query_map([session_id], |row| {
-        Ok((row.get::<_, Option<i64>>(0)?, row.get::<_, Option<i64>>(1)?))
-    })?;
-    for row in rows {
-        let (channel, origin) = row?;
-        names.channels.extend(channel);
-        names.origins.extend(origin);
+    let mut channels: Vec<i64> = tx
+        .prepare_cached(
+            "SELECT id FROM channels WHERE uri = 'ahp-session:/' || ?1 \
+             OR uri IN (SELECT chat FROM chats WHERE session_id = ?1) \
+             OR (uri > 'ahp-changeset:/' || ?1 || '/' AND uri < 'ahp-changeset:/' || ?1 || '0') \
+             OR (uri > 'ahp-terminal:/' || ?1 || '/' AND uri < 'ahp-terminal:/' || ?1 || '0')",
+        )?
+        .query_map([session_id], |row| row.get(0))?
+        .collect::<Result<_, _>>()?;
+    channels.sort_unstable();
+    let mut origins = Vec::new();
+    let mut read = tx.prepare_cached(
+        "SELECT DISTINCT origin_id FROM log WHERE channel_id = ?1 AND origin_id IS NOT NULL",
+    )?;
+    for channel in &channels {
+        for origin in read.query_map([channel], |row| row.get::<_, i64>(0))? {
+            origins.push(origin?);
+        }
     }
-    names.channels.sort_unstable();
-    names.channels.dedup();
-    names.origins.sort_unstable();
-    names.origins.dedup();
-    Ok(names)
+    origins.sort_unstable();
+    origins.dedup();
+    Ok(SessionNames { channels, origins })
+}
+
+/// Deletes the log rows of a session's channels, through `log_channel_id`.
+pub(super) fn delete_log(tx: &Transaction<'_>, names: &SessionNames) -> Result<(), StoreError> {
+    let mut delete = tx.prepare_cached("DELETE FROM log WHERE channel_id = ?1")?;
+    for id in &names.channels {
+        delete.execute([id])?;
+    }
+    Ok(())
 }
 
 /// After a session's log rows are deleted: deletes its channels' names

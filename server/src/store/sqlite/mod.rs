@@ -634,7 +634,10 @@ impl Store for SqliteStore {
                     if gone == 0 {
                         continue;
                     }
+                    // The log has no session index: its rows go by their
+                    // channels' numbers, not by a scan of the whole log.
                     let names = keys::session_names(tx, &s.id)?;
+                    keys::delete_log(tx, &names)?;
                     for sql in super::owned_rows_sql("?1") {
                         tx.prepare_cached(&sql)?.execute([&s.id])?;
                     }
