@@ -230,6 +230,9 @@ pub(crate) struct Ctx {
     mcp: mcp::McpHub,
     /// This host's terminals (agents' and clients').
     terminals: crate::agents::terminals::Terminals,
+    /// Which session owns each chat, as far as this host has looked (a
+    /// chat's owner never changes while it exists; the store is the
+    /// truth). At most [`CHATS_REMEMBERED`].
     chats: Mutex<HashMap<String, String>>,
     /// Sessions being deleted by retention: no actor starts for them.
     retiring: Mutex<std::collections::HashSet<String>>,
@@ -258,9 +261,18 @@ pub(crate) fn storage_unavailable(cause: &commit::CommitError) -> String {
     )
 }
 
+/// Chats whose owners a host remembers: past this it forgets them all and
+/// asks the store again, so what a host holds does not grow with every
+/// chat it has ever seen.
+const CHATS_REMEMBERED: usize = 16_384;
+
 impl Ctx {
     fn remember_chat(&self, chat: &str, session: &str) {
         if let Ok(mut chats) = self.chats.lock() {
+            if chats.len() >= CHATS_REMEMBERED && !chats.contains_key(chat) {
+                // Its memory too, not only its entries.
+                *chats = HashMap::new();
+            }
             chats.insert(chat.to_owned(), session.to_owned());
         }
     }
