@@ -333,6 +333,43 @@ async fn a_retry_sent_to_the_other_host_applies_once() {
     assert_eq!(refused_a.to_string(), refused_b.to_string());
 }
 
+/// A holder can answer a forwarded request before its sender has
+/// registered its wait (the request is in the database first): such an
+/// answer is left in the database for the sender's next collection, not
+/// taken by a collection that has nobody to hand it to (the sender then
+/// waited out its limit, 25 s, and answered 503).
+#[tokio::test]
+async fn an_answer_its_sender_does_not_wait_for_yet_is_left_for_it() {
+    let Some((db, servers)) = hosts(2).await else {
+        return;
+    };
+    let (a, b) = (&servers[0], &servers[1]);
+    create(a, "early", &[]).await;
+    // An answered request from each host that it has not registered yet.
+    db.execute(
+        "INSERT INTO forwards (session_id, holder, sender, request, claimed, answer) \
+         SELECT 'early', id, id, 'not yet waited for', TRUE, '{\"kind\":\"done\"}' \
+         FROM cluster_hosts",
+    )
+    .await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM forwards WHERE request = 'not yet waited for'")
+            .await,
+        2
+    );
+    // B forwards a write to A, the holder, and collects A's answer.
+    b.client()
+        .dispatch("early", &title("forwarder", 1))
+        .await
+        .expect("forwarded and accepted");
+    assert_eq!(
+        db.count("SELECT count(*) FROM forwards WHERE request = 'not yet waited for'")
+            .await,
+        2,
+        "a collection took an answer nobody it knew waited for"
+    );
+}
+
 #[tokio::test]
 async fn root_state_lists_and_notifications_cover_every_host() {
     let Some((_db, servers)) = hosts(2).await else {
