@@ -684,23 +684,47 @@ pub(crate) fn session_log_sql(p: &str) -> String {
     format!("DELETE FROM log WHERE session_id = {p}")
 }
 
+/// How a backend compares a session's channel prefixes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Prefixes {
+    /// Text sorts by its bytes (SQLite's `BINARY`): a prefix is a range of
+    /// an index's keys, `> '<scheme>:/<id>/'` and `< '<scheme>:/<id>0'`
+    /// (`'0'` follows `'/'`; an id holds no `/`).
+    Ranges,
+    /// Text sorts by a locale (Postgres): the prefix is compared exactly
+    /// (`LIKE` would read an id's `_` as any character), which no index
+    /// serves.
+    Compared,
+}
+
+/// The condition on `column` that holds for every channel of the session
+/// whose id is `p` (the backend's placeholder for it): its own, its chats'
+/// (before they are deleted), its changesets' and its terminals'.
+pub(crate) fn session_channels(column: &str, p: &str, prefixes: Prefixes) -> String {
+    let under = |scheme: &str| match prefixes {
+        Prefixes::Ranges => format!(
+            "({column} > '{scheme}:/' || {p} || '/' AND {column} < '{scheme}:/' || {p} || '0')"
+        ),
+        Prefixes::Compared => {
+            let prefix = format!("'{scheme}:/' || {p} || '/'");
+            format!("substr({column}, 1, length({prefix})) = {prefix}")
+        }
+    };
+    format!(
+        "{column} = 'ahp-session:/' || {p} \
+         OR {column} IN (SELECT chat FROM chats WHERE session_id = {p}) OR {} OR {}",
+        under("ahp-changeset"),
+        under("ahp-terminal")
+    )
+}
+
 /// The statements that delete everything a session owns but its log rows
 /// (see [`session_log_sql`]), each taking the session id as its only
 /// parameter (`p`, the backend's placeholder for it), after its read-model
 /// row was deleted.
-pub(crate) fn owned_rows_sql(p: &str) -> [String; 8] {
+pub(crate) fn owned_rows_sql(p: &str, prefixes: Prefixes) -> [String; 8] {
     let chats = format!("SELECT chat FROM chats WHERE session_id = {p}");
-    // Prefixes compared exactly: an id may hold `_`, which LIKE reads as
-    // any character.
-    let under = |scheme: &str| {
-        let prefix = format!("'{scheme}:/' || {p} || '/'");
-        format!("substr(channel, 1, length({prefix})) = {prefix}")
-    };
-    let channels = format!(
-        "channel = 'ahp-session:/' || {p} OR channel IN ({chats}) OR {} OR {}",
-        under("ahp-changeset"),
-        under("ahp-terminal")
-    );
+    let channels = session_channels("channel", p, prefixes);
     [
         format!("DELETE FROM snapshots WHERE {channels}"),
         format!("DELETE FROM rejections WHERE {channels}"),

@@ -702,7 +702,9 @@ impl Store for PostgresStore {
                 continue;
             }
             let log = super::session_log_sql("$1::text");
-            for sql in std::iter::once(log).chain(super::owned_rows_sql("$1::text")) {
+            for sql in std::iter::once(log)
+                .chain(super::owned_rows_sql("$1::text", super::Prefixes::Compared))
+            {
                 sqlx::query(AssertSqlSafe(sql))
                     .bind(&s.id)
                     .execute(&mut *tx)

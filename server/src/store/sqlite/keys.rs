@@ -137,28 +137,21 @@ pub(super) struct SessionNames {
 }
 
 /// The numbers of `session_id`'s channels (its own, its chats', its
-/// changesets' and terminals'; the channels `owned_rows_sql` names) and of
-/// the origins its log rows hold. Every lookup is indexed: the channels'
-/// names by their URI (a prefix is a range of it), the log by
-/// `log_channel_id`. Before its chats are deleted.
+/// changesets' and terminals': `store::session_channels`) and of the
+/// origins its log rows hold. Every lookup is indexed: the channels' names
+/// by their URI (a prefix is a range of it), the log by `log_channel_id`.
+/// Before its chats are deleted.
 pub(super) fn session_names(
     tx: &Transaction<'_>,
     session_id: &str,
 ) -> Result<SessionNames, StoreError> {
     let mut channels: Vec<i64> = tx
-        .prepare_cached(
-            "SELECT id FROM channels WHERE uri = 'ahp-session:/' || ?1 \
-             OR uri IN (SELECT chat FROM chats WHERE session_id = ?1) \
-             OR (uri > 'ahp-changeset:/' || ?1 || '/' AND uri < 'ahp-changeset:/' || ?1 || '0') \
-             OR (uri > 'ahp-terminal:/' || ?1 || '/' AND uri < 'ahp-terminal:/' || ?1 || '0')",
-        )?
+        .prepare_cached(&CHANNELS_OF_SESSION)?
         .query_map([session_id], |row| row.get(0))?
         .collect::<Result<_, _>>()?;
     channels.sort_unstable();
     let mut origins = Vec::new();
-    let mut read = tx.prepare_cached(
-        "SELECT DISTINCT origin_id FROM log WHERE channel_id = ?1 AND origin_id IS NOT NULL",
-    )?;
+    let mut read = tx.prepare_cached(ORIGINS_OF_CHANNEL)?;
     for channel in &channels {
         for origin in read.query_map([channel], |row| row.get::<_, i64>(0))? {
             origins.push(origin?);
@@ -169,9 +162,22 @@ pub(super) fn session_names(
     Ok(SessionNames { channels, origins })
 }
 
+/// The numbers of a session's channels (`?1`: its id).
+static CHANNELS_OF_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let of = crate::store::session_channels("uri", "?1", crate::store::Prefixes::Ranges);
+    format!("SELECT id FROM channels WHERE {of}")
+});
+
+/// The origins a channel's log rows hold (`?1`: the channel's number).
+const ORIGINS_OF_CHANNEL: &str =
+    "SELECT DISTINCT origin_id FROM log WHERE channel_id = ?1 AND origin_id IS NOT NULL";
+
+/// Deletes a channel's log rows (`?1`: its number).
+const LOG_OF_CHANNEL: &str = "DELETE FROM log WHERE channel_id = ?1";
+
 /// Deletes the log rows of a session's channels, through `log_channel_id`.
 pub(super) fn delete_log(tx: &Transaction<'_>, names: &SessionNames) -> Result<(), StoreError> {
-    let mut delete = tx.prepare_cached("DELETE FROM log WHERE channel_id = ?1")?;
+    let mut delete = tx.prepare_cached(LOG_OF_CHANNEL)?;
     for id in &names.channels {
         delete.execute([id])?;
     }
@@ -194,4 +200,43 @@ pub(super) fn delete_names(tx: &Transaction<'_>, names: &SessionNames) -> Result
         origin.execute([id])?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CHANNELS_OF_SESSION, LOG_OF_CHANNEL, ORIGINS_OF_CHANNEL};
+    use crate::store::{Prefixes, owned_rows_sql};
+
+    /// What retention runs for each session it deletes reads through
+    /// indexes, never the whole of a table that grows with the store (the
+    /// log above all); only the rejections, which hold refused dispatches
+    /// and have no channel index, are read whole.
+    #[test]
+    fn retention_reads_through_indexes() {
+        let db = rusqlite::Connection::open_in_memory().expect("a database");
+        for migration in super::super::MIGRATOR.iter() {
+            db.execute_batch(migration.sql.as_str())
+                .expect("a migration");
+        }
+        let mut statements = vec![
+            CHANNELS_OF_SESSION.to_string(),
+            ORIGINS_OF_CHANNEL.to_owned(),
+            LOG_OF_CHANNEL.to_owned(),
+        ];
+        statements.extend(owned_rows_sql("?1", Prefixes::Ranges));
+        for sql in statements {
+            let plan: Vec<String> = db
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .expect("a plan")
+                .query_map(["s-1"], |row| row.get::<_, String>(3))
+                .expect("its rows")
+                .collect::<Result<_, _>>()
+                .expect("readable");
+            let scans: Vec<&String> = plan
+                .iter()
+                .filter(|step| step.starts_with("SCAN") && !step.contains("rejections"))
+                .collect();
+            assert!(scans.is_empty(), "{sql}\nreads a whole table: {plan:?}");
+        }
+    }
 }

@@ -638,7 +638,7 @@ impl Store for SqliteStore {
                     // channels' numbers, not by a scan of the whole log.
                     let names = keys::session_names(tx, &s.id)?;
                     keys::delete_log(tx, &names)?;
-                    for sql in super::owned_rows_sql("?1") {
+                    for sql in super::owned_rows_sql("?1", super::Prefixes::Ranges) {
                         tx.prepare_cached(&sql)?.execute([&s.id])?;
                     }
                     keys::delete_names(tx, &names)?;
