@@ -458,16 +458,21 @@ impl Engine {
         {
             return Ok(Some(found));
         }
-        let found = self
-            .ctx
-            .store
-            .chat_session(chat)
-            .await
-            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        let found = self.stored_chat_session(chat).await?;
         if let Some(session) = &found {
             self.ctx.remember_chat(chat, session);
         }
         Ok(found)
+    }
+
+    /// The session that owns a chat, asked of the store (whatever this
+    /// host remembers).
+    async fn stored_chat_session(&self, chat: &str) -> Result<Option<String>, EngineError> {
+        self.ctx
+            .store
+            .chat_session(chat)
+            .await
+            .map_err(|e| EngineError::Unavailable(e.to_string()))
     }
 
     /// The session a channel belongs to (none for the root).

@@ -74,13 +74,7 @@ impl Engine {
         // from before that rule holds under it is never adopted. Asked of
         // the store, not this host's memory of chats: retention (on any
         // host) may have deleted a session of this id with its chats.
-        let taken = self
-            .ctx
-            .store
-            .chat_session(&default_chat)
-            .await
-            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
-        if taken.is_some() {
+        if self.stored_chat_session(&default_chat).await?.is_some() {
             return Err(EngineError::AlreadyExists(format!(
                 "Session {} cannot be created: its default chat {default_chat} is already taken.",
                 request.id

@@ -711,11 +711,16 @@ pub(crate) fn session_channels(column: &str, p: &str, prefixes: Prefixes) -> Str
         }
     };
     format!(
-        "{column} = 'ahp-session:/' || {p} \
-         OR {column} IN (SELECT chat FROM chats WHERE session_id = {p}) OR {} OR {}",
+        "{column} = 'ahp-session:/' || {p} OR {column} IN ({}) OR {} OR {}",
+        chats_of(p),
         under("ahp-changeset"),
         under("ahp-terminal")
     )
+}
+
+/// The query of the chats of the session whose id is `p`.
+fn chats_of(p: &str) -> String {
+    format!("SELECT chat FROM chats WHERE session_id = {p}")
 }
 
 /// The statements that delete everything a session owns but its log rows
@@ -723,7 +728,7 @@ pub(crate) fn session_channels(column: &str, p: &str, prefixes: Prefixes) -> Str
 /// parameter (`p`, the backend's placeholder for it), after its read-model
 /// row was deleted.
 pub(crate) fn owned_rows_sql(p: &str, prefixes: Prefixes) -> [String; 8] {
-    let chats = format!("SELECT chat FROM chats WHERE session_id = {p}");
+    let chats = chats_of(p);
     let channels = session_channels("channel", p, prefixes);
     [
         format!("DELETE FROM snapshots WHERE {channels}"),
