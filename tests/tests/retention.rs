@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use sqlx::Row as _;
 use tether_tests::{Backend, ServerProcess, TestDb, backend_tests, call, metric};
 
 backend_tests!(settled_sessions_past_the_limit_go_with_everything_they_own,);
@@ -61,6 +62,115 @@ async fn owned(db: &TestDb, id: &str) -> Vec<(&'static str, i64)> {
         }
     }
     out
+}
+
+/// Writes a row on a changeset's and a terminal's channel of session `id`
+/// (the channels under a session, which retention finds by prefix) and a
+/// snapshot of the changeset's, as the host would have. Their seqs are
+/// taken from the host's counter first, so no append can be given them.
+async fn plant_under(db: &TestDb, id: &str) {
+    db.execute("UPDATE host SET last_seq = last_seq + 2 WHERE id = 1")
+        .await;
+    let (changeset, terminal) = (
+        format!("ahp-changeset:/{id}/c1"),
+        format!("ahp-terminal:/{id}/t1"),
+    );
+    let rows =
+        format!("SELECT 0 AS k, '{changeset}' AS ch UNION ALL SELECT 1 AS k, '{terminal}' AS ch");
+    if db.backend() == Backend::Sqlite {
+        // SQLite's log is found through its channels' numbers (migration 0014).
+        db.execute(&format!(
+            "INSERT INTO channels (uri) VALUES ('{changeset}'), ('{terminal}')"
+        ))
+        .await;
+        db.execute(&format!(
+            "INSERT INTO log (seq, channel, session_id, action, at_ms, channel_id) \
+             SELECT (SELECT last_seq FROM host WHERE id = 1) - k, ch, '{id}', \
+                    '{{\"type\":\"x\"}}', 0, (SELECT id FROM channels WHERE uri = ch) \
+             FROM ({rows}) AS planted"
+        ))
+        .await;
+    } else {
+        db.execute(&format!(
+            "INSERT INTO log (seq, channel, session_id, action, at_ms) \
+             SELECT (SELECT last_seq FROM host WHERE id = 1) - k, ch, '{id}', \
+                    '{{\"type\":\"x\"}}', 0 \
+             FROM ({rows}) AS planted"
+        ))
+        .await;
+    }
+    db.execute(&format!(
+        "INSERT INTO snapshots (channel, seq, state, at_ms) VALUES ('{changeset}', 1, '{{}}', 0)"
+    ))
+    .await;
+}
+
+/// On Postgres retention runs with the host row, and so every append,
+/// locked: each statement it runs per deleted session finds its rows
+/// through an index (a partial one, in byte order, for the changesets' and
+/// terminals' prefixes: migration 0017), but the refused dispatches', which
+/// have no index on their channel. With sequential scans priced out, a
+/// statement no index can serve still shows one; and the plans are the
+/// generic ones a prepared statement settles on.
+#[tokio::test]
+async fn postgres_retention_reads_through_indexes() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    db.open().await.close().await;
+    let pool = sqlx::PgPool::connect(db.url()).await.expect("connect");
+    let mut conn = pool.acquire().await.expect("a connection");
+    sqlx::raw_sql("SET enable_seqscan = off; SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *conn)
+        .await
+        .expect("settings");
+    let statements = tether_server::store::PostgresStore::retention_statements();
+    assert!(statements.len() > 4, "{statements:?}");
+    // Gathered, then asserted with the connection closed (a panic holding
+    // it would leave the test's database in use).
+    let mut wrong = Vec::new();
+    for (i, sql) in statements.iter().enumerate() {
+        let explained = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "PREPARE r{i}(text) AS {sql}; EXPLAIN EXECUTE r{i}('old-1')"
+        )))
+        .fetch_all(&mut *conn)
+        .await;
+        let plan = match explained {
+            Ok(rows) => rows
+                .iter()
+                .map(|row| row.get::<String, _>(0))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Err(err) => {
+                wrong.push(format!("{sql}: {err}"));
+                continue;
+            }
+        };
+        let scans = plan.contains("Seq Scan");
+        if sql.contains("FROM rejections") != scans {
+            wrong.push(format!("{sql}:\n{plan}"));
+        }
+    }
+    drop(conn);
+    pool.close().await;
+    assert!(
+        wrong.is_empty(),
+        "statements that read a whole table (the refused dispatches' must, having \
+         no channel index):\n{}",
+        wrong.join("\n\n")
+    );
+}
+
+/// The rows [`plant_under`] wrote for session `id` that are left: the
+/// log's, then the snapshots'.
+async fn under(db: &TestDb, id: &str) -> (i64, i64) {
+    let log = format!(
+        "SELECT count(*) FROM log \
+         WHERE channel IN ('ahp-changeset:/{id}/c1', 'ahp-terminal:/{id}/t1')"
+    );
+    let snapshots =
+        format!("SELECT count(*) FROM snapshots WHERE channel = 'ahp-changeset:/{id}/c1'");
+    (db.count(&log).await, db.count(&snapshots).await)
 }
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
@@ -164,6 +274,10 @@ async fn settled_sessions_past_the_limit_go_with_everything_they_own(db: TestDb)
     }
     let (_, settled) = call(&base, "GET", "/v1/sessions/old-1", None).await;
     assert_ne!(settled["state"], "live", "{settled}");
+    plant_under(&db, "old-1").await;
+    // A neighbour whose id extends old-1's: none of its rows are old-1's.
+    plant_under(&db, "old-10").await;
+    assert_eq!(under(&db, "old-1").await, (2, 1));
     let owned_before = owned(&db, "old-1").await;
     for (table, n) in &owned_before {
         assert!(*n > 0, "old-1 owns {table} rows before: {owned_before:?}");
@@ -257,6 +371,12 @@ async fn settled_sessions_past_the_limit_go_with_everything_they_own(db: TestDb)
             owned.iter().all(|(_, n)| *n == 0),
             "{id} left rows: {owned:?}"
         );
+    }
+    assert_eq!(under(&db, "old-1").await, (0, 0), "left under old-1");
+    assert_eq!(under(&db, "old-10").await, (2, 1), "lost under old-10");
+    if db.backend() == Backend::Sqlite {
+        let sql = "SELECT count(*) FROM channels WHERE uri = 'ahp-changeset:/old-10/c1'";
+        assert_eq!(db.count(sql).await, 1, "old-10's channel keeps its name");
     }
     // Another round changes nothing more.
     tokio::time::sleep(Duration::from_millis(1500)).await;

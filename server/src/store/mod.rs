@@ -677,13 +677,6 @@ impl Expired {
     }
 }
 
-/// The statement that deletes a session's log rows by its id. The log has
-/// no index on it: each run reads the whole log (SQLite deletes through its
-/// channels' numbers instead).
-pub(crate) fn session_log_sql(p: &str) -> String {
-    format!("DELETE FROM log WHERE session_id = {p}")
-}
-
 /// How a backend compares a session's channel prefixes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Prefixes {
@@ -691,31 +684,62 @@ pub(crate) enum Prefixes {
     /// an index's keys, `> '<scheme>:/<id>/'` and `< '<scheme>:/<id>0'`
     /// (`'0'` follows `'/'`; an id holds no `/`).
     Ranges,
-    /// Text sorts by a locale (Postgres): the prefix is compared exactly
-    /// (`LIKE` would read an id's `_` as any character), which no index
-    /// serves.
-    Compared,
+    /// Text sorts by a locale (Postgres), where a prefix is no range of
+    /// `log_channel`'s keys: it is the same range compared in the `"C"`
+    /// collation, which the partial indexes of migration 0017 hold for the
+    /// channels under sessions ([`UNDER_SESSIONS`]) alone. The condition
+    /// names their predicate, so that the planner may use them.
+    Collated,
 }
 
-/// The condition on `column` that holds for every channel of the session
-/// whose id is `p` (the backend's placeholder for it): its own, its chats'
-/// (before they are deleted), its changesets' and its terminals'.
-pub(crate) fn session_channels(column: &str, p: &str, prefixes: Prefixes) -> String {
+/// The partial indexes' predicate (Postgres, migration 0017): a channel
+/// under a session, a changeset's or a terminal's.
+const UNDER_SESSIONS: &str = "(channel LIKE 'ahp-changeset:%' OR channel LIKE 'ahp-terminal:%')";
+
+/// The conditions on `column`, one per kind of channel, that together hold
+/// for every channel of the session whose id is `p` (the backend's
+/// placeholder for it): its own, its chats' (before they are deleted), its
+/// changesets' and its terminals'.
+fn session_channel_kinds(column: &str, p: &str, prefixes: Prefixes) -> [String; 4] {
     let under = |scheme: &str| match prefixes {
         Prefixes::Ranges => format!(
             "({column} > '{scheme}:/' || {p} || '/' AND {column} < '{scheme}:/' || {p} || '0')"
         ),
-        Prefixes::Compared => {
-            let prefix = format!("'{scheme}:/' || {p} || '/'");
-            format!("substr({column}, 1, length({prefix})) = {prefix}")
-        }
+        Prefixes::Collated => format!(
+            "({} AND {column} COLLATE \"C\" > '{scheme}:/' || {p} || '/' \
+              AND {column} COLLATE \"C\" < '{scheme}:/' || {p} || '0')",
+            UNDER_SESSIONS.replace("channel", column)
+        ),
     };
-    format!(
-        "{column} = 'ahp-session:/' || {p} OR {column} IN ({}) OR {} OR {}",
-        chats_of(p),
+    [
+        format!("{column} = 'ahp-session:/' || {p}"),
+        format!("{column} IN ({})", chats_of(p)),
         under("ahp-changeset"),
-        under("ahp-terminal")
-    )
+        under("ahp-terminal"),
+    ]
+}
+
+/// The condition on `column` that holds for every channel of the session
+/// whose id is `p`: [`session_channel_kinds`]' conditions, any of them.
+pub(crate) fn session_channels(column: &str, p: &str, prefixes: Prefixes) -> String {
+    session_channel_kinds(column, p, prefixes).join(" OR ")
+}
+
+/// The statements that delete the rows of `table` (keyed by a `channel`
+/// column) on the channels of the session whose id is `p`. On Postgres one
+/// per kind of channel, each through an index: its planner reads the whole
+/// table for an `OR` one of whose arms is a subquery.
+pub(crate) fn session_rows_sql(table: &str, p: &str, prefixes: Prefixes) -> Vec<String> {
+    match prefixes {
+        Prefixes::Ranges => vec![format!(
+            "DELETE FROM {table} WHERE {}",
+            session_channels("channel", p, prefixes)
+        )],
+        Prefixes::Collated => session_channel_kinds("channel", p, prefixes)
+            .iter()
+            .map(|kind| format!("DELETE FROM {table} WHERE {kind}"))
+            .collect(),
+    }
 }
 
 /// The query of the chats of the session whose id is `p`.
@@ -724,22 +748,27 @@ fn chats_of(p: &str) -> String {
 }
 
 /// The statements that delete everything a session owns but its log rows
-/// (see [`session_log_sql`]), each taking the session id as its only
-/// parameter (`p`, the backend's placeholder for it), after its read-model
-/// row was deleted.
-pub(crate) fn owned_rows_sql(p: &str, prefixes: Prefixes) -> [String; 8] {
+/// (SQLite deletes those through its channels' numbers; Postgres with
+/// [`session_rows_sql`]), each taking the session id as its only parameter
+/// (`p`, the backend's placeholder for it), after its read-model row was
+/// deleted. Refused dispatches are found by reading them all: they have no
+/// index on their channel.
+pub(crate) fn owned_rows_sql(p: &str, prefixes: Prefixes) -> Vec<String> {
     let chats = chats_of(p);
-    let channels = session_channels("channel", p, prefixes);
-    [
-        format!("DELETE FROM snapshots WHERE {channels}"),
-        format!("DELETE FROM rejections WHERE {channels}"),
+    let mut statements = session_rows_sql("snapshots", p, prefixes);
+    statements.extend([
+        format!(
+            "DELETE FROM rejections WHERE {}",
+            session_channels("channel", p, prefixes)
+        ),
         format!("DELETE FROM chat_turns WHERE chat IN ({chats})"),
         format!("DELETE FROM chats WHERE session_id = {p}"),
         format!("DELETE FROM attachments WHERE session_id = {p}"),
         format!("DELETE FROM client_owners WHERE session_id = {p}"),
         format!("DELETE FROM search_docs WHERE session_id = {p}"),
         format!("DELETE FROM search_pending WHERE session_id = {p}"),
-    ]
+    ]);
+    statements
 }
 
 /// A session's attachment sizes summed: all of them, and those whose digest

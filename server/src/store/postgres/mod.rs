@@ -149,6 +149,18 @@ impl PostgresStore {
             .transpose()
     }
 
+    /// The statements retention runs for each session it deletes, after
+    /// the session's row, each taking the session's id as `$1`: its log
+    /// rows, then everything else it owns. They run with the host row (and
+    /// so every append) locked, so each finds its rows through an index;
+    /// public for the test that holds them to that.
+    pub fn retention_statements() -> Vec<String> {
+        let p = "$1::text";
+        let mut statements = super::session_rows_sql("log", p, super::Prefixes::Collated);
+        statements.extend(super::owned_rows_sql(p, super::Prefixes::Collated));
+        statements
+    }
+
     /// Locks the host row for the rest of the transaction and returns the
     /// last issued seq. Every writer of origins and seqs takes this lock first.
     async fn lock_host(tx: &mut Transaction<'static, Postgres>) -> Result<i64, StoreError> {
@@ -701,10 +713,7 @@ impl Store for PostgresStore {
             if gone.rows_affected() == 0 {
                 continue;
             }
-            let log = super::session_log_sql("$1::text");
-            for sql in std::iter::once(log)
-                .chain(super::owned_rows_sql("$1::text", super::Prefixes::Compared))
-            {
+            for sql in Self::retention_statements() {
                 sqlx::query(AssertSqlSafe(sql))
                     .bind(&s.id)
                     .execute(&mut *tx)

@@ -1,0 +1,12 @@
+-- Retention deletes a session's rows on its changesets' and terminals'
+-- channels ('ahp-changeset:/<id>/...', 'ahp-terminal:/<id>/...') by prefix.
+-- Under the database's collation a prefix is no range of log_channel's
+-- keys, so each deleted session read the whole log (and the snapshots) with
+-- the host row, and so every append, locked. These indexes hold those
+-- channels alone, in byte order ("C"), where a prefix is a range. Rows on
+-- sessions' and chats' channels, nearly all of them, are not in them and
+-- cost no more to write.
+CREATE INDEX log_under_session ON log (channel COLLATE "C")
+    WHERE channel LIKE 'ahp-changeset:%' OR channel LIKE 'ahp-terminal:%';
+CREATE INDEX snapshots_under_session ON snapshots (channel COLLATE "C")
+    WHERE channel LIKE 'ahp-changeset:%' OR channel LIKE 'ahp-terminal:%';
