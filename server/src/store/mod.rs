@@ -686,7 +686,7 @@ pub(crate) enum Prefixes {
     Ranges,
     /// Text sorts by a locale (Postgres), where a prefix is no range of
     /// `log_channel`'s keys: it is the same range compared in the `"C"`
-    /// collation, which the partial indexes of migration 0017 hold for the
+    /// collation, which partial indexes (migration 0017) hold for the
     /// channels under sessions ([`UNDER_SESSIONS`]) alone. The condition
     /// names their predicate, so that the planner may use them.
     Collated,
@@ -751,16 +751,12 @@ fn chats_of(p: &str) -> String {
 /// (SQLite deletes those through its channels' numbers; Postgres with
 /// [`session_rows_sql`]), each taking the session id as its only parameter
 /// (`p`, the backend's placeholder for it), after its read-model row was
-/// deleted. Refused dispatches are found by reading them all: they have no
-/// index on their channel.
+/// deleted.
 pub(crate) fn owned_rows_sql(p: &str, prefixes: Prefixes) -> Vec<String> {
     let chats = chats_of(p);
     let mut statements = session_rows_sql("snapshots", p, prefixes);
+    statements.extend(session_rows_sql("rejections", p, prefixes));
     statements.extend([
-        format!(
-            "DELETE FROM rejections WHERE {}",
-            session_channels("channel", p, prefixes)
-        ),
         format!("DELETE FROM chat_turns WHERE chat IN ({chats})"),
         format!("DELETE FROM chats WHERE session_id = {p}"),
         format!("DELETE FROM attachments WHERE session_id = {p}"),
