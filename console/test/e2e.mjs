@@ -80,7 +80,10 @@ async function start(extra = []) {
   const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("TETHER_")));
   server = spawn(BIN, args, { env, stdio: ["ignore", "ignore", "pipe"] });
   let log = "";
-  server.stderr.on("data", (chunk) => (log += chunk));
+  server.stderr.on("data", (chunk) => {
+    log += chunk;
+    serverLog = (serverLog + chunk).slice(-20_000);
+  });
   for (let i = 0; i < 200; i++) {
     try {
       if ((await fetch(`${base}/readyz`)).ok) return;
@@ -88,6 +91,25 @@ async function start(extra = []) {
     await new Promise((r) => setTimeout(r, 50));
   }
   fail(`the server did not start:\n${log}`);
+}
+
+/** The server's latest log, and what the pages said and failed to load: printed when the test fails. */
+let serverLog = "";
+const seen = [];
+
+/** `browser` with every new context's console, failed requests and error answers recorded in `seen`. */
+function watched(browser) {
+  const newContext = browser.newContext.bind(browser);
+  browser.newContext = async (...args) => {
+    const context = await newContext(...args);
+    const index = browser.contexts().length - 1;
+    const note = (what) => seen.push(`${new Date().toISOString()} [page ${index}] ${what}`);
+    context.on("console", (message) => note(`console.${message.type()}: ${message.text()}`));
+    context.on("requestfailed", (request) => note(`request failed: ${request.method()} ${request.url()} (${request.failure()?.errorText})`));
+    context.on("response", (response) => response.status() >= 400 && note(`answer ${response.status()}: ${response.request().method()} ${response.url()}`));
+    return context;
+  };
+  return browser;
 }
 
 async function stop(signal = "SIGKILL") {
@@ -116,11 +138,11 @@ const renderedSeqs = (page) =>
 
 try {
   await start();
-  browser = await chromium.launch({
+  browser = watched(await chromium.launch({
     executablePath: CHROMIUM,
     args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
       "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  });
+  }));
   const page = await (await browser.newContext()).newPage();
   page.on("pageerror", (error) => fail(`the page threw: ${error.message}`));
   await page.goto(base);
@@ -410,7 +432,7 @@ try {
   });
   const operator = await mint("admin");
   await start(["--auth-secret-file", secret]);
-  browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"] });
+  browser = watched(await chromium.launch({ executablePath: CHROMIUM, args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"] }));
   const guest = await (await browser.newContext()).newPage();
   await guest.goto(base);
   const dialog = guest.getByRole("dialog");
@@ -469,5 +491,7 @@ try {
       await open.screenshot({ path: join(OUT, `failed-${i}-${j}.png`), fullPage: true }).catch(() => {});
     }
   }
+  if (seen.length) console.error(`what the pages said and failed to load:\n${seen.slice(-60).join("\n")}`);
+  console.error(`the server's log, its end:\n${serverLog.slice(-6_000)}`);
   fail(error.stack ?? String(error));
 }
