@@ -46,9 +46,21 @@ pub struct Seeded {
 /// topics and one of 100,003 tickets, for search benchmarks).
 pub async fn seed(url: &str, sessions: usize, envelopes: u64) -> Seeded {
     let open = || async {
-        store::open(url, &StoreOptions::default())
-            .await
-            .unwrap_or_else(|e| panic!("open {url}: {e}"))
+        // SQLite's file lock is released when the stopped server closes its
+        // store; once in CI it was still held a moment later. The likeliest
+        // holder: a process another test spawned then, which holds a copy
+        // of the lock's descriptor from its fork until its exec.
+        let mut attempts = 0;
+        loop {
+            match store::open(url, &StoreOptions::default()).await {
+                Ok(store) => break store,
+                Err(e) if attempts < 50 && e.to_string().contains("already serves this file") => {
+                    attempts += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("open {url}: {e}"),
+            }
+        }
     };
     let server = TestServer::start_with(open().await, ServeConfig::default()).await;
     let client = server.client();
