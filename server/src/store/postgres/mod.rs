@@ -35,12 +35,10 @@ use tether_protocol::search::SearchDoc;
 
 mod append;
 mod outbox;
+mod retention;
 
 /// The Postgres schema's migrations, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
-
-/// The advisory lock a retention round holds (one host at a time).
-const RETENTION_LOCK: i64 = 0x7465_7468_6572_0002;
 
 /// The Postgres store.
 #[derive(Debug, Clone)]
@@ -147,18 +145,6 @@ impl PostgresStore {
         rejected
             .map(|row| Ok(OriginOutcome::Rejected(row.try_into()?)))
             .transpose()
-    }
-
-    /// The statements retention runs for each session it deletes, after
-    /// the session's row, each taking the session's id as `$1`: its log
-    /// rows, then everything else it owns. They run with the host row (and
-    /// so every append) locked, so each finds its rows through an index;
-    /// public for the test that holds them to that.
-    pub fn retention_statements() -> Vec<String> {
-        let p = "$1::text";
-        let mut statements = super::session_rows_sql("log", p, super::Prefixes::Collated);
-        statements.extend(super::owned_rows_sql(p, super::Prefixes::Collated));
-        statements
     }
 
     /// Locks the host row for the rest of the transaction and returns the
@@ -670,69 +656,11 @@ impl Store for PostgresStore {
     }
 
     async fn expired_sessions(&self, now_ms: i64, limit: u32) -> Result<Vec<Expired>, StoreError> {
-        let rows: Vec<(String, String, i64)> = sqlx::query_as(
-            // `idle_hour` is `updated_ms` by the hour, which its index holds
-            // (migration 0016).
-            "SELECT s.id, s.project, s.last_seq FROM retention r \
-             JOIN sessions s ON s.project = r.project AND s.state <> 'live' \
-                 AND s.idle_hour <= ($1 - r.days * 86400000) / 3600000 \
-                 AND s.updated_ms < $1 - r.days * 86400000 \
-             ORDER BY s.idle_hour, s.updated_ms LIMIT $2",
-        )
-        .bind(now_ms)
-        .bind(clamp_limit(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        Expired::from_rows(rows)
+        retention::expired_sessions(&self.pool, now_ms, limit).await
     }
 
     async fn delete_sessions(&self, sessions: &[Expired]) -> Result<Vec<String>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        // One deleting host at a time: another's round finds the lock
-        // taken and deletes nothing.
-        let mine: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
-            .bind(RETENTION_LOCK)
-            .fetch_one(&mut *tx)
-            .await?;
-        if !mine {
-            return Ok(Vec::new());
-        }
-        // Appends and lease changes wait while the host row is locked.
-        Self::lock_host(&mut tx).await?;
-        let mut deleted = Vec::new();
-        for s in sessions {
-            let gone = sqlx::query(
-                "DELETE FROM sessions WHERE id = $1 AND last_seq = $2 AND state <> 'live' \
-                 AND NOT EXISTS (SELECT 1 FROM leases WHERE session_id = $1 \
-                                                       AND expires_at > now())",
-            )
-            .bind(&s.id)
-            .bind(seq_to_db(s.last_seq))
-            .execute(&mut *tx)
-            .await?;
-            if gone.rows_affected() == 0 {
-                continue;
-            }
-            for sql in Self::retention_statements() {
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(&s.id)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            // A host that still thinks it writes the session is fenced:
-            // the lease is another's (expired, so a new session of this id
-            // takes it at once).
-            sqlx::query(
-                "INSERT INTO leases (session_id, holder, expires_at) VALUES ($1, 'retired', now()) \
-                 ON CONFLICT (session_id) DO UPDATE SET holder = 'retired', expires_at = now()",
-            )
-            .bind(&s.id)
-            .execute(&mut *tx)
-            .await?;
-            deleted.push(s.id.clone());
-        }
-        tx.commit().await?;
-        Ok(deleted)
+        self.delete_expired(sessions).await
     }
 
     async fn create_webhook(&self, w: &Webhook) -> Result<(), StoreError> {
