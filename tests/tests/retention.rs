@@ -460,3 +460,141 @@ async fn settled_sessions_past_the_limit_go_with_everything_they_own(db: TestDb)
         .count();
     assert_eq!(titles, 0, "none of the deleted session's envelopes: {page}");
 }
+
+/// An AHP client on `host`, initialized as `client_id`.
+async fn ahp_on(host: &ServerProcess, client_id: &str) -> ahp::Client {
+    let transport = ahp_ws::WebSocketTransport::connect(&host.ws_url())
+        .await
+        .expect("connect the AHP WebSocket");
+    let client = ahp::Client::connect(transport, ahp::ClientConfig::default())
+        .await
+        .expect("start the AHP client");
+    client
+        .initialize(
+            client_id.into(),
+            vec![ahp_types::PROTOCOL_VERSION.into()],
+            Vec::new(),
+        )
+        .await
+        .expect("initialize");
+    client
+}
+
+async fn create_chat(
+    client: &ahp::Client,
+    session: &str,
+    chat: &str,
+) -> Result<serde_json::Value, ahp::ClientError> {
+    client
+        .request(
+            "createChat",
+            json!({"channel": format!("ahp-session:/{session}"), "chat": chat}),
+        )
+        .await
+}
+
+/// Two hosts on one Postgres: host A remembers which session owns a chat;
+/// host B's retention deletes that session and the chat's id is taken by
+/// another session. A routes the chat to its new owner and lets it be
+/// created again; it does not answer from its memory of the deleted one.
+#[tokio::test]
+async fn a_chat_id_freed_by_another_hosts_retention_is_routed_to_its_new_owner() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let common = ["--lease-ttl-ms", "1500", "--actor-idle-secs", "1"];
+    let a = ServerProcess::start(
+        &db,
+        &[&common[..], &["--retention-interval-secs", "3600"]].concat(),
+    )
+    .await;
+    let b = ServerProcess::start(
+        &db,
+        &[&common[..], &["--retention-interval-secs", "1"]].concat(),
+    )
+    .await;
+    let (on_a, on_b) = (a.base_url(), b.base_url());
+    let (status, body) = call(
+        &on_a,
+        "POST",
+        "/v1/sessions",
+        Some(json!({"id": "gone", "project": "keep", "provider": "echo"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let client_a = ahp_on(&a, "chats-a").await;
+    for chat in ["ahp-chat:/reused", "ahp-chat:/reused-2"] {
+        create_chat(&client_a, "gone", chat).await.expect(chat);
+    }
+    let (status, body) = call(&on_a, "DELETE", "/v1/sessions/gone", None).await;
+    assert!(status == 200 || status == 204, "{status} {body}");
+    // A's actor goes idle and lets the session go; B's retention, which
+    // leaves alone only what is leased or in memory on B, deletes it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(&on_a, "tether_session_actors").await > 0 {
+        assert!(Instant::now() < deadline, "A kept the session in memory");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    db.execute(&format!(
+        "UPDATE sessions SET updated_ms = updated_ms - {} WHERE id = 'gone'",
+        31 * DAY_MS
+    ))
+    .await;
+    let (status, body) = call(
+        &on_b,
+        "PUT",
+        "/v1/projects/keep/retention",
+        Some(json!({"days": 30})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    while call(&on_b, "GET", "/v1/sessions/gone", None).await.0 != 404 {
+        assert!(Instant::now() < deadline, "B's retention kept the session");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM chats WHERE chat LIKE 'ahp-chat:/reused%'")
+            .await,
+        0
+    );
+
+    // Another session takes one id on B and the other on A.
+    let (status, body) = call(
+        &on_b,
+        "POST",
+        "/v1/sessions",
+        Some(json!({"id": "taker", "project": "keep", "provider": "echo"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let client_b = ahp_on(&b, "chats-b").await;
+    create_chat(&client_b, "taker", "ahp-chat:/reused")
+        .await
+        .expect("B creates the freed chat");
+    create_chat(&client_a, "taker", "ahp-chat:/reused-2")
+        .await
+        .expect("A creates the freed chat: it is in no session");
+    // A writes to the chat B made: it is the taker's.
+    let (status, body) = call(
+        &on_a,
+        "POST",
+        "/v1/sessions/taker/actions",
+        Some(
+            json!({"clientId": "chats-rest", "clientSeq": 1, "channel": "ahp-chat:/reused",
+                    "action": {"type": "chat/turnStarted", "turnId": "t1",
+                               "startedAt": "2026-12-06T10:00:00.000Z",
+                               "message": {"text": "hello", "origin": {"kind": "user"}}}}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, page) = call(&on_b, "GET", "/v1/sessions/taker/transcript", None).await;
+    assert_eq!(status, 200, "{page}");
+    let turns = page["envelopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["channel"] == "ahp-chat:/reused" && e["action"]["type"] == "chat/turnStarted")
+        .count();
+    assert_eq!(turns, 1, "{page}");
+}

@@ -232,7 +232,8 @@ pub(crate) struct Ctx {
     terminals: crate::agents::terminals::Terminals,
     /// Which session owns each chat, as far as this host has looked (a
     /// chat's owner never changes while it exists; the store is the
-    /// truth). At most [`CHATS_REMEMBERED`].
+    /// truth). Trusted only while the owner is in memory here (see
+    /// `Engine::chat_session`). At most [`CHATS_REMEMBERED`].
     chats: Mutex<HashMap<String, String>>,
     /// Sessions being deleted by retention: no actor starts for them.
     retiring: Mutex<std::collections::HashSet<String>>,
@@ -448,13 +449,22 @@ impl Engine {
     }
 
     /// The session that owns a chat, if known.
+    ///
+    /// What this host remembers is trusted only while the owner's actor is
+    /// in memory here. A session in use is not deleted (retention leaves
+    /// alone what is in memory on its host or leased by any), but one gone
+    /// idle may since have been deleted by another host's retention and
+    /// its chat's id taken by another session: the store is asked then, as
+    /// a session's actor would ask it to load anyway.
     async fn chat_session(&self, chat: &str) -> Result<Option<String>, EngineError> {
-        if let Some(found) = self
+        let remembered = self
             .ctx
             .chats
             .lock()
             .ok()
-            .and_then(|c| c.get(chat).cloned())
+            .and_then(|c| c.get(chat).cloned());
+        if let Some(found) = remembered
+            && self.ctx.in_memory(&found)
         {
             return Ok(Some(found));
         }

@@ -67,6 +67,11 @@ impl Ctx {
         self.actors.lock().ok()?.get(id).cloned()
     }
 
+    /// Whether a session's actor is in memory here.
+    pub(super) fn in_memory(&self, id: &str) -> bool {
+        self.actors.lock().is_ok_and(|a| a.contains_key(id))
+    }
+
     pub(super) fn forget_actor(&self, id: &str) {
         if let Ok(mut actors) = self.actors.lock() {
             actors.remove(id);

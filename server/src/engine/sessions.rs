@@ -146,7 +146,10 @@ impl Engine {
                 Channel::DEFAULT_CHAT_SUFFIX
             )));
         }
-        if self.chat_session(chat).await?.is_some() {
+        // Asked of the store, which is the truth: a chat this host
+        // remembers may have gone with its session (retention on another
+        // host), or never been committed.
+        if self.stored_chat_session(chat).await?.is_some() {
             return Err(EngineError::AlreadyExists(format!(
                 "Chat {chat} already exists."
             )));
