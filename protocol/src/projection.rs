@@ -5,6 +5,7 @@
 //! the same transaction as each append; folding the stored transcript afresh
 //! gives the same value (invariant 5).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -329,12 +330,18 @@ impl Projection {
     /// settling record decides; with neither, `ended` with a cause that says
     /// no settling record exists.
     pub fn state(&self, live: bool) -> (SessionLifeState, Option<String>) {
+        let (state, cause) = self.state_ref(live);
+        (state, cause.map(str::to_owned))
+    }
+
+    /// [`Self::state`], its cause borrowed.
+    pub fn state_ref(&self, live: bool) -> (SessionLifeState, Option<&str>) {
         if live && !self.is_ended() {
             return (SessionLifeState::Live, None);
         }
         match &self.settled {
-            Some(settled) => (settled.state, settled.cause.clone()),
-            None => (SessionLifeState::Ended, Some(NO_SETTLING_RECORD.to_owned())),
+            Some(settled) => (settled.state, settled.cause.as_deref()),
+            None => (SessionLifeState::Ended, Some(NO_SETTLING_RECORD)),
         }
     }
 
@@ -346,12 +353,20 @@ impl Projection {
     /// The title a listing shows: the explicit title, else the first
     /// [`TITLE_CHARACTERS`] characters of the trimmed first turn's text.
     pub fn title(&self) -> Option<String> {
-        self.explicit_title.clone().or_else(|| {
-            self.first_turn_text
+        self.title_ref().map(Cow::into_owned)
+    }
+
+    /// [`Self::title`], borrowed when it is the explicit title.
+    pub fn title_ref(&self) -> Option<Cow<'_, str>> {
+        match &self.explicit_title {
+            Some(title) => Some(Cow::Borrowed(title)),
+            None => self
+                .first_turn_text
                 .as_deref()
                 .map(|t| t.trim().chars().take(TITLE_CHARACTERS).collect::<String>())
                 .filter(|t| !t.is_empty())
-        })
+                .map(Cow::Owned),
+        }
     }
 }
 

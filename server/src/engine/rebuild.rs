@@ -3,10 +3,12 @@
 //! `tether rebuild-projections` re-derives every read-model row from the
 //! whole transcript (invariant 5: the read model is a fold of the log).
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 use tether_protocol::channel::Channel;
 use tether_protocol::model::{SessionModel, typed_action};
-use tether_protocol::view::SessionView;
+use tether_protocol::view::SessionViewRef;
 
 use crate::store::{SessionFilter, SessionRecord, Store, StoreError, StoredEnvelope};
 
@@ -87,20 +89,35 @@ pub async fn fold_each(
 }
 
 /// The read-model row of a model. `live` says whether its agent is attached.
+///
+/// Written on every commit: the view is serialised from the model where
+/// it stands, nothing copied first, into a buffer sized for most views.
 pub fn record_of(model: &SessionModel, live: bool, updated_at: &str) -> SessionRecord {
-    let view = SessionView::of(model, live, updated_at);
+    let view = SessionViewRef::of(model, live, updated_at);
+    let mut projection = Vec::with_capacity(PROJECTION_BYTES);
+    // A view is strings, numbers and maps with string keys: it cannot fail
+    // to serialise, and serde_json writes UTF-8.
+    let projection = match serde_json::to_writer(&mut projection, &view) {
+        Ok(()) => String::from_utf8(projection).unwrap_or_default(),
+        Err(_) => String::new(),
+    };
     SessionRecord {
         id: model.id.clone(),
-        project: view.project.clone(),
-        provider: view.provider.clone(),
-        title: view.title.clone(),
+        project: view.project.to_owned(),
+        provider: view.provider.to_owned(),
+        title: view.title.map(Cow::into_owned),
         state: view.state.as_str().to_owned(),
         turns: view.turns,
         resumable: view.resumable,
         created_ms: super::parse_ms(&model.created.created_at),
-        projection: serde_json::to_string(&view).unwrap_or_default(),
+        projection,
     }
 }
+
+/// Room for a session's serialised view: a new session's with a title is
+/// about 520 bytes, one with an agent's commands and plan a few KiB (a
+/// `String` grown from empty copied a 520-byte view three times).
+const PROJECTION_BYTES: usize = 1024;
 
 /// What a rebuild did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
