@@ -5,10 +5,12 @@
 //! module decides, so the two backends find the same things.
 //!
 //! A document is one thing a person would look for: a session's title, a
-//! message, an answer (the whole markdown part, re-written as it streams),
-//! a tool call's title, the paths a tool call edited, an agent's question.
-//! Each has a key unique within its session, so a streamed answer is one
-//! document that grows, not one per delta.
+//! message, an answer, a tool call's title, the paths a tool call edited,
+//! an agent's question. Each has a key unique within its session, so a
+//! streamed answer is not one document per delta. A long answer is
+//! indexed in pieces of about [`PIECE_BYTES`] (see [`pieces`]): a delta
+//! rewrites only the piece it extends, so what it costs does not grow with
+//! the answer.
 
 use serde_json::Value;
 
@@ -16,8 +18,17 @@ use crate::actions::action_type;
 use crate::model::SessionModel;
 
 /// The longest text indexed for one document, in bytes; the rest of a very
-/// long answer is not searchable (it stays in the transcript).
+/// long message is not searchable (it stays in the transcript). An answer
+/// is searchable whole, in pieces.
 pub const MAX_DOC_BYTES: usize = 64 * 1024;
+
+/// How long a piece of an answer is before it ends (at the next character
+/// that separates words). Each piece is a document: a streamed delta
+/// rewrote the whole answer's document, up to [`MAX_DOC_BYTES`], on every
+/// commit; it rewrites one piece now. Words in two pieces are not found
+/// together (a phrase across a piece's end, or two words of a query
+/// pieces apart) until the pieces are.
+pub const PIECE_BYTES: usize = 4 * 1024;
 
 /// The longest query accepted, in characters.
 pub const MAX_QUERY_CHARS: usize = 512;
@@ -58,12 +69,54 @@ fn cut(mut text: String) -> String {
     text
 }
 
-/// The document an accepted action writes, read from the action and the
-/// session's model after it was folded in (a delta's document is its
-/// part's whole text so far). `None` when it says nothing searchable.
-pub fn doc(model: &SessionModel, channel: &str, action: &Value) -> Option<SearchDoc> {
+/// The pieces of an answer, as byte ranges of its text. Each but the last
+/// ends at the first character that separates words at or past
+/// [`PIECE_BYTES`] from its start (that character is in no piece), or at
+/// [`MAX_DOC_BYTES`] from its start when none comes before; the last runs
+/// to the end. Text appended later never moves an end that exists, so a
+/// delta changes only the pieces it reaches.
+pub fn pieces(text: &str) -> Vec<std::ops::Range<usize>> {
+    let mut found = Vec::new();
+    let mut start = 0;
+    loop {
+        let mut from = start + PIECE_BYTES;
+        if from >= text.len() {
+            break;
+        }
+        while !text.is_char_boundary(from) {
+            from += 1;
+        }
+        let cap = start + MAX_DOC_BYTES;
+        let mut limit = cap.min(text.len());
+        while !text.is_char_boundary(limit) {
+            limit -= 1;
+        }
+        match text[from..limit].find(|c: char| !c.is_alphanumeric()) {
+            Some(at) => {
+                let end = from + at;
+                found.push(start..end);
+                // Past the separating character.
+                start = end + text[end..].chars().next().map_or(1, char::len_utf8);
+            }
+            // No word ends before a document's limit: cut there.
+            None if cap <= text.len() => {
+                found.push(start..limit);
+                start = limit;
+            }
+            None => break,
+        }
+    }
+    found.push(start..text.len());
+    found
+}
+
+/// The documents an accepted action writes, read from the action and the
+/// session's model after it was folded in (a delta's are the pieces of its
+/// part's text so far that it reached). Empty when it says nothing
+/// searchable.
+pub fn doc(model: &SessionModel, channel: &str, action: &Value) -> Vec<SearchDoc> {
     let turn = str_of(action, "turnId");
-    let make = |key: String, kind: &'static str, text: String| {
+    let doc = |key: String, kind: &'static str, text: String| {
         (!text.trim().is_empty()).then(|| SearchDoc {
             key,
             chat: (!model.is_own_channel(channel)).then(|| channel.to_owned()),
@@ -72,7 +125,29 @@ pub fn doc(model: &SessionModel, channel: &str, action: &Value) -> Option<Search
             text: cut(text),
         })
     };
-    match action_type(action)? {
+    let make =
+        |key: String, kind: &'static str, text: String| doc(key, kind, text).into_iter().collect();
+    // An answer's pieces from byte `from` of its text on: the first keeps
+    // the answer's key.
+    let answer = |key: String, text: &str, from: usize| -> Vec<SearchDoc> {
+        pieces(text)
+            .into_iter()
+            .enumerate()
+            .filter(|(_, range)| range.end > from || range.end == text.len())
+            .filter_map(|(n, range)| {
+                let key = if n == 0 {
+                    key.clone()
+                } else {
+                    format!("{key}~{n}")
+                };
+                doc(key, "answer", text[range].to_owned())
+            })
+            .collect()
+    };
+    let Some(kind) = action_type(action) else {
+        return Vec::new();
+    };
+    match kind {
         "session/titleChanged" if model.is_own_channel(channel) => {
             make("title".into(), "title", str_of(action, "title").to_owned())
         }
@@ -94,20 +169,22 @@ pub fn doc(model: &SessionModel, channel: &str, action: &Value) -> Option<Search
         "chat/responsePart" => {
             let part = &action["part"];
             match str_of(part, "kind") {
-                "markdown" => make(
+                "markdown" => answer(
                     format!("answer:{channel}#{turn}#{}", str_of(part, "id")),
-                    "answer",
-                    str_of(part, "content").to_owned(),
+                    str_of(part, "content"),
+                    0,
                 ),
                 "toolCall" => {
                     let call = &part["toolCall"];
-                    tool_doc(call, channel).and_then(|(key, text)| make(key, "tool", text))
+                    tool_doc(call, channel)
+                        .map_or_else(Vec::new, |(key, text)| make(key, "tool", text))
                 }
-                _ => None,
+                _ => Vec::new(),
             }
         }
         "chat/delta" => {
             let part = str_of(action, "partId");
+            let added = str_of(action, "content");
             let whole = model
                 .chats
                 .get(channel)
@@ -115,16 +192,20 @@ pub fn doc(model: &SessionModel, channel: &str, action: &Value) -> Option<Search
                 .and_then(|active| {
                     active.response_parts.iter().find_map(|p| match p {
                         ahp_types::state::ResponsePart::Markdown(m) if m.id == part => {
-                            Some(m.content.clone())
+                            Some(m.content.as_str())
                         }
                         _ => None,
                     })
                 })
-                .unwrap_or_else(|| str_of(action, "content").to_owned());
-            make(format!("answer:{channel}#{turn}#{part}"), "answer", whole)
+                .unwrap_or(added);
+            answer(
+                format!("answer:{channel}#{turn}#{part}"),
+                whole,
+                whole.len().saturating_sub(added.len()),
+            )
         }
         "chat/toolCallStart" => {
-            tool_doc(action, channel).and_then(|(key, text)| make(key, "tool", text))
+            tool_doc(action, channel).map_or_else(Vec::new, |(key, text)| make(key, "tool", text))
         }
         "chat/toolCallComplete" => {
             let paths: Vec<&str> = action["result"]["content"]
@@ -153,7 +234,7 @@ pub fn doc(model: &SessionModel, channel: &str, action: &Value) -> Option<Search
                 str_of(request, "message").to_owned(),
             )
         }
-        _ => None,
+        _ => Vec::new(),
     }
 }
 
@@ -410,7 +491,157 @@ pub fn html(pieces: &[(String, bool)]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+    use crate::model::{SessionCreated, typed_action};
+
+    /// A text of numbered words, some multi-byte, `bytes` long or a word more.
+    fn prose(bytes: usize) -> String {
+        let mut text = String::new();
+        let mut n = 0;
+        while text.len() < bytes {
+            text.push_str(if n % 7 == 0 { "ünïcödé" } else { "word" });
+            text.push_str(&n.to_string());
+            text.push(if n % 11 == 0 { '\n' } else { ' ' });
+            n += 1;
+        }
+        text
+    }
+
+    /// The words of the pieces, in order, are the text's words; every piece
+    /// but the last is at least PIECE_BYTES and at most MAX_DOC_BYTES.
+    fn check_pieces(text: &str) -> Vec<std::ops::Range<usize>> {
+        let found = pieces(text);
+        let words_of = |t: &str| words(t).collect::<Vec<_>>();
+        let joined: Vec<String> = found
+            .iter()
+            .flat_map(|r| words_of(&text[r.clone()]))
+            .collect();
+        assert!(joined == words_of(text), "the pieces' words differ");
+        for (n, r) in found.iter().enumerate() {
+            assert!(r.len() <= MAX_DOC_BYTES, "{r:?}");
+            if n + 1 < found.len() {
+                assert!(r.len() >= PIECE_BYTES, "{r:?}");
+                // A piece ends where a word does.
+                assert!(!text[r.end..].starts_with(char::is_alphanumeric), "{r:?}");
+            }
+        }
+        assert_eq!(found.last().unwrap().end, text.len());
+        found
+    }
+
+    #[test]
+    fn an_answer_is_cut_where_words_end_and_its_ends_never_move() {
+        assert_eq!(pieces(""), vec![std::ops::Range { start: 0, end: 0 }]);
+        assert_eq!(
+            pieces("short answer"),
+            vec![std::ops::Range { start: 0, end: 12 }]
+        );
+        let text = prose(5 * PIECE_BYTES + 100);
+        let whole = check_pieces(&text);
+        assert!(whole.len() >= 5, "{whole:?}");
+        // Grown a few bytes at a time (cut anywhere, inside words and
+        // characters), every piece that has ended is as it will stay.
+        let mut at = 0;
+        let mut step = 1;
+        while at < text.len() {
+            at = (at + step).min(text.len());
+            while !text.is_char_boundary(at) {
+                at += 1;
+            }
+            step = step % 97 + 13;
+            let now = check_pieces(&text[..at]);
+            assert_eq!(now[..now.len() - 1], whole[..now.len() - 1], "at {at}");
+        }
+        // One word longer than a document: cut at the limit, on a
+        // character's boundary.
+        let word = format!("x{}", "é".repeat(MAX_DOC_BYTES / 2));
+        assert_eq!(
+            pieces(&word),
+            [0..MAX_DOC_BYTES - 1, MAX_DOC_BYTES - 1..MAX_DOC_BYTES + 1]
+        );
+    }
+
+    /// A streamed answer rewrites one piece a delta (two where it ends
+    /// one), never more; the documents it wrote, latest per key, hold all
+    /// of it, well past MAX_DOC_BYTES.
+    #[test]
+    fn a_streamed_answer_rewrites_only_the_pieces_a_delta_reaches() {
+        let mut model = SessionModel::created(
+            "s",
+            SessionCreated {
+                project: "p".into(),
+                provider: "echo".into(),
+                title: String::new(),
+                working_directories: Vec::new(),
+                active_client: None,
+                default_chat: "ahp-chat:/s.main".into(),
+                created_at: "2026-01-01T00:00:00.000Z".into(),
+                config: None,
+                meta: None,
+            },
+            1,
+        )
+        .unwrap();
+        let chat = "ahp-chat:/s.main";
+        let mut apply = |action: Value| {
+            model.apply(chat, &action, &typed_action(&action));
+            doc(&model, chat, &action)
+        };
+        apply(json!({"type": "chat/turnStarted", "turnId": "t1",
+            "startedAt": "2026-01-01T00:00:01.000Z",
+            "message": {"text": "go", "origin": {"kind": "user"}}}));
+        let text = prose(MAX_DOC_BYTES + 3 * PIECE_BYTES);
+        let mut index = std::collections::BTreeMap::new();
+        let boundary = |mut at: usize| {
+            while !text.is_char_boundary(at) {
+                at += 1;
+            }
+            at
+        };
+        let mut at = boundary(10);
+        let first = apply(json!({"type": "chat/responsePart", "turnId": "t1",
+            "part": {"kind": "markdown", "id": "p1", "content": &text[..at]}}));
+        for d in first {
+            index.insert(d.key, d.text);
+        }
+        let mut most = 0;
+        while at < text.len() {
+            let end = boundary((at + 37).min(text.len()));
+            let docs = apply(json!({"type": "chat/delta", "turnId": "t1", "partId": "p1",
+                "content": &text[at..end]}));
+            assert!(
+                !docs.is_empty() && docs.len() <= 2,
+                "{} documents",
+                docs.len()
+            );
+            most = most.max(docs.iter().map(|d| d.text.len()).max().unwrap());
+            for d in docs {
+                assert_eq!(d.kind, "answer");
+                assert_eq!(d.turn_id.as_deref(), Some("t1"));
+                index.insert(d.key, d.text);
+            }
+            at = end;
+        }
+        assert!(most < PIECE_BYTES + 64, "a delta rewrote {most} bytes");
+        let key = format!("answer:{chat}#t1#p1");
+        assert!(
+            index.contains_key(&key),
+            "the first piece keeps the answer's key"
+        );
+        let mut pieces: Vec<(usize, &String)> = index
+            .iter()
+            .map(|(k, t)| match k.strip_prefix(&key) {
+                Some("") => (0, t),
+                Some(n) => (n.trim_start_matches('~').parse().unwrap(), t),
+                None => panic!("{k}"),
+            })
+            .collect();
+        pieces.sort();
+        let indexed: Vec<String> = pieces.iter().flat_map(|(_, t)| words(t)).collect();
+        assert_eq!(indexed, words(&text).collect::<Vec<_>>());
+    }
 
     #[test]
     fn reads_words_phrases_and_prefixes() {

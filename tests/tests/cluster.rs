@@ -719,7 +719,7 @@ async fn an_append_for_a_session_another_host_holds_writes_nothing() {
         turns: Vec::new(),
         directed: None,
         owner: None,
-        search: None,
+        search: Vec::new(),
         usage: None,
         events: Vec::new(),
     };

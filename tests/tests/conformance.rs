@@ -567,7 +567,7 @@ async fn seed_turns(db: &TestDb, session: &str, chat: &str, count: usize) {
                 turns: Vec::new(),
                 directed: None,
                 owner: None,
-                search: None,
+                search: Vec::new(),
                 usage: None,
                 events: Vec::new(),
             };

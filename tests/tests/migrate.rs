@@ -779,7 +779,7 @@ async fn an_interrupted_migration_resumes_and_completes() {
             turns: Vec::new(),
             directed: None,
             owner: None,
-            search: None,
+            search: Vec::new(),
             usage: None,
             events: Vec::new(),
         }])

@@ -646,7 +646,7 @@ async fn ten_thousand_sessions_page_exactly_once(db: TestDb) {
                     turns: Vec::new(),
                     directed: None,
                     owner: None,
-                    search: None,
+                    search: Vec::new(),
                     usage: None,
                     events: Vec::new(),
                 }

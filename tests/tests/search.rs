@@ -147,6 +147,28 @@ async fn what_was_said_a_moment_ago_is_found_with_its_place(db: TestDb) {
         assert!(seqs.contains(&hit["seq"].as_u64().unwrap()), "{hit}");
     }
 
+    // An answer longer than a document, streamed: every word of it is
+    // found, the last too, in the piece that holds it (a delta rewrites
+    // only the piece it extends).
+    let long = ahp
+        .ask("ahp-chat:/ledger.main", "t3", "flood 14000", None)
+        .await;
+    assert!(
+        long.len() > tether_protocol::search::MAX_DOC_BYTES,
+        "{} bytes",
+        long.len()
+    );
+    for word in ["1", "7001", "13999"] {
+        let found = search(&base, word).await;
+        assert_eq!(
+            places(&found),
+            [("ledger".into(), "answer".into(), "t3".into())],
+            "{word}: {found}"
+        );
+        let snippet = found["items"][0]["snippet"].as_str().unwrap();
+        assert!(snippet.contains(word), "{word}: {snippet}");
+    }
+
     // A tool call's title, and the command line.
     ahp.ask("ahp-chat:/ledger.main", "t2", "tool", None).await;
     assert_eq!(

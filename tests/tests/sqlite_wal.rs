@@ -42,7 +42,7 @@ async fn the_wal_stays_bounded_under_sustained_appends() {
                     turns: Vec::new(),
                     directed: None,
                     owner: None,
-                    search: None,
+                    search: Vec::new(),
                     usage: None,
                     events: Vec::new(),
                 }

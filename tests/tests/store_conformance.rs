@@ -1094,7 +1094,7 @@ async fn a_batch_of_many_search_documents_is_all_found(db: TestDb) {
     let mut batch = vec![create];
     for n in 0..55_u64 {
         let mut e = envelope("ahp-session:/d", n + 1);
-        e.search = Some(doc(&format!("k{n}"), &format!("zephyr number{n}")));
+        e.search = vec![doc(&format!("k{n}"), &format!("zephyr number{n}"))];
         batch.push(e);
     }
     committed(&store.append(batch).await.unwrap());
@@ -1105,7 +1105,7 @@ async fn a_batch_of_many_search_documents_is_all_found(db: TestDb) {
     let mut rewrite = Vec::new();
     for n in [3_u64, 40, 54] {
         let mut e = envelope("ahp-session:/d", 100 + n);
-        e.search = Some(doc(&format!("k{n}"), &format!("zephyr renamed{n}")));
+        e.search = vec![doc(&format!("k{n}"), &format!("zephyr renamed{n}"))];
         rewrite.push(e);
     }
     let seqs = committed(&store.append(rewrite).await.unwrap());

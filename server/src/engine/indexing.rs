@@ -61,7 +61,7 @@ pub(super) fn start(store: Arc<dyn Store>) {
 pub async fn index_session(store: &dyn Store, id: &str) -> Result<usize, String> {
     let mut docs: HashMap<String, (u64, i64, SearchDoc)> = HashMap::new();
     fold_each(store, id, None, |model, envelope, action| {
-        if let Some(doc) = search::doc(model, &envelope.channel, action) {
+        for doc in search::doc(model, &envelope.channel, action) {
             docs.insert(doc.key.clone(), (envelope.seq, envelope.at_ms, doc));
         }
     })

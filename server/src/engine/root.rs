@@ -161,7 +161,7 @@ impl Engine {
                 turns: Vec::new(),
                 directed: None,
                 owner: None,
-                search: None,
+                search: Vec::new(),
                 usage: None,
                 events: Vec::new(),
             })

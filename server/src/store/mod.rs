@@ -178,9 +178,9 @@ pub struct NewEnvelope {
     /// recorded as that client's owner in the session, in the same
     /// transaction, so the ownership outlives the actor and the host.
     pub owner: Option<String>,
-    /// The search document the envelope writes (or rewrites), in the same
-    /// transaction, so what is committed is searchable at once.
-    pub search: Option<tether_protocol::search::SearchDoc>,
+    /// The search documents the envelope writes (or rewrites), in the
+    /// same transaction, so what is committed is searchable at once.
+    pub search: Vec<tether_protocol::search::SearchDoc>,
     /// What the envelope added to its session's usage, for the ledger, in
     /// the same transaction.
     pub usage: Option<usage::UsageRow>,

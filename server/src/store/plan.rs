@@ -314,7 +314,7 @@ mod tests {
             turns: Vec::new(),
             directed: None,
             owner: None,
-            search: None,
+            search: Vec::new(),
             usage: None,
             events: Vec::new(),
         }

@@ -40,20 +40,25 @@ pub struct DocRow<'a> {
 }
 
 /// The documents of a batch's fresh rows, the latest per (session, key):
-/// a streamed answer's deltas in one batch write its document once.
+/// a streamed answer's deltas in one batch write each of its pieces once.
 pub fn latest_docs<'a>(rows: &[LogRow<'a>]) -> Vec<DocRow<'a>> {
     let mut seen = super::plan::Set::default();
     let mut docs: Vec<DocRow<'a>> = rows
         .iter()
         .rev()
-        .filter_map(|row| {
-            let envelope = row.envelope;
-            let doc = envelope.search.as_ref()?;
-            let session_id = envelope.session_id.as_deref()?;
+        .filter_map(|row| Some((row, row.envelope.session_id.as_deref()?)))
+        .flat_map(|(row, session_id)| {
+            row.envelope
+                .search
+                .iter()
+                .rev()
+                .map(move |doc| (row.seq, session_id, doc))
+        })
+        .filter_map(|(seq, session_id, doc)| {
             seen.insert((session_id, doc.key.as_str()))
                 .then_some(DocRow {
                     session_id,
-                    seq: row.seq,
+                    seq,
                     doc,
                 })
         })

@@ -120,7 +120,7 @@ impl SessionActor {
                             turns: model.take_trimmed(),
                             directed: None,
                             owner: None,
-                            search: None,
+                            search: Vec::new(),
                             usage: None,
                             events: Vec::new(),
                         });
@@ -199,7 +199,7 @@ impl SessionActor {
                         search: if self.ctx.config.search_index {
                             search::doc(model, &d.channel, &d.action)
                         } else {
-                            None
+                            Vec::new()
                         },
                         usage,
                         events: super::super::notify::outbox_events(model, &d.channel, &d.action),

@@ -88,7 +88,7 @@ impl SessionActor {
             turns: Vec::new(),
             directed: None,
             owner: None,
-            search: None,
+            search: Vec::new(),
             usage: None,
             events: Vec::new(),
         };
