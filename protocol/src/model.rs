@@ -469,27 +469,34 @@ pub fn typed_action(action: &Value) -> StateAction {
     StateAction::deserialize(action).unwrap_or_else(|_| StateAction::Unknown(action.clone()))
 }
 
+/// A session `s` of project `p` just created with these working
+/// directories (the crate's tests start from it).
+#[cfg(test)]
+pub(crate) fn test_model(dirs: &[&str]) -> SessionModel {
+    SessionModel::created(
+        "s",
+        SessionCreated {
+            project: "p".into(),
+            provider: "echo".into(),
+            title: String::new(),
+            working_directories: dirs.iter().map(|d| d.to_string()).collect(),
+            active_client: None,
+            default_chat: "ahp-chat:/s.main".into(),
+            created_at: "2026-01-01T00:00:00.000Z".into(),
+            config: None,
+            meta: None,
+        },
+        1,
+    )
+    .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn model(dirs: &[&str]) -> SessionModel {
-        SessionModel::created(
-            "s",
-            SessionCreated {
-                project: "p".into(),
-                provider: "echo".into(),
-                title: String::new(),
-                working_directories: dirs.iter().map(|d| d.to_string()).collect(),
-                active_client: None,
-                default_chat: "ahp-chat:/s.main".into(),
-                created_at: "2026-01-01T00:00:00.000Z".into(),
-                config: None,
-                meta: None,
-            },
-            1,
-        )
-        .unwrap()
+        test_model(dirs)
     }
 
     fn apply(m: &mut SessionModel, channel: &str, action: Value) -> ReduceOutcome {

@@ -494,7 +494,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::model::{SessionCreated, typed_action};
+    use crate::model::typed_action;
 
     /// A text of numbered words, some multi-byte, `bytes` long or a word more.
     fn prose(bytes: usize) -> String {
@@ -568,22 +568,7 @@ mod tests {
     /// of it, well past MAX_DOC_BYTES.
     #[test]
     fn a_streamed_answer_rewrites_only_the_pieces_a_delta_reaches() {
-        let mut model = SessionModel::created(
-            "s",
-            SessionCreated {
-                project: "p".into(),
-                provider: "echo".into(),
-                title: String::new(),
-                working_directories: Vec::new(),
-                active_client: None,
-                default_chat: "ahp-chat:/s.main".into(),
-                created_at: "2026-01-01T00:00:00.000Z".into(),
-                config: None,
-                meta: None,
-            },
-            1,
-        )
-        .unwrap();
+        let mut model = crate::model::test_model(&[]);
         let chat = "ahp-chat:/s.main";
         let mut apply = |action: Value| {
             model.apply(chat, &action, &typed_action(&action));

@@ -158,25 +158,12 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::model::{SessionCreated, typed_action};
+    use crate::model::{test_model, typed_action};
 
     fn model() -> SessionModel {
-        SessionModel::created(
-            "s",
-            SessionCreated {
-                project: "p\"q".into(),
-                provider: "echo".into(),
-                title: String::new(),
-                working_directories: vec!["file:///a".into(), "file:///b".into()],
-                active_client: None,
-                default_chat: "ahp-chat:/s.main".into(),
-                created_at: "2026-01-01T00:00:00.000Z".into(),
-                config: None,
-                meta: None,
-            },
-            1,
-        )
-        .unwrap()
+        let mut m = test_model(&["file:///a", "file:///b"]);
+        m.created.project = "p\"q".into();
+        m
     }
 
     fn apply(m: &mut SessionModel, channel: &str, action: Value) {

@@ -304,16 +304,7 @@ impl TestServer {
 
     /// An upstream AHP client, connected and initialized as `client_id`.
     pub async fn initialized(&self, client_id: &str) -> ahp::Client {
-        let client = self.ahp().await;
-        client
-            .initialize(
-                client_id.into(),
-                vec![ahp_types::PROTOCOL_VERSION.into()],
-                Vec::new(),
-            )
-            .await
-            .expect("initialize");
-        client
+        initialized_at(&self.ws_url(), client_id).await
     }
 
     /// An upstream AHP client initialized as `client_id` with durable
@@ -777,6 +768,15 @@ pub fn action(value: serde_json::Value) -> ahp_types::actions::StateAction {
     serde_json::from_value(value).expect("a StateAction")
 }
 
+/// An upstream AHP client connected to `url` without a token, initialized
+/// as `client_id`.
+pub async fn initialized_at(url: &str, client_id: &str) -> ahp::Client {
+    let transport = ahp_ws::WebSocketTransport::connect(url)
+        .await
+        .expect("connect the AHP WebSocket");
+    initialize_on(transport, client_id, Vec::new()).await
+}
+
 /// An upstream AHP client on the WebSocket at `url` with `token` in the
 /// upgrade's `Authorization` header, initialized as `client_id` with
 /// `subscriptions`.
@@ -795,12 +795,20 @@ pub async fn ahp_with_token(
     let (stream, _) = tokio_tungstenite::connect_async(request)
         .await
         .expect("the upgrade is accepted");
-    let client = ahp::Client::connect(
-        ahp_ws::WebSocketTransport::from_stream(stream),
-        ahp::ClientConfig::default(),
-    )
-    .await
-    .expect("start the AHP client");
+    let transport = ahp_ws::WebSocketTransport::from_stream(stream);
+    initialize_on(transport, client_id, subscriptions).await
+}
+
+/// An upstream AHP client on `transport`, initialized as `client_id` with
+/// `subscriptions`.
+async fn initialize_on(
+    transport: ahp_ws::WebSocketTransport,
+    client_id: &str,
+    subscriptions: Vec<String>,
+) -> ahp::Client {
+    let client = ahp::Client::connect(transport, ahp::ClientConfig::default())
+        .await
+        .expect("start the AHP client");
     client
         .initialize(
             client_id.into(),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sqlx::Row as _;
-use tether_tests::{Backend, ServerProcess, TestDb, backend_tests, call, metric};
+use tether_tests::{Backend, ServerProcess, TestDb, backend_tests, call, initialized_at, metric};
 
 backend_tests!(settled_sessions_past_the_limit_go_with_everything_they_own,);
 
@@ -461,25 +461,6 @@ async fn settled_sessions_past_the_limit_go_with_everything_they_own(db: TestDb)
     assert_eq!(titles, 0, "none of the deleted session's envelopes: {page}");
 }
 
-/// An AHP client on `host`, initialized as `client_id`.
-async fn ahp_on(host: &ServerProcess, client_id: &str) -> ahp::Client {
-    let transport = ahp_ws::WebSocketTransport::connect(&host.ws_url())
-        .await
-        .expect("connect the AHP WebSocket");
-    let client = ahp::Client::connect(transport, ahp::ClientConfig::default())
-        .await
-        .expect("start the AHP client");
-    client
-        .initialize(
-            client_id.into(),
-            vec![ahp_types::PROTOCOL_VERSION.into()],
-            Vec::new(),
-        )
-        .await
-        .expect("initialize");
-    client
-}
-
 async fn create_chat(
     client: &ahp::Client,
     session: &str,
@@ -522,7 +503,7 @@ async fn a_chat_id_freed_by_another_hosts_retention_is_routed_to_its_new_owner()
     )
     .await;
     assert_eq!(status, 201, "{body}");
-    let client_a = ahp_on(&a, "chats-a").await;
+    let client_a = initialized_at(&a.ws_url(), "chats-a").await;
     for chat in ["ahp-chat:/reused", "ahp-chat:/reused-2"] {
         create_chat(&client_a, "gone", chat).await.expect(chat);
     }
@@ -567,7 +548,7 @@ async fn a_chat_id_freed_by_another_hosts_retention_is_routed_to_its_new_owner()
     )
     .await;
     assert_eq!(status, 201, "{body}");
-    let client_b = ahp_on(&b, "chats-b").await;
+    let client_b = initialized_at(&b.ws_url(), "chats-b").await;
     create_chat(&client_b, "taker", "ahp-chat:/reused")
         .await
         .expect("B creates the freed chat");
