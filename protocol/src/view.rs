@@ -9,7 +9,8 @@ use crate::model::SessionModel;
 use crate::projection::{Projection, SessionLifeState};
 
 /// A session as listed and inspected: identity, projected state and the
-/// facts folded from its transcript. Serialised as [`SessionViewRef`].
+/// facts folded from its transcript.
+// Serialised as `SessionViewRef`, which names its fields once.
 #[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionView {
