@@ -8,7 +8,12 @@
 # CPU is printed beside it (every `postgres` process's, sampled before and
 # after: the machine should be otherwise quiet).
 #
-#   bench/stream-index.sh [--backend sqlite|postgres] [--deltas N] DIR...
+#   bench/stream-index.sh [--backend sqlite|postgres] [--deltas N]
+#                         [--history T] DIR...
+#
+# With --history, T turns come first (each an answer of 1,000 deltas sent
+# as fast as the agent can, `flood 1000`, about 4 KB), so the chat holds a
+# history the measured answer streams after.
 #
 # Each DIR holds a `tether` (release builds); each runs with the index and
 # with `--no-search-index`. The agent is TETHER_FAKE_AGENT (default: the
@@ -21,17 +26,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 deltas=4000
+history=0
 backend=sqlite
 while [ $# -gt 0 ]; do
   case "$1" in
     --deltas) deltas="$2"; shift ;;
+    --history) history="$2"; shift ;;
     --backend) backend="$2"; shift ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
   shift
 done
-[ $# -ge 1 ] || { sed -n 2,19p "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,24p "$0" >&2; exit 2; }
 case "$backend" in sqlite|postgres) ;; *) echo "unknown backend $backend" >&2; exit 2 ;; esac
 agent="${TETHER_FAKE_AGENT:-$PWD/target/debug/fake-acp-agent}"
 [ -x "$agent" ] || { echo "no fake agent at $agent" >&2; exit 2; }
@@ -63,6 +70,15 @@ ticks() { # PID...: their user + system CPU ticks
 postgres_ticks() { ticks $(pgrep -x postgres || true); }
 seconds() { python3 -c "import sys; print(f'{int(sys.argv[1]) / $(getconf CLK_TCK):.2f}')" "$1"; }
 
+ask() { # TURN TEXT: starts the turn and waits for its end
+  curl -sf -XPOST "$base/v1/sessions/s1/actions" -H 'content-type: application/json' \
+    -d "{\"clientId\":\"bench\",\"clientSeq\":$((++asked)),\"channel\":\"ahp-chat:/s1.main\",\"action\":{\"type\":\"chat/turnStarted\",\"turnId\":\"$1\",\"startedAt\":\"2026-12-06T10:00:00.000Z\",\"message\":{\"text\":\"$2\",\"origin\":{\"kind\":\"user\"}}}}" >/dev/null
+  until curl -sf "$base/v1/sessions/s1" | python3 -c "import sys,json; sys.exit(json.load(sys.stdin)['projection'].get('openTurnId') is not None)"; do
+    sleep 0.1
+  done
+}
+asked=0
+
 run() { # BIN LABEL [serve args...]
   local bin=$1 label=$2 url
   shift 2
@@ -79,13 +95,13 @@ run() { # BIN LABEL [serve args...]
   for _ in $(seq 100); do curl -sf "$base/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
   curl -sf -XPOST "$base/v1/sessions" -H 'content-type: application/json' \
     -d '{"id":"s1","project":"p","provider":"fake"}' >/dev/null
+  local turn
+  for turn in $(seq "$history"); do
+    ask "h$turn" "flood 1000"
+  done
   local cpu0 pg0 t0 cpu1 pg1 t1
   cpu0=$(ticks "$server"); pg0=$(postgres_ticks); t0=$(date +%s.%N)
-  curl -sf -XPOST "$base/v1/sessions/s1/actions" -H 'content-type: application/json' \
-    -d "{\"clientId\":\"bench\",\"clientSeq\":1,\"channel\":\"ahp-chat:/s1.main\",\"action\":{\"type\":\"chat/turnStarted\",\"turnId\":\"t1\",\"startedAt\":\"2026-12-06T10:00:00.000Z\",\"message\":{\"text\":\"stream $deltas\",\"origin\":{\"kind\":\"user\"}}}}" >/dev/null
-  until curl -sf "$base/v1/sessions/s1" | python3 -c "import sys,json; sys.exit(json.load(sys.stdin)['projection'].get('openTurnId') is not None)"; do
-    sleep 0.2
-  done
+  ask t0 "stream $deltas"
   cpu1=$(ticks "$server"); pg1=$(postgres_ticks); t1=$(date +%s.%N)
   local longest
   if [ "$backend" = sqlite ]; then
@@ -100,7 +116,7 @@ run() { # BIN LABEL [serve args...]
   server=""
 }
 
-echo "backend $backend, one answer of $deltas deltas"
+echo "backend $backend, one answer of $deltas deltas after $history turns"
 for dir in "$@"; do
   run "$dir/tether" "$dir, indexed"
   run "$dir/tether" "$dir, --no-search-index" --no-search-index

@@ -13,8 +13,8 @@ use ahp::reducers::{
 };
 use ahp_types::actions::StateAction;
 use ahp_types::state::{
-    ChangesetState, ChangesetStatus, ChatState, SessionState, TerminalLifecycleState,
-    TerminalRunningLifecycleState, TerminalState,
+    ChangesetState, ChangesetStatus, ChatState, ResponsePart, SessionState, TerminalLifecycleState,
+    TerminalRunningLifecycleState, TerminalState, ToolCallState,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -234,9 +234,25 @@ impl SessionModel {
             let outcome = apply_action_to_session(&mut session, typed);
             (outcome, Target::Session(Box::new(session)))
         } else if let Some(chat) = self.chats.get(channel) {
-            let mut chat = chat.clone();
-            let outcome = apply_action_to_chat(&mut chat, typed);
-            (outcome, Target::Chat(channel.to_owned(), chat))
+            match streamed_part(chat, typed) {
+                // A streamed piece of a part: AHP's reducer changes nothing
+                // unless it applies, so it is applied to the chat itself on
+                // acceptance, not to a copy of the whole chat (every turn
+                // in its window, the answer so far) made for each delta.
+                Some(found) => {
+                    let outcome = if found {
+                        ReduceOutcome::Applied
+                    } else {
+                        ReduceOutcome::NoOp
+                    };
+                    (outcome, Target::ChatInPlace(channel.to_owned()))
+                }
+                None => {
+                    let mut chat = chat.clone();
+                    let outcome = apply_action_to_chat(&mut chat, typed);
+                    (outcome, Target::Chat(channel.to_owned(), chat))
+                }
+            }
         } else if let Some(mut changeset) = self.changeset(channel) {
             let outcome = apply_action_to_changeset(&mut changeset, typed);
             (outcome, Target::Changeset(channel.to_owned(), changeset))
@@ -259,32 +275,13 @@ impl SessionModel {
                 self.session = *session;
                 self.follow_chat_catalogue(typed);
             }
-            Target::Chat(uri, mut chat) => {
-                let window = self.windows.entry(uri.clone()).or_default();
-                match typed {
-                    // Loaded turns lead the window until the next trim.
-                    StateAction::ChatTurnsLoaded(_) => {
-                        let before = self.chats.get(&uri).map_or(0, |c| c.turns.len());
-                        window.loaded(chat.turns.len().saturating_sub(before) as u64);
-                    }
-                    StateAction::ChatTruncated(truncated) if truncated.turn_id.is_none() => {
-                        window.cleared();
-                    }
-                    other => {
-                        if matches!(other, StateAction::ChatTruncated(_)) {
-                            // Ordinals past the kept turns will be reused.
-                            let kept = window.archived + chat.turns.len() as u64;
-                            window.archived_high = window.archived_high.min(kept);
-                        }
-                        let moved = window.trim(&uri, &mut chat);
-                        self.trimmed.extend(moved);
-                    }
+            Target::ChatInPlace(uri) => {
+                if let Some(mut chat) = self.chats.remove(&uri) {
+                    apply_action_to_chat(&mut chat, typed);
+                    self.adopt_chat(uri, chat, typed);
                 }
-                if *window == TurnWindow::default() {
-                    self.windows.remove(&uri);
-                }
-                self.chats.insert(uri, chat);
             }
+            Target::Chat(uri, chat) => self.adopt_chat(uri, chat, typed),
             Target::Changeset(uri, changeset) => {
                 self.changesets.insert(uri, changeset);
             }
@@ -303,6 +300,35 @@ impl SessionModel {
             }
         }
         self.projection.observe(action);
+    }
+
+    /// Takes a chat's state after an action into the model, its window of
+    /// turns trimmed.
+    fn adopt_chat(&mut self, uri: String, mut chat: Box<ChatState>, typed: &StateAction) {
+        let window = self.windows.entry(uri.clone()).or_default();
+        match typed {
+            // Loaded turns lead the window until the next trim.
+            StateAction::ChatTurnsLoaded(_) => {
+                let before = self.chats.get(&uri).map_or(0, |c| c.turns.len());
+                window.loaded(chat.turns.len().saturating_sub(before) as u64);
+            }
+            StateAction::ChatTruncated(truncated) if truncated.turn_id.is_none() => {
+                window.cleared();
+            }
+            other => {
+                if matches!(other, StateAction::ChatTruncated(_)) {
+                    // Ordinals past the kept turns will be reused.
+                    let kept = window.archived + chat.turns.len() as u64;
+                    window.archived_high = window.archived_high.min(kept);
+                }
+                let moved = window.trim(&uri, &mut chat);
+                self.trimmed.extend(moved);
+            }
+        }
+        if *window == TurnWindow::default() {
+            self.windows.remove(&uri);
+        }
+        self.chats.insert(uri, chat);
     }
 
     /// A copy of the changeset `channel` names, if it is one of this
@@ -457,9 +483,52 @@ impl Trial {
 enum Target {
     Session(Box<SessionState>),
     Chat(String, Box<ChatState>),
+    /// The action is applied to the chat itself when accepted (see
+    /// [`streamed_part`]).
+    ChatInPlace(String),
     Changeset(String, Box<ChangesetState>),
     Terminal(String, Box<TerminalState>),
     Extension,
+}
+
+/// For a streamed piece of a response part (`chat/delta`,
+/// `chat/reasoning`), whether AHP's reducer applies it: the chat has an
+/// active turn of that id with a part of that id (as `update_response_part`
+/// in `ahp::reducers` finds it; it changes nothing when it does not).
+/// `None` for any other action.
+fn streamed_part(chat: &ChatState, typed: &StateAction) -> Option<bool> {
+    let (turn_id, part_id) = match typed {
+        StateAction::ChatDelta(a) => (&a.turn_id, &a.part_id),
+        StateAction::ChatReasoning(a) => (&a.turn_id, &a.part_id),
+        _ => return None,
+    };
+    let found = chat.active_turn.as_ref().is_some_and(|active| {
+        active.id == *turn_id
+            && active.response_parts.iter().any(|part| {
+                let id = match part {
+                    ResponsePart::ToolCall(tc) => tool_call_id(&tc.tool_call),
+                    ResponsePart::Markdown(m) => &m.id,
+                    ResponsePart::Reasoning(r) => &r.id,
+                    _ => return false,
+                };
+                id == part_id
+            })
+    });
+    Some(found)
+}
+
+/// A tool call's id, as AHP's reducer reads it.
+fn tool_call_id(call: &ToolCallState) -> &str {
+    match call {
+        ToolCallState::Streaming(s) => &s.tool_call_id,
+        ToolCallState::PendingConfirmation(s) => &s.tool_call_id,
+        ToolCallState::Running(s) => &s.tool_call_id,
+        ToolCallState::AuthRequired(s) => &s.tool_call_id,
+        ToolCallState::PendingResultConfirmation(s) => &s.tool_call_id,
+        ToolCallState::Completed(s) => &s.tool_call_id,
+        ToolCallState::Cancelled(s) => &s.tool_call_id,
+        ToolCallState::Unknown(_) => "",
+    }
 }
 
 /// Parses an action object into AHP's typed action.
@@ -502,6 +571,79 @@ mod tests {
     fn apply(m: &mut SessionModel, channel: &str, action: Value) -> ReduceOutcome {
         let typed = typed_action(&action);
         m.apply(channel, &action, &typed)
+    }
+
+    /// A streamed piece, applied to the chat itself, does what AHP's
+    /// reducer does to a copy: the same outcome and the same chat, for
+    /// markdown, reasoning and tool-call parts, an unknown part, another
+    /// turn, and no turn at all.
+    #[test]
+    fn a_streamed_piece_applied_in_place_is_the_reducers_fold() {
+        let chat = "ahp-chat:/s.main";
+        let mut m = model(&[]);
+        for action in [
+            json!({"type": "chat/turnStarted", "turnId": "t1", "startedAt": "2026-01-01T00:00:01.000Z",
+                   "message": {"text": "go", "origin": {"kind": "user"}}}),
+            json!({"type": "chat/responsePart", "turnId": "t1",
+                   "part": {"kind": "markdown", "id": "p1", "content": "It "}}),
+            json!({"type": "chat/responsePart", "turnId": "t1",
+                   "part": {"kind": "reasoning", "id": "r1", "content": "Hm"}}),
+            json!({"type": "chat/toolCallStart", "turnId": "t1", "toolCallId": "c1",
+                   "toolName": "sh", "displayName": "Run"}),
+        ] {
+            assert_eq!(apply(&mut m, chat, action), ReduceOutcome::Applied);
+        }
+        let pieces = [
+            (
+                json!({"type": "chat/delta", "turnId": "t1", "partId": "p1", "content": "works"}),
+                ReduceOutcome::Applied,
+            ),
+            (
+                json!({"type": "chat/reasoning", "turnId": "t1", "partId": "r1", "content": "m."}),
+                ReduceOutcome::Applied,
+            ),
+            (
+                json!({"type": "chat/delta", "turnId": "t1", "partId": "c1", "content": "x"}),
+                ReduceOutcome::Applied,
+            ),
+            (
+                json!({"type": "chat/reasoning", "turnId": "t1", "partId": "p1", "content": "y"}),
+                ReduceOutcome::Applied,
+            ),
+            (
+                json!({"type": "chat/delta", "turnId": "t1", "partId": "nope", "content": "z"}),
+                ReduceOutcome::NoOp,
+            ),
+            (
+                json!({"type": "chat/delta", "turnId": "t2", "partId": "p1", "content": "z"}),
+                ReduceOutcome::NoOp,
+            ),
+        ];
+        let check = |m: &mut SessionModel, action: &Value, expected: ReduceOutcome| {
+            let typed = typed_action(action);
+            let mut copy = m.chats[chat].clone();
+            let reducer = apply_action_to_chat(&mut copy, &typed);
+            assert_eq!(reducer, expected, "{action}");
+            assert_eq!(m.apply(chat, action, &typed), reducer, "{action}");
+            assert_eq!(m.chats[chat], copy, "{action}");
+        };
+        for (action, expected) in &pieces {
+            check(&mut m, action, expected.clone());
+        }
+        let Some(ResponsePart::Markdown(answer)) = m.chats[chat]
+            .active_turn
+            .as_ref()
+            .and_then(|t| t.response_parts.first())
+        else {
+            panic!("no answer");
+        };
+        assert_eq!(answer.content, "It works");
+        // With no turn running, nothing applies.
+        let done = json!({"type": "chat/turnComplete", "turnId": "t1", "duration": 1});
+        assert_eq!(apply(&mut m, chat, done), ReduceOutcome::Applied);
+        for (action, _) in &pieces {
+            check(&mut m, action, ReduceOutcome::NoOp);
+        }
     }
 
     #[test]
