@@ -58,7 +58,7 @@ impl SessionView {
         let view = SessionViewRef::of(model, live, updated_at);
         Self {
             id: view.id.to_owned(),
-            resource: view.resource,
+            resource: view.resource.into_owned(),
             project: view.project.to_owned(),
             provider: view.provider.to_owned(),
             title: view.title.map(Cow::into_owned),
@@ -81,7 +81,7 @@ impl Serialize for SessionView {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         SessionViewRef {
             id: &self.id,
-            resource: self.resource.clone(),
+            resource: Cow::Borrowed(&self.resource),
             project: &self.project,
             provider: &self.provider,
             title: self.title.as_deref().map(Cow::Borrowed),
@@ -109,7 +109,7 @@ impl Serialize for SessionView {
 #[serde(rename_all = "camelCase")]
 pub struct SessionViewRef<'a> {
     pub id: &'a str,
-    pub resource: String,
+    pub resource: Cow<'a, str>,
     pub project: &'a str,
     pub provider: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -135,7 +135,7 @@ impl<'a> SessionViewRef<'a> {
         let (state, cause) = model.projection.state_ref(live);
         Self {
             id: &model.id,
-            resource: model.uri(),
+            resource: Cow::Owned(model.uri()),
             project: &model.created.project,
             provider: &model.session.provider,
             title: model.projection.title_ref(),

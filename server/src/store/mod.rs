@@ -687,14 +687,16 @@ pub(crate) enum Prefixes {
     /// Text sorts by a locale (Postgres), where a prefix is no range of
     /// `log_channel`'s keys: it is the same range compared in the `"C"`
     /// collation, which partial indexes (migration 0017) hold for the
-    /// channels under sessions ([`UNDER_SESSIONS`]) alone. The condition
+    /// channels under sessions ([`under_sessions`]) alone. The condition
     /// names their predicate, so that the planner may use them.
     Collated,
 }
 
-/// The partial indexes' predicate (Postgres, migration 0017): a channel
-/// under a session, a changeset's or a terminal's.
-const UNDER_SESSIONS: &str = "(channel LIKE 'ahp-changeset:%' OR channel LIKE 'ahp-terminal:%')";
+/// The partial indexes' predicate on `column` (Postgres, migration 0017):
+/// a channel under a session, a changeset's or a terminal's.
+fn under_sessions(column: &str) -> String {
+    format!("({column} LIKE 'ahp-changeset:%' OR {column} LIKE 'ahp-terminal:%')")
+}
 
 /// The conditions on `column`, one per kind of channel, that together hold
 /// for every channel of the session whose id is `p` (the backend's
@@ -708,7 +710,7 @@ fn session_channel_kinds(column: &str, p: &str, prefixes: Prefixes) -> [String; 
         Prefixes::Collated => format!(
             "({} AND {column} COLLATE \"C\" > '{scheme}:/' || {p} || '/' \
               AND {column} COLLATE \"C\" < '{scheme}:/' || {p} || '0')",
-            UNDER_SESSIONS.replace("channel", column)
+            under_sessions(column)
         ),
     };
     [

@@ -624,6 +624,7 @@ impl Store for SqliteStore {
         self.writer
             .transaction_forgetting_keys(move |tx| {
                 let mut deleted = Vec::new();
+                let owned = super::owned_rows_sql("?1", super::Prefixes::Ranges);
                 for s in &sessions {
                     let gone = tx
                         .prepare_cached(
@@ -638,8 +639,8 @@ impl Store for SqliteStore {
                     // channels' numbers, not by a scan of the whole log.
                     let names = keys::session_names(tx, &s.id)?;
                     keys::delete_log(tx, &names)?;
-                    for sql in super::owned_rows_sql("?1", super::Prefixes::Ranges) {
-                        tx.prepare_cached(&sql)?.execute([&s.id])?;
+                    for sql in &owned {
+                        tx.prepare_cached(sql)?.execute([&s.id])?;
                     }
                     keys::delete_names(tx, &names)?;
                     deleted.push(s.id.clone());
