@@ -25,10 +25,17 @@ pub const MAX_DOC_BYTES: usize = 64 * 1024;
 /// How long a piece of an answer is before it ends (at the next character
 /// that separates words). Each piece is a document: a streamed delta
 /// rewrote the whole answer's document, up to [`MAX_DOC_BYTES`], on every
-/// commit; it rewrites one piece now. Words in two pieces are not found
-/// together (a phrase across a piece's end, or two words of a query
-/// pieces apart) until the pieces are.
+/// commit; it rewrites one piece now. Each piece's document also holds
+/// the last words of the piece before it (see [`PIECE_OVERLAP`]); two words
+/// of a query further apart than that, in two pieces, are not found
+/// together, and the search merges the pieces of one answer into one hit.
 pub const PIECE_BYTES: usize = 4 * 1024;
+
+/// How far a piece's document reaches back into the piece before it, in
+/// bytes (to the start of a word): a phrase across a piece's end is found
+/// in the later piece. That text never changes once the piece begins, so a
+/// delta still rewrites only the pieces it reaches.
+pub const PIECE_OVERLAP: usize = 256;
 
 /// The longest query accepted, in characters.
 pub const MAX_QUERY_CHARS: usize = 512;
@@ -110,6 +117,24 @@ pub fn pieces(text: &str) -> Vec<std::ops::Range<usize>> {
     found
 }
 
+/// Where the document of the piece starting at byte `start` of `text`
+/// begins: up to [`PIECE_OVERLAP`] bytes before it, never inside a word
+/// (a word longer than that is left out).
+pub fn piece_lead(text: &str, start: usize) -> usize {
+    let mut at = start.saturating_sub(PIECE_OVERLAP);
+    while !text.is_char_boundary(at) {
+        at += 1;
+    }
+    if text[..at].ends_with(char::is_alphanumeric) {
+        // Inside a word: from where it ends.
+        match text[at..start].find(|c: char| !c.is_alphanumeric()) {
+            Some(end) => at += end,
+            None => return start,
+        }
+    }
+    at
+}
+
 /// The documents an accepted action writes, read from the action and the
 /// session's model after it was folded in (a delta's are the pieces of its
 /// part's text so far that it reached). Empty when it says nothing
@@ -140,7 +165,11 @@ pub fn doc(model: &SessionModel, channel: &str, action: &Value) -> Vec<SearchDoc
                 } else {
                     format!("{key}~{n}")
                 };
-                doc(key, "answer", text[range].to_owned())
+                doc(
+                    key,
+                    "answer",
+                    text[piece_lead(text, range.start)..range.end].to_owned(),
+                )
             })
             .collect()
     };
@@ -528,6 +557,18 @@ mod tests {
             }
         }
         assert_eq!(found.last().unwrap().end, text.len());
+        // Each piece's document reaches back at most PIECE_OVERLAP bytes,
+        // into the piece before it only, from the start of a word.
+        for pair in found.windows(2) {
+            let lead = piece_lead(text, pair[1].start);
+            assert!(lead > pair[0].start, "{pair:?}");
+            assert!(pair[1].start - lead <= PIECE_OVERLAP, "{pair:?}");
+            assert!(
+                !text[..lead].ends_with(char::is_alphanumeric)
+                    || !text[lead..].starts_with(char::is_alphanumeric),
+                "{pair:?} leads from inside a word"
+            );
+        }
         found
     }
 
@@ -609,7 +650,10 @@ mod tests {
             }
             at = end;
         }
-        assert!(most < PIECE_BYTES + 64, "a delta rewrote {most} bytes");
+        assert!(
+            most < PIECE_BYTES + PIECE_OVERLAP + 64,
+            "a delta rewrote {most} bytes"
+        );
         let key = format!("answer:{chat}#t1#p1");
         assert!(
             index.contains_key(&key),
@@ -624,7 +668,34 @@ mod tests {
             })
             .collect();
         pieces.sort();
-        let indexed: Vec<String> = pieces.iter().flat_map(|(_, t)| words(t)).collect();
+        // Each document is its piece with the last words of the one before
+        // (so a phrase across a piece's end is in one document), and the
+        // pieces hold every word of the answer.
+        let ranges = super::pieces(&text);
+        assert_eq!(pieces.len(), ranges.len());
+        for ((n, indexed), range) in pieces.iter().zip(&ranges) {
+            assert_eq!(
+                indexed.as_str(),
+                &text[piece_lead(&text, range.start)..range.end],
+                "piece {n}"
+            );
+            if *n > 0 {
+                // Its words: the last few of the piece before, then its own.
+                let before: Vec<String> = words(&text[ranges[n - 1].clone()]).collect();
+                let own: Vec<String> = words(&text[range.clone()]).collect();
+                let all: Vec<String> = words(indexed).collect();
+                let lead = &all[..all.len() - own.len()];
+                assert!(all.ends_with(&own), "piece {n}");
+                assert!(
+                    lead.len() >= 2 && before.ends_with(lead),
+                    "piece {n} leads with {lead:?}"
+                );
+            }
+        }
+        let indexed: Vec<String> = ranges
+            .iter()
+            .flat_map(|r| words(&text[r.clone()]))
+            .collect();
         assert_eq!(indexed, words(&text).collect::<Vec<_>>());
     }
 

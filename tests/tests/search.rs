@@ -1,6 +1,6 @@
 //! Search over transcripts, through the real binary on both backends: what
 //! was said a moment ago is found (a streamed answer too, its words cut
-//! across deltas), phrases, prefixes and non-Latin text work, no query
+//! across deltas, a long one in pieces that are one hit), phrases, prefixes and non-Latin text work, no query
 //! breaks the backend's syntax, filters narrow, pages follow; what was
 //! written before the index existed is indexed when a host starts; and on
 //! several hosts, what one host commits is found through the other.
@@ -167,6 +167,21 @@ async fn what_was_said_a_moment_ago_is_found_with_its_place(db: TestDb) {
         );
         let snippet = found["items"][0]["snippet"].as_str().unwrap();
         assert!(snippet.contains(word), "{word}: {snippet}");
+    }
+    // Across a piece's end: the last word of one piece and the first of
+    // the next are found as a phrase (the later piece holds the end of the
+    // one before), and the word both pieces hold is one hit, not two.
+    let ranges = tether_protocol::search::pieces(&long);
+    assert!(ranges.len() > 2, "{ranges:?}");
+    let last = long[ranges[0].clone()].split_whitespace().last().unwrap();
+    let first = long[ranges[1].clone()].split_whitespace().next().unwrap();
+    for query in [format!("\"{last} {first}\""), last.to_owned()] {
+        let found = search(&base, &query).await;
+        assert_eq!(
+            places(&found),
+            [("ledger".into(), "answer".into(), "t3".into())],
+            "{query}: {found}"
+        );
     }
 
     // A tool call's title, and the command line.

@@ -9,6 +9,7 @@
 
 mod actor;
 pub mod attachments;
+mod chat_owners;
 mod client_tools;
 mod clients;
 mod command;
@@ -230,11 +231,10 @@ pub(crate) struct Ctx {
     mcp: mcp::McpHub,
     /// This host's terminals (agents' and clients').
     terminals: crate::agents::terminals::Terminals,
-    /// Which session owns each chat, as far as this host has looked (a
-    /// chat's owner never changes while it exists; the store is the
-    /// truth). Trusted only while the owner is in memory here (see
-    /// `Engine::chat_session`). At most [`CHATS_REMEMBERED`].
-    chats: Mutex<HashMap<String, String>>,
+    /// Which session owns each chat, as far as this host has looked.
+    /// Trusted only while the owner is in memory here (see
+    /// `Engine::chat_session`).
+    chats: chat_owners::ChatOwners,
     /// Sessions being deleted by retention: no actor starts for them.
     retiring: Mutex<std::collections::HashSet<String>>,
     root: tokio::sync::Mutex<RootModel>,
@@ -260,23 +260,6 @@ pub(crate) fn storage_unavailable(cause: &commit::CommitError) -> String {
         "Storage unavailable: the action was not recorded ({}); retry it.",
         cause.0
     )
-}
-
-/// Chats whose owners a host remembers: past this it forgets them all and
-/// asks the store again, so what a host holds does not grow with every
-/// chat it has ever seen.
-const CHATS_REMEMBERED: usize = 16_384;
-
-impl Ctx {
-    fn remember_chat(&self, chat: &str, session: &str) {
-        if let Ok(mut chats) = self.chats.lock() {
-            if chats.len() >= CHATS_REMEMBERED && !chats.contains_key(chat) {
-                // Its memory too, not only its entries.
-                *chats = HashMap::new();
-            }
-            chats.insert(chat.to_owned(), session.to_owned());
-        }
-    }
 }
 
 /// The engine handle; cheap to clone.
@@ -348,7 +331,7 @@ impl Engine {
             clients: clients::Presence::default(),
             mcp: mcp::McpHub::default(),
             terminals: crate::agents::terminals::Terminals::default(),
-            chats: Mutex::new(HashMap::new()),
+            chats: chat_owners::ChatOwners::default(),
             retiring: Mutex::new(std::collections::HashSet::new()),
             root: tokio::sync::Mutex::new(root),
             root_queue: Mutex::new(Vec::new()),
@@ -457,20 +440,14 @@ impl Engine {
     /// its chat's id taken by another session: the store is asked then, as
     /// a session's actor would ask it to load anyway.
     async fn chat_session(&self, chat: &str) -> Result<Option<String>, EngineError> {
-        let remembered = self
-            .ctx
-            .chats
-            .lock()
-            .ok()
-            .and_then(|c| c.get(chat).cloned());
-        if let Some(found) = remembered
+        if let Some(found) = self.ctx.chats.get(chat)
             && self.ctx.in_memory(&found)
         {
             return Ok(Some(found));
         }
         let found = self.stored_chat_session(chat).await?;
         if let Some(session) = &found {
-            self.ctx.remember_chat(chat, session);
+            self.ctx.chats.remember(chat, session);
         }
         Ok(found)
     }

@@ -69,9 +69,7 @@ pub(super) async fn round(ctx: &Arc<Ctx>) -> Result<usize, crate::store::StoreEr
     let deleted = result?;
     // Their chats are no longer theirs (the store's rows are gone): an id
     // made again starts afresh.
-    if let Ok(mut chats) = ctx.chats.lock() {
-        chats.retain(|_, session| !deleted.contains(session));
-    }
+    ctx.chats.forget_owned_by(&deleted);
     for s in held.iter().filter(|s| deleted.contains(&s.id)) {
         tracing::info!(session = %s.id, project = %s.project, "retention: settled session deleted");
         ctx.hub.notify(ROOT, &s.project, || {

@@ -141,10 +141,16 @@ pub(super) fn search_sql(
     in_list: impl Fn(&str) -> String,
 ) -> String {
     let scope = p(2, "list");
+    // The answers of one turn (and each one's pieces, `search::pieces`)
+    // are one hit, the best of them; every other document is its own.
     format!(
         "SELECT session_id, project, provider, title, state, chat, turn_id, kind, seq, at_ms, body \
+         FROM (SELECT ranked.*, ROW_NUMBER() OVER ( \
+                 PARTITION BY session_id, kind, chat, turn_id, \
+                              CASE WHEN kind = 'answer' THEN '' ELSE key END \
+                 ORDER BY score DESC, seq DESC) AS nth \
          FROM (SELECT d.session_id, s.project, s.provider, s.title, s.state, d.chat, d.turn_id, \
-                      d.kind, d.seq, d.at_ms, d.body, {score} AS score \
+                      d.kind, d.key, d.seq, d.at_ms, d.body, {score} AS score \
                FROM {from} JOIN sessions s ON s.id = d.session_id \
                WHERE {matches} \
                  AND ({scope} IS NULL OR {in_list}) \
@@ -153,7 +159,8 @@ pub(super) fn search_sql(
                  AND ({state} IS NULL OR s.state = {state}) \
                  AND ({since} IS NULL OR d.at_ms >= {since}) \
                  AND ({until} IS NULL OR d.at_ms < {until}) \
-               ORDER BY {newest} LIMIT {RANKED_WINDOW}) ranked \
+               ORDER BY {newest} LIMIT {RANKED_WINDOW}) ranked) hits \
+         WHERE nth = 1 \
          ORDER BY score DESC, seq DESC LIMIT {limit} OFFSET {offset}",
         in_list = in_list(&scope),
         project = p(3, "text"),

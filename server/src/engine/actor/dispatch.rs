@@ -173,7 +173,7 @@ impl SessionActor {
                             .pointer("/summary/resource")
                             .and_then(Value::as_str)
                     {
-                        self.ctx.remember_chat(chat, &self.id);
+                        self.ctx.chats.remember(chat, &self.id);
                         chats.push(chat.to_owned());
                     }
                     let owner = (kind == "session/activeClientSet" && d.origin.is_some())

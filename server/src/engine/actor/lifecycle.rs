@@ -111,7 +111,7 @@ impl SessionActor {
             _ => {}
         }
         for chat in model.chats.keys() {
-            self.ctx.remember_chat(chat, &self.id);
+            self.ctx.chats.remember(chat, &self.id);
         }
         self.model = Some(model);
         self.since_snapshot += 1;

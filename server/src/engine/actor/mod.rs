@@ -438,7 +438,7 @@ impl SessionActor {
         let mut model = super::rebuild::load_model(self.ctx.store.as_ref(), &self.id, true).await?;
         if let Some(m) = &mut model {
             for chat in m.chats.keys() {
-                self.ctx.remember_chat(chat, &self.id);
+                self.ctx.chats.remember(chat, &self.id);
             }
             for chunk in m.take_trimmed().chunks(ARCHIVE_CHUNK) {
                 // The session serves on without them: the archive is a
