@@ -27,6 +27,7 @@ backend_tests!(
     an_evicted_or_restarted_session_rebuilds_the_same_state,
     nothing_reaches_a_subscriber_before_it_is_committed,
     a_subscriber_whose_inbox_overflows_catches_up_from_the_store,
+    a_long_replay_is_whole_and_in_order_and_its_bounds_hold,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -656,5 +657,100 @@ async fn a_subscriber_whose_inbox_overflows_catches_up_from_the_store(db: TestDb
         .collect();
     let delivered: Vec<u64> = seen.iter().map(|e| e.server_seq).collect();
     assert_eq!(delivered, stored);
+    server.stop().await;
+}
+
+/// A replay longer than one read (it reads pages that grow, up to what the
+/// backend reads best) holds every envelope once, in order; and the count
+/// and byte bounds still turn a replay one past them into snapshots.
+async fn a_long_replay_is_whole_and_in_order_and_its_bounds_hold(db: TestDb) {
+    const TITLES: usize = 3_500;
+    let server = TestServer::start(&db).await;
+    let client = server.initialized("filler").await;
+    create(&client, "long").await;
+    let (_, mut sub) = client.subscribe("ahp-session:/long".into()).await.unwrap();
+    for i in 0..TITLES {
+        client
+            .dispatch(
+                "ahp-session:/long".into(),
+                action(json!({"type": "session/titleChanged", "title": format!("t{i}")})),
+            )
+            .await
+            .unwrap();
+    }
+    let last = format!("t{}", TITLES - 1);
+    while title_of(&next_envelope(&mut sub).await) != last {}
+    client.shutdown().await;
+    let reconnect = |server: &TestServer| {
+        let url = server.ws_url();
+        async move {
+            let client = tether_tests::initialized_at(&url, "reader").await;
+            let result = client
+                .reconnect("reader".into(), 0, vec!["ahp-session:/long".into()])
+                .await
+                .unwrap();
+            client.shutdown().await;
+            result
+        }
+    };
+    let ReconnectResult::Replay(replay) = reconnect(&server).await else {
+        panic!("a replay within the bounds")
+    };
+    let titles: Vec<String> = replay
+        .actions
+        .iter()
+        .map(title_of)
+        .filter(|t| !t.is_empty())
+        .collect();
+    assert_eq!(
+        titles,
+        (0..TITLES).map(|i| format!("t{i}")).collect::<Vec<_>>()
+    );
+    assert!(
+        replay
+            .actions
+            .windows(2)
+            .all(|w| w[0].server_seq < w[1].server_seq)
+    );
+    let count = replay.actions.len();
+    server.stop().await;
+
+    // One envelope past the count bound, or past the byte bound: snapshots.
+    for ws in [
+        WsLimits {
+            max_replay: count as u32 - 1,
+            ..WsLimits::default()
+        },
+        WsLimits {
+            max_replay_bytes: 100 * 1024,
+            ..WsLimits::default()
+        },
+    ] {
+        let config = ServeConfig {
+            ws,
+            ..ServeConfig::default()
+        };
+        let server = TestServer::start_with(db.open().await, config).await;
+        match reconnect(&server).await {
+            ReconnectResult::Snapshot(snapshots) => {
+                assert_eq!(snapshots.snapshots.len(), 1);
+            }
+            other => panic!("expected snapshots, got {other:?}"),
+        }
+        server.stop().await;
+    }
+    // At the count bound exactly: the whole replay.
+    let config = ServeConfig {
+        ws: WsLimits {
+            max_replay: count as u32,
+            ..WsLimits::default()
+        },
+        ..ServeConfig::default()
+    };
+    let server = TestServer::start_with(db.open().await, config).await;
+    match reconnect(&server).await {
+        ReconnectResult::Replay(replay) => assert_eq!(replay.actions.len(), count),
+        other => panic!("expected the replay, got {other:?}"),
+    }
     server.stop().await;
 }

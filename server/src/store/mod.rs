@@ -451,6 +451,16 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// What is known about an origin, if anything.
     async fn origin_outcome(&self, origin: &Origin) -> Result<Option<OriginOutcome>, StoreError>;
 
+    /// How many envelopes a long replay asks [`Store::read_after`] for at
+    /// once, at most (it starts with fewer and doubles). Measured with
+    /// `tether-load catchup` (`BENCHMARKS.md`): SQLite reads fastest in
+    /// pages of 1,000 (larger ones leave the caches), Postgres in pages as
+    /// large as it reads (each page a transaction of round trips and a
+    /// plan).
+    fn replay_page_rows(&self) -> u32 {
+        1_000
+    }
+
     /// Envelopes with seq above `after`, oldest first, at most `limit`
     /// (capped at [`MAX_READ_LIMIT`]); only those on `channels` when given.
     async fn read_after(

@@ -13,6 +13,7 @@ use super::rpc::{
 };
 use crate::engine::fanout::{action_frame, write_envelope};
 use crate::engine::{CreateSession, DispatchOutcome, EngineError, RefusalKind, summary};
+use crate::store::MAX_READ_LIMIT;
 use crate::store::{Origin, SessionFilter};
 
 /// The `_meta` key of `initialize` and `reconnect` with which a client asks
@@ -199,11 +200,13 @@ impl Connection {
         // seqs above `horizon` will be issued again, to other envelopes.
         // It starts over from snapshots, as after too large a gap.
         let mut too_many = last_seen > horizon;
+        let mut rows = CATCH_UP_PAGE.min(limit.saturating_add(1));
+        let most = self.engine.store().replay_page_rows();
         while after < horizon && !present.is_empty() {
             let page = self
                 .engine
                 .store()
-                .read_after(after, Some(&present), CATCH_UP_PAGE)
+                .read_after(after, Some(&present), rows)
                 .await
                 .map_err(RpcError::unavailable)?;
             let Some(last) = page.last() else { break };
@@ -230,6 +233,14 @@ impl Connection {
                 too_many = true;
                 break;
             }
+            rows = next_replay_page(
+                rows,
+                most,
+                limit as usize - count,
+                self.limits.max_replay_bytes,
+                reply.len() - head,
+                count,
+            );
         }
         if too_many {
             let mut snapshots = Vec::new();
@@ -545,5 +556,88 @@ impl Connection {
             ));
         }
         Ok(json!({}))
+    }
+}
+
+/// How many envelopes a replay's next read takes: twice the last read, up
+/// to `most` (the store's [`Store::replay_page_rows`]), and never more than
+/// would show the reply too large: one past the `count_left` it may still
+/// hold, or past its byte budget at the envelopes' size so far. A page
+/// read never holds much more than the reply may.
+///
+/// [`Store::replay_page_rows`]: crate::store::Store::replay_page_rows
+fn next_replay_page(
+    last: u32,
+    most: u32,
+    count_left: usize,
+    max_bytes: usize,
+    bytes: usize,
+    envelopes: usize,
+) -> u32 {
+    let by_count = count_left.saturating_add(1);
+    let each = bytes.div_ceil(envelopes.max(1)).max(1);
+    let by_bytes = (max_bytes.saturating_sub(bytes) / each).saturating_add(1);
+    let rows = (last as usize * 2).min(by_count).min(by_bytes);
+    rows.clamp(1, most.clamp(1, MAX_READ_LIMIT) as usize) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replay_reads_larger_pages_but_never_far_past_its_limits() {
+        // Doubling, up to what the store reads best at once.
+        let mut rows = CATCH_UP_PAGE;
+        let mut sizes = Vec::new();
+        for _ in 0..6 {
+            rows = next_replay_page(rows, MAX_READ_LIMIT, 1_000_000, usize::MAX, 200_000, 1_000);
+            sizes.push(rows);
+        }
+        assert_eq!(
+            sizes,
+            [
+                2_000,
+                4_000,
+                8_000,
+                MAX_READ_LIMIT,
+                MAX_READ_LIMIT,
+                MAX_READ_LIMIT
+            ]
+        );
+        assert_eq!(
+            next_replay_page(1_000, 1_000, 1_000_000, usize::MAX, 0, 1),
+            1_000
+        );
+        assert_eq!(
+            next_replay_page(1_000, u32::MAX, 1_000_000, usize::MAX, 0, 1),
+            2_000
+        );
+        // One past what the reply may still hold tells it is too many.
+        assert_eq!(
+            next_replay_page(8_000, MAX_READ_LIMIT, 300, usize::MAX, 0, 1),
+            301
+        );
+        assert_eq!(
+            next_replay_page(8_000, MAX_READ_LIMIT, 0, usize::MAX, 0, 1),
+            1
+        );
+        // At 200 bytes an envelope, 1 MB left is 5,000 envelopes and one more.
+        assert_eq!(
+            next_replay_page(
+                8_000,
+                MAX_READ_LIMIT,
+                1_000_000,
+                2_000_000,
+                1_000_000,
+                5_000
+            ),
+            5_001
+        );
+        // Its bytes spent: one more, to find out.
+        assert_eq!(
+            next_replay_page(8_000, MAX_READ_LIMIT, 1_000_000, 1_000, 1_000, 5),
+            1
+        );
     }
 }

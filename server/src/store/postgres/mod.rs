@@ -241,6 +241,10 @@ impl Store for PostgresStore {
         Ok(outcome)
     }
 
+    fn replay_page_rows(&self) -> u32 {
+        crate::store::MAX_READ_LIMIT
+    }
+
     async fn read_after(
         &self,
         after: u64,
