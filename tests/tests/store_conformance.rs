@@ -421,6 +421,27 @@ async fn read_after_returns_exactly_the_suffix_in_order(db: TestDb) {
             .unwrap()
             .is_empty()
     );
+    // Within a byte budget: up to and including the envelope that takes
+    // the read past it, whatever the row limit, on all channels or some.
+    for channels in [None, Some(&wanted[..])] {
+        let whole = store.read_after(20, channels, 1000).await.unwrap();
+        let bytes: Vec<usize> = whole
+            .iter()
+            .scan(0, |sum, e| {
+                *sum += e.read_bytes();
+                Some(*sum)
+            })
+            .collect();
+        for max in [0, bytes[0], bytes[0] + 1, bytes[4], bytes[bytes.len() - 1]] {
+            let cut = store
+                .read_after_within(20, channels, 1000, max)
+                .await
+                .unwrap();
+            let taken = bytes.iter().take_while(|&&b| b <= max).count();
+            let expected = &whole[..(taken + 1).min(whole.len())];
+            assert_eq!(cut, expected, "{channels:?} within {max}");
+        }
+    }
     store.close().await;
 }
 

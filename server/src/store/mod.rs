@@ -265,6 +265,14 @@ pub struct StoredEnvelope {
     pub at_ms: i64,
 }
 
+impl StoredEnvelope {
+    /// What it counts against a read's byte budget
+    /// ([`Store::read_after_within`]): its action's and channel's bytes.
+    pub fn read_bytes(&self) -> usize {
+        self.action.len() + self.channel.len()
+    }
+}
+
 /// A refused dispatch, recorded so a retry gets the same answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
@@ -468,6 +476,21 @@ pub trait Store: Send + Sync + fmt::Debug {
         after: u64,
         channels: Option<&[String]>,
         limit: u32,
+    ) -> Result<Vec<StoredEnvelope>, StoreError> {
+        self.read_after_within(after, channels, limit, usize::MAX)
+            .await
+    }
+
+    /// As [`Store::read_after`], stopping after the envelope whose action
+    /// and channel take the read's bytes past `max_bytes`: a read for a
+    /// reply with a byte budget holds at most one envelope more than the
+    /// reply may, however large the envelopes after the first ones are.
+    async fn read_after_within(
+        &self,
+        after: u64,
+        channels: Option<&[String]>,
+        limit: u32,
+        max_bytes: usize,
     ) -> Result<Vec<StoredEnvelope>, StoreError>;
 
     /// A page of one session's transcript (the session channel and the chats

@@ -206,7 +206,14 @@ impl Connection {
             let page = self
                 .engine
                 .store()
-                .read_after(after, Some(&present), rows)
+                .read_after_within(
+                    after,
+                    Some(&present),
+                    rows,
+                    self.limits
+                        .max_replay_bytes
+                        .saturating_sub(reply.len() - head),
+                )
                 .await
                 .map_err(RpcError::unavailable)?;
             let Some(last) = page.last() else { break };
@@ -233,14 +240,7 @@ impl Connection {
                 too_many = true;
                 break;
             }
-            rows = next_replay_page(
-                rows,
-                most,
-                limit as usize - count,
-                self.limits.max_replay_bytes,
-                reply.len() - head,
-                count,
-            );
+            rows = next_replay_page(rows, most, limit as usize - count);
         }
         if too_many {
             let mut snapshots = Vec::new();
@@ -561,23 +561,14 @@ impl Connection {
 
 /// How many envelopes a replay's next read takes: twice the last read, up
 /// to `most` (the store's [`Store::replay_page_rows`]), and never more than
-/// would show the reply too large: one past the `count_left` it may still
-/// hold, or past its byte budget at the envelopes' size so far. A page
-/// read never holds much more than the reply may.
+/// one past the `count_left` the reply may still hold (which tells it is
+/// too long). Its bytes are bounded by the read itself
+/// ([`Store::read_after_within`]).
 ///
 /// [`Store::replay_page_rows`]: crate::store::Store::replay_page_rows
-fn next_replay_page(
-    last: u32,
-    most: u32,
-    count_left: usize,
-    max_bytes: usize,
-    bytes: usize,
-    envelopes: usize,
-) -> u32 {
-    let by_count = count_left.saturating_add(1);
-    let each = bytes.div_ceil(envelopes.max(1)).max(1);
-    let by_bytes = (max_bytes.saturating_sub(bytes) / each).saturating_add(1);
-    let rows = (last as usize * 2).min(by_count).min(by_bytes);
+/// [`Store::read_after_within`]: crate::store::Store::read_after_within
+fn next_replay_page(last: u32, most: u32, count_left: usize) -> u32 {
+    let rows = (last as usize * 2).min(count_left.saturating_add(1));
     rows.clamp(1, most.clamp(1, MAX_READ_LIMIT) as usize) as u32
 }
 
@@ -586,12 +577,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_replay_reads_larger_pages_but_never_far_past_its_limits() {
+    fn a_replay_reads_larger_pages_but_never_past_its_count() {
         // Doubling, up to what the store reads best at once.
         let mut rows = CATCH_UP_PAGE;
         let mut sizes = Vec::new();
         for _ in 0..6 {
-            rows = next_replay_page(rows, MAX_READ_LIMIT, 1_000_000, usize::MAX, 200_000, 1_000);
+            rows = next_replay_page(rows, MAX_READ_LIMIT, 1_000_000);
             sizes.push(rows);
         }
         assert_eq!(
@@ -605,39 +596,10 @@ mod tests {
                 MAX_READ_LIMIT
             ]
         );
-        assert_eq!(
-            next_replay_page(1_000, 1_000, 1_000_000, usize::MAX, 0, 1),
-            1_000
-        );
-        assert_eq!(
-            next_replay_page(1_000, u32::MAX, 1_000_000, usize::MAX, 0, 1),
-            2_000
-        );
+        assert_eq!(next_replay_page(1_000, 1_000, 1_000_000), 1_000);
+        assert_eq!(next_replay_page(1_000, u32::MAX, 1_000_000), 2_000);
         // One past what the reply may still hold tells it is too many.
-        assert_eq!(
-            next_replay_page(8_000, MAX_READ_LIMIT, 300, usize::MAX, 0, 1),
-            301
-        );
-        assert_eq!(
-            next_replay_page(8_000, MAX_READ_LIMIT, 0, usize::MAX, 0, 1),
-            1
-        );
-        // At 200 bytes an envelope, 1 MB left is 5,000 envelopes and one more.
-        assert_eq!(
-            next_replay_page(
-                8_000,
-                MAX_READ_LIMIT,
-                1_000_000,
-                2_000_000,
-                1_000_000,
-                5_000
-            ),
-            5_001
-        );
-        // Its bytes spent: one more, to find out.
-        assert_eq!(
-            next_replay_page(8_000, MAX_READ_LIMIT, 1_000_000, 1_000, 1_000, 5),
-            1
-        );
+        assert_eq!(next_replay_page(8_000, MAX_READ_LIMIT, 300), 301);
+        assert_eq!(next_replay_page(8_000, MAX_READ_LIMIT, 0), 1);
     }
 }

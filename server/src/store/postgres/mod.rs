@@ -172,6 +172,27 @@ impl PostgresStore {
     }
 }
 
+/// The envelopes of `rows` in order, until one takes their bytes past
+/// `max_bytes` (see [`Store::read_after_within`]); the rest are not read
+/// into memory.
+async fn envelopes_within(
+    mut rows: impl futures_util::Stream<Item = Result<rows::EnvelopeColumns, sqlx::Error>> + Unpin,
+    max_bytes: usize,
+) -> Result<Vec<StoredEnvelope>, StoreError> {
+    use futures_util::TryStreamExt as _;
+    let mut found = Vec::new();
+    let mut bytes = 0usize;
+    while let Some(columns) = rows.try_next().await? {
+        let envelope: StoredEnvelope = rows::Envelope::from(columns).try_into()?;
+        bytes = bytes.saturating_add(envelope.read_bytes());
+        found.push(envelope);
+        if bytes > max_bytes {
+            break;
+        }
+    }
+    Ok(found)
+}
+
 #[async_trait]
 impl Store for PostgresStore {
     fn backend(&self) -> Backend {
@@ -245,27 +266,29 @@ impl Store for PostgresStore {
         crate::store::MAX_READ_LIMIT
     }
 
-    async fn read_after(
+    async fn read_after_within(
         &self,
         after: u64,
         channels: Option<&[String]>,
         limit: u32,
+        max_bytes: usize,
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
-        let found: Vec<rows::EnvelopeColumns> = match channels {
+        let (after, limit) = (seq_to_db(after), clamp_limit(limit));
+        match channels {
             None => {
-                sqlx::query_as(
+                let rows = sqlx::query_as(
                     "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, at_ms \
                      FROM log WHERE seq > $1 ORDER BY seq LIMIT $2",
                 )
-                .bind(seq_to_db(after))
-                .bind(clamp_limit(limit))
-                .fetch_all(&self.pool)
-                .await?
+                .bind(after)
+                .bind(limit)
+                .fetch(&self.pool);
+                envelopes_within(rows, max_bytes).await
             }
             Some(channels) => {
                 // One ordered scan of `log_channel` per channel, merged.
                 let mut tx = self.begin_channel_read().await?;
-                let found = sqlx::query_as(
+                let rows = sqlx::query_as(
                     "SELECT l.seq, l.channel, l.session_id, l.action, l.client_id, l.client_seq, \
                             l.origin_scope, l.at_ms \
                      FROM (SELECT DISTINCT UNNEST($2::text[]) AS channel) AS c \
@@ -274,19 +297,15 @@ impl Store for PostgresStore {
                                          ORDER BY log.seq LIMIT $3) AS l \
                      ORDER BY l.seq LIMIT $3",
                 )
-                .bind(seq_to_db(after))
+                .bind(after)
                 .bind(channels)
-                .bind(clamp_limit(limit))
-                .fetch_all(&mut *tx)
-                .await?;
+                .bind(limit)
+                .fetch(&mut *tx);
+                let found = envelopes_within(rows, max_bytes).await?;
                 tx.commit().await?;
-                found
+                Ok(found)
             }
-        };
-        found
-            .into_iter()
-            .map(|columns| rows::Envelope::from(columns).try_into())
-            .collect()
+        }
     }
 
     async fn transcript(

@@ -200,13 +200,16 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn read_after(
+    async fn read_after_within(
         &self,
         after: u64,
         channels: Option<&[String]>,
         limit: u32,
+        max_bytes: usize,
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
-        self.pages.read_after(after, channels, limit).await
+        self.pages
+            .read_after(after, channels, limit, max_bytes)
+            .await
     }
 
     async fn transcript(

@@ -40,6 +40,7 @@ impl Pages {
         after: u64,
         channels: Option<&[String]>,
         limit: u32,
+        max_bytes: usize,
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
         let channels = channels
             .map(serde_json::to_string)
@@ -51,9 +52,11 @@ impl Pages {
             .await
             .map_err(|_| StoreError::Corrupt("the store is closed".into()))?;
         let pages = self.clone();
-        tokio::task::spawn_blocking(move || pages.read(after, channels.as_deref(), limit))
-            .await
-            .map_err(|e| StoreError::Corrupt(format!("a log page read failed: {e}")))?
+        tokio::task::spawn_blocking(move || {
+            pages.read(after, channels.as_deref(), limit, max_bytes)
+        })
+        .await
+        .map_err(|e| StoreError::Corrupt(format!("a log page read failed: {e}")))?
     }
 
     fn read(
@@ -61,13 +64,14 @@ impl Pages {
         after: u64,
         channels: Option<&str>,
         limit: u32,
+        max_bytes: usize,
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
         let idle = self.idle.lock().ok().and_then(|mut idle| idle.pop());
         let db = match idle {
             Some(db) => db,
             None => self.open()?,
         };
-        let page = read_page(&db, after, channels, limit)?;
+        let page = read_page(&db, after, channels, limit, max_bytes)?;
         // Kept only after a read that worked: a broken connection goes.
         if let Ok(mut idle) = self.idle.lock() {
             idle.push(db);
@@ -93,10 +97,13 @@ fn read_page(
     after: u64,
     channels: Option<&str>,
     limit: u32,
+    max_bytes: usize,
 ) -> Result<Vec<StoredEnvelope>, StoreError> {
     let (after, limit) = (seq_to_db(after), clamp_limit(limit));
     let mut page = Vec::with_capacity(usize::try_from(limit).unwrap_or(0).min(1024));
-    let mut push = |row: &rusqlite::Row<'_>| -> Result<(), StoreError> {
+    let mut bytes = 0usize;
+    // Whether the page is full (its bytes past `max_bytes`).
+    let mut push = |row: &rusqlite::Row<'_>| -> Result<bool, StoreError> {
         let client_id: Option<String> = row.get(4)?;
         let client_seq: Option<i64> = row.get(5)?;
         let origin = match (client_id, client_seq) {
@@ -115,7 +122,8 @@ fn read_page(
             origin,
             at_ms: row.get(7)?,
         });
-        Ok(())
+        bytes = bytes.saturating_add(page.last().map_or(0, StoredEnvelope::read_bytes));
+        Ok(bytes > max_bytes)
     };
     match channels {
         None => {
@@ -126,7 +134,9 @@ fn read_page(
             )?;
             let mut rows = statement.query((after, limit))?;
             while let Some(row) = rows.next()? {
-                push(row)?;
+                if push(row)? {
+                    break;
+                }
             }
         }
         Some(channels) => {
@@ -139,7 +149,9 @@ fn read_page(
             )?;
             let mut rows = statement.query((after, channels, limit))?;
             while let Some(row) = rows.next()? {
-                push(row)?;
+                if push(row)? {
+                    break;
+                }
             }
         }
     }
