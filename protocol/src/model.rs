@@ -593,31 +593,23 @@ mod tests {
         ] {
             assert_eq!(apply(&mut m, chat, action), ReduceOutcome::Applied);
         }
+        let piece = |kind: &str, turn: &str, part: &str, content: &str| json!({"type": kind, "turnId": turn, "partId": part, "content": content});
         let pieces = [
             (
-                json!({"type": "chat/delta", "turnId": "t1", "partId": "p1", "content": "works"}),
+                piece("chat/delta", "t1", "p1", "works"),
                 ReduceOutcome::Applied,
             ),
             (
-                json!({"type": "chat/reasoning", "turnId": "t1", "partId": "r1", "content": "m."}),
+                piece("chat/reasoning", "t1", "r1", "m."),
                 ReduceOutcome::Applied,
             ),
+            (piece("chat/delta", "t1", "c1", "x"), ReduceOutcome::Applied),
             (
-                json!({"type": "chat/delta", "turnId": "t1", "partId": "c1", "content": "x"}),
+                piece("chat/reasoning", "t1", "p1", "y"),
                 ReduceOutcome::Applied,
             ),
-            (
-                json!({"type": "chat/reasoning", "turnId": "t1", "partId": "p1", "content": "y"}),
-                ReduceOutcome::Applied,
-            ),
-            (
-                json!({"type": "chat/delta", "turnId": "t1", "partId": "nope", "content": "z"}),
-                ReduceOutcome::NoOp,
-            ),
-            (
-                json!({"type": "chat/delta", "turnId": "t2", "partId": "p1", "content": "z"}),
-                ReduceOutcome::NoOp,
-            ),
+            (piece("chat/delta", "t1", "nope", "z"), ReduceOutcome::NoOp),
+            (piece("chat/delta", "t2", "p1", "z"), ReduceOutcome::NoOp),
         ];
         let check = |m: &mut SessionModel, action: &Value, expected: ReduceOutcome| {
             let typed = typed_action(action);

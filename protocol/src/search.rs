@@ -67,11 +67,7 @@ fn str_of<'a>(value: &'a Value, key: &str) -> &'a str {
 
 fn cut(mut text: String) -> String {
     if text.len() > MAX_DOC_BYTES {
-        let mut end = MAX_DOC_BYTES;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
+        text.truncate(text.floor_char_boundary(MAX_DOC_BYTES));
     }
     text
 }
@@ -86,18 +82,12 @@ pub fn pieces(text: &str) -> Vec<std::ops::Range<usize>> {
     let mut found = Vec::new();
     let mut start = 0;
     loop {
-        let mut from = start + PIECE_BYTES;
-        if from >= text.len() {
+        if start + PIECE_BYTES >= text.len() {
             break;
         }
-        while !text.is_char_boundary(from) {
-            from += 1;
-        }
+        let from = text.ceil_char_boundary(start + PIECE_BYTES);
         let cap = start + MAX_DOC_BYTES;
-        let mut limit = cap.min(text.len());
-        while !text.is_char_boundary(limit) {
-            limit -= 1;
-        }
+        let limit = text.floor_char_boundary(cap);
         match text[from..limit].find(|c: char| !c.is_alphanumeric()) {
             Some(at) => {
                 let end = from + at;
@@ -121,10 +111,7 @@ pub fn pieces(text: &str) -> Vec<std::ops::Range<usize>> {
 /// begins: up to [`PIECE_OVERLAP`] bytes before it, never inside a word
 /// (a word longer than that is left out).
 pub fn piece_lead(text: &str, start: usize) -> usize {
-    let mut at = start.saturating_sub(PIECE_OVERLAP);
-    while !text.is_char_boundary(at) {
-        at += 1;
-    }
+    let mut at = text.ceil_char_boundary(start.saturating_sub(PIECE_OVERLAP));
     if text[..at].ends_with(char::is_alphanumeric) {
         // Inside a word: from where it ends.
         match text[at..start].find(|c: char| !c.is_alphanumeric()) {
@@ -587,10 +574,7 @@ mod tests {
         let mut at = 0;
         let mut step = 1;
         while at < text.len() {
-            at = (at + step).min(text.len());
-            while !text.is_char_boundary(at) {
-                at += 1;
-            }
+            at = text.ceil_char_boundary(at + step);
             step = step % 97 + 13;
             let now = check_pieces(&text[..at]);
             assert_eq!(now[..now.len() - 1], whole[..now.len() - 1], "at {at}");
@@ -620,13 +604,7 @@ mod tests {
             "message": {"text": "go", "origin": {"kind": "user"}}}));
         let text = prose(MAX_DOC_BYTES + 3 * PIECE_BYTES);
         let mut index = std::collections::BTreeMap::new();
-        let boundary = |mut at: usize| {
-            while !text.is_char_boundary(at) {
-                at += 1;
-            }
-            at
-        };
-        let mut at = boundary(10);
+        let mut at = text.ceil_char_boundary(10);
         let first = apply(json!({"type": "chat/responsePart", "turnId": "t1",
             "part": {"kind": "markdown", "id": "p1", "content": &text[..at]}}));
         for d in first {
@@ -634,7 +612,7 @@ mod tests {
         }
         let mut most = 0;
         while at < text.len() {
-            let end = boundary((at + 37).min(text.len()));
+            let end = text.ceil_char_boundary(at + 37);
             let docs = apply(json!({"type": "chat/delta", "turnId": "t1", "partId": "p1",
                 "content": &text[at..end]}));
             assert!(
