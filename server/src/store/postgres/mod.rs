@@ -164,11 +164,11 @@ impl PostgresStore {
     /// `after` and sorts them, on every page: a long catch-up became
     /// quadratic.
     async fn begin_channel_read(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SET LOCAL enable_bitmapscan = off")
-            .execute(&mut *tx)
-            .await?;
-        Ok(tx)
+        // One round trip: the setting rides on the `BEGIN`.
+        Ok(self
+            .pool
+            .begin_with("BEGIN; SET LOCAL enable_bitmapscan = off")
+            .await?)
     }
 }
 
