@@ -276,6 +276,29 @@ impl StoredEnvelope {
     }
 }
 
+/// A read's byte budget ([`Store::read_after_within`]), spent envelope by
+/// envelope: the read stops after the one that goes past it.
+pub(crate) struct ByteBudget {
+    left: usize,
+}
+
+impl ByteBudget {
+    pub(crate) fn new(max_bytes: usize) -> Self {
+        Self { left: max_bytes }
+    }
+
+    /// Counts `envelope`; `true` once the read has gone past its budget.
+    pub(crate) fn spend(&mut self, envelope: &StoredEnvelope) -> bool {
+        match self.left.checked_sub(envelope.read_bytes()) {
+            Some(left) => {
+                self.left = left;
+                false
+            }
+            None => true,
+        }
+    }
+}
+
 /// A refused dispatch, recorded so a retry gets the same answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {

@@ -181,12 +181,12 @@ async fn envelopes_within(
 ) -> Result<Vec<StoredEnvelope>, StoreError> {
     use futures_util::TryStreamExt as _;
     let mut found = Vec::new();
-    let mut bytes = 0usize;
+    let mut budget = crate::store::ByteBudget::new(max_bytes);
     while let Some(columns) = rows.try_next().await? {
         let envelope: StoredEnvelope = rows::Envelope::from(columns).try_into()?;
-        bytes = bytes.saturating_add(envelope.read_bytes());
+        let spent = budget.spend(&envelope);
         found.push(envelope);
-        if bytes > max_bytes {
+        if spent {
             break;
         }
     }

@@ -101,7 +101,7 @@ fn read_page(
 ) -> Result<Vec<StoredEnvelope>, StoreError> {
     let (after, limit) = (seq_to_db(after), clamp_limit(limit));
     let mut page = Vec::with_capacity(usize::try_from(limit).unwrap_or(0).min(1024));
-    let mut bytes = 0usize;
+    let mut budget = crate::store::ByteBudget::new(max_bytes);
     // Whether the page is full (its bytes past `max_bytes`).
     let mut push = |row: &rusqlite::Row<'_>| -> Result<bool, StoreError> {
         let client_id: Option<String> = row.get(4)?;
@@ -114,16 +114,17 @@ fn read_page(
             }),
             _ => None,
         };
-        page.push(StoredEnvelope {
+        let envelope = StoredEnvelope {
             seq: seq_from_db(row.get(0)?)?,
             channel: row.get(1)?,
             session_id: row.get(2)?,
             action: row.get(3)?,
             origin,
             at_ms: row.get(7)?,
-        });
-        bytes = bytes.saturating_add(page.last().map_or(0, StoredEnvelope::read_bytes));
-        Ok(bytes > max_bytes)
+        };
+        let spent = budget.spend(&envelope);
+        page.push(envelope);
+        Ok(spent)
     };
     match channels {
         None => {
