@@ -579,3 +579,123 @@ async fn a_chat_id_freed_by_another_hosts_retention_is_routed_to_its_new_owner()
         .count();
     assert_eq!(turns, 1, "{page}");
 }
+
+/// The same with the deleted owner's proxy kept in memory on A by reads:
+/// B holds the session, A forwards a chat write to it and then only reads
+/// it. B lets it go idle, B's retention deletes it (A's copy holds no
+/// lease, so nothing stops it) and another session takes the chat's id.
+/// A asks the store, not its memory of a session it does not hold.
+#[tokio::test]
+async fn a_chat_whose_old_owner_is_only_read_on_this_host_is_routed_to_its_new_owner() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let common = ["--lease-ttl-ms", "1500", "--actor-idle-secs", "1"];
+    let a = ServerProcess::start(
+        &db,
+        &[&common[..], &["--retention-interval-secs", "3600"]].concat(),
+    )
+    .await;
+    let b = ServerProcess::start(
+        &db,
+        &[&common[..], &["--retention-interval-secs", "1"]].concat(),
+    )
+    .await;
+    let (on_a, on_b) = (a.base_url(), b.base_url());
+    let (status, body) = call(
+        &on_b,
+        "POST",
+        "/v1/sessions",
+        Some(json!({"id": "watched", "project": "keep", "provider": "echo"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let client_b = initialized_at(&b.ws_url(), "watch-b").await;
+    create_chat(&client_b, "watched", "ahp-chat:/watched-chat")
+        .await
+        .expect("B creates the chat");
+    let turn = |session: &str, seq: u64| {
+        (
+            format!("/v1/sessions/{session}/actions"),
+            json!({"clientId": "watch-rest", "clientSeq": seq, "channel": "ahp-chat:/watched-chat",
+                   "action": {"type": "chat/turnStarted", "turnId": format!("t{seq}"),
+                              "startedAt": "2026-12-06T10:00:00.000Z",
+                              "message": {"text": "hello", "origin": {"kind": "user"}}}}),
+        )
+    };
+    // A learns the chat's owner and forwards the write to B, its holder.
+    let (path, action) = turn("watched", 1);
+    let (status, body) = call(&on_a, "POST", &path, Some(action)).await;
+    assert_eq!(status, 200, "{body}");
+    // From now on A only reads the session (a subscription's snapshot, which
+    // its copy answers), often enough to keep the copy in memory.
+    let client_a = initialized_at(&a.ws_url(), "watch-a").await;
+    let reader = tokio::spawn(async move {
+        let channel = json!({"channel": "ahp-session:/watched"});
+        loop {
+            let _: Result<serde_json::Value, _> =
+                client_a.request("subscribe", channel.clone()).await;
+            let _: Result<serde_json::Value, _> =
+                client_a.request("unsubscribe", channel.clone()).await;
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    });
+    let (status, body) = call(&on_b, "DELETE", "/v1/sessions/watched", None).await;
+    assert!(status == 200 || status == 204, "{status} {body}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(&on_b, "tether_session_actors").await > 0 {
+        assert!(Instant::now() < deadline, "B kept the session in memory");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    db.execute(&format!(
+        "UPDATE sessions SET updated_ms = updated_ms - {} WHERE id = 'watched'",
+        31 * DAY_MS
+    ))
+    .await;
+    let (status, body) = call(
+        &on_b,
+        "PUT",
+        "/v1/projects/keep/retention",
+        Some(json!({"days": 30})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    while db
+        .count("SELECT count(*) FROM sessions WHERE id = 'watched'")
+        .await
+        > 0
+    {
+        assert!(Instant::now() < deadline, "B's retention kept the session");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = call(
+        &on_b,
+        "POST",
+        "/v1/sessions",
+        Some(json!({"id": "taker", "project": "keep", "provider": "echo"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    create_chat(&client_b, "taker", "ahp-chat:/watched-chat")
+        .await
+        .expect("B gives the freed chat id to another session");
+    assert!(
+        metric(&on_a, "tether_session_actors").await > 0,
+        "A's copy of the deleted session is still in memory"
+    );
+    let (path, action) = turn("taker", 2);
+    let (status, body) = call(&on_a, "POST", &path, Some(action)).await;
+    reader.abort();
+    assert_eq!(status, 200, "A routes the chat to its new owner: {body}");
+    let (status, page) = call(&on_b, "GET", "/v1/sessions/taker/transcript", None).await;
+    assert_eq!(status, 200, "{page}");
+    let turns = page["envelopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["channel"] == "ahp-chat:/watched-chat" && e["action"]["type"] == "chat/turnStarted"
+        })
+        .count();
+    assert_eq!(turns, 1, "{page}");
+}

@@ -433,15 +433,23 @@ impl Engine {
 
     /// The session that owns a chat, if known.
     ///
-    /// What this host remembers is trusted only while the owner's actor is
-    /// in memory here. A session in use is not deleted (retention leaves
+    /// What this host remembers is trusted only while the owner is in use
+    /// here: its actor in memory and, with several hosts, its lease held
+    /// by this host. A session in use is not deleted (retention leaves
     /// alone what is in memory on its host or leased by any), but one gone
     /// idle may since have been deleted by another host's retention and
     /// its chat's id taken by another session: the store is asked then, as
-    /// a session's actor would ask it to load anyway.
+    /// a session's actor would ask it to load anyway. A proxy actor (the
+    /// lease another host's, or nobody's) proves nothing: reads keep it in
+    /// memory while the session it copies is deleted elsewhere.
     async fn chat_session(&self, chat: &str) -> Result<Option<String>, EngineError> {
         if let Some(found) = self.ctx.chats.get(chat)
             && self.ctx.in_memory(&found)
+            && self
+                .ctx
+                .cluster
+                .as_ref()
+                .is_none_or(|c| c.holds(&found, std::time::Duration::ZERO))
         {
             return Ok(Some(found));
         }
