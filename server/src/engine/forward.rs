@@ -647,14 +647,25 @@ async fn deliver_answer(cluster: &Cluster, row: i64, session: &str, text: &str) 
 const ANSWER_RETRIES: u32 = 32;
 
 /// Serves forwarded commands for the sessions this host holds.
-pub(super) fn start_server(engine: Engine, cluster: Arc<Cluster>) {
+pub(super) fn start_server(engine: Engine, cluster: Arc<Cluster>) -> tokio::task::JoinHandle<()> {
     let stop = cluster.stop.clone();
-    tokio::spawn(stop.run_until_cancelled_owned(async move {
-        recover_claimed(&cluster).await;
+    tokio::spawn(async move {
+        if stop
+            .run_until_cancelled(recover_claimed(&cluster))
+            .await
+            .is_none()
+        {
+            return;
+        }
         let mut swept = Instant::now();
         loop {
-            let _ =
-                tokio::time::timeout(Duration::from_secs(1), cluster.wake.forward.notified()).await;
+            // Stops between claims, never inside one: a claim sent is a
+            // claim read and run, so a host that is leaving has claimed
+            // nothing its hand-back (`Engine::leave`) does not see.
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tokio::time::timeout(Duration::from_secs(1), cluster.wake.forward.notified()) => {}
+            }
             match cluster.claim().await {
                 Ok(claimed) => {
                     for (row, session, request) in claimed {
@@ -678,11 +689,12 @@ pub(super) fn start_server(engine: Engine, cluster: Arc<Cluster>) {
                 }
             }
             if swept.elapsed() > Duration::from_secs(60) {
-                cluster.sweep_forwards(Duration::from_secs(600)).await;
+                stop.run_until_cancelled(cluster.sweep_forwards(Duration::from_secs(600)))
+                    .await;
                 swept = Instant::now();
             }
         }
-    }));
+    })
 }
 
 impl Engine {

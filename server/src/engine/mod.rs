@@ -63,6 +63,10 @@ use crate::effects::Effects;
 use crate::store::{Origin, Store, StoreError};
 pub use crate::telemetry::metrics::Metrics;
 
+/// How long a leaving host waits for its claim of forwarded requests to
+/// finish (a claim is one statement; the store may be unreachable).
+const FORWARDER_STOPS_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Engine settings.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -232,7 +236,7 @@ pub(crate) struct Ctx {
     /// This host's terminals (agents' and clients').
     terminals: crate::agents::terminals::Terminals,
     /// Which session owns each chat, as far as this host has looked.
-    /// Trusted only while the owner is in memory here (see
+    /// Trusted only while the owner is in use here (see
     /// `Engine::chat_session`).
     chats: chat_owners::ChatOwners,
     /// Sessions being deleted by retention: no actor starts for them.
@@ -240,6 +244,9 @@ pub(crate) struct Ctx {
     root: tokio::sync::Mutex<RootModel>,
     /// Root writes waiting for the next batch (see `root`).
     root_queue: Mutex<Vec<root::QueuedRoot>>,
+    /// With several hosts: the task that claims and runs the writes other
+    /// hosts forward here, until `Engine::leave` stops it.
+    forwarder: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for Ctx {
@@ -335,13 +342,17 @@ impl Engine {
             retiring: Mutex::new(std::collections::HashSet::new()),
             root: tokio::sync::Mutex::new(root),
             root_queue: Mutex::new(Vec::new()),
+            forwarder: Mutex::new(None),
         });
         let engine = Self { ctx };
         delivery.start_tailer();
         engine.start_remote(remote);
         if let Some(cluster) = cluster {
             cluster.start_collector(pending);
-            forward::start_server(engine.clone(), cluster);
+            let forwarder = forward::start_server(engine.clone(), cluster);
+            if let Ok(mut slot) = engine.ctx.forwarder.lock() {
+                *slot = Some(forwarder);
+            }
         }
         engine
             .boot_sweep()
@@ -373,8 +384,17 @@ impl Engine {
     pub async fn leave(&self) {
         if let Some(cluster) = &self.ctx.cluster {
             // Forwarded requests claimed and not yet answered are handed
-            // back before the leases go, so their senders need not wait.
+            // back before the leases go, so their senders need not wait;
+            // first the claiming stops, so none is claimed after that.
             cluster.stop.cancel();
+            let forwarder = self.ctx.forwarder.lock().ok().and_then(|mut f| f.take());
+            if let Some(forwarder) = forwarder
+                && tokio::time::timeout(FORWARDER_STOPS_WITHIN, forwarder)
+                    .await
+                    .is_err()
+            {
+                tracing::warn!("forwarded requests were still being claimed at shutdown");
+            }
             forward::recover_claimed(cluster).await;
             cluster.leave().await;
         }
