@@ -474,6 +474,47 @@ async fn create_chat(
         .await
 }
 
+/// Two hosts on one Postgres, leases of 1.5 s and actors idle after 1 s:
+/// A runs no retention within a test's time, B every second.
+async fn two_hosts(db: &TestDb) -> (ServerProcess, ServerProcess) {
+    let args = |every| {
+        [
+            "--lease-ttl-ms",
+            "1500",
+            "--actor-idle-secs",
+            "1",
+            "--retention-interval-secs",
+            every,
+        ]
+    };
+    let a = ServerProcess::start(db, &args("3600")).await;
+    let b = ServerProcess::start(db, &args("1")).await;
+    (a, b)
+}
+
+/// Ages settled session `id` (of project `keep`) past a 30-day limit, sets
+/// that limit through `host` and waits until its retention deleted it.
+async fn deleted_by_retention(db: &TestDb, host: &str, id: &str, deadline: Instant) {
+    db.execute(&format!(
+        "UPDATE sessions SET updated_ms = updated_ms - {} WHERE id = '{id}'",
+        31 * DAY_MS
+    ))
+    .await;
+    let (status, body) = call(
+        host,
+        "PUT",
+        "/v1/projects/keep/retention",
+        Some(json!({"days": 30})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let path = format!("/v1/sessions/{id}");
+    while call(host, "GET", &path, None).await.0 != 404 {
+        assert!(Instant::now() < deadline, "the retention kept {id}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Two hosts on one Postgres: host A remembers which session owns a chat;
 /// host B's retention deletes that session and the chat's id is taken by
 /// another session. A routes the chat to its new owner and lets it be
@@ -483,17 +524,7 @@ async fn a_chat_id_freed_by_another_hosts_retention_is_routed_to_its_new_owner()
     let Some(db) = TestDb::postgres().await else {
         return;
     };
-    let common = ["--lease-ttl-ms", "1500", "--actor-idle-secs", "1"];
-    let a = ServerProcess::start(
-        &db,
-        &[&common[..], &["--retention-interval-secs", "3600"]].concat(),
-    )
-    .await;
-    let b = ServerProcess::start(
-        &db,
-        &[&common[..], &["--retention-interval-secs", "1"]].concat(),
-    )
-    .await;
+    let (a, b) = two_hosts(&db).await;
     let (on_a, on_b) = (a.base_url(), b.base_url());
     let (status, body) = call(
         &on_a,
@@ -516,23 +547,7 @@ async fn a_chat_id_freed_by_another_hosts_retention_is_routed_to_its_new_owner()
         assert!(Instant::now() < deadline, "A kept the session in memory");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    db.execute(&format!(
-        "UPDATE sessions SET updated_ms = updated_ms - {} WHERE id = 'gone'",
-        31 * DAY_MS
-    ))
-    .await;
-    let (status, body) = call(
-        &on_b,
-        "PUT",
-        "/v1/projects/keep/retention",
-        Some(json!({"days": 30})),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    while call(&on_b, "GET", "/v1/sessions/gone", None).await.0 != 404 {
-        assert!(Instant::now() < deadline, "B's retention kept the session");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    deleted_by_retention(&db, &on_b, "gone", deadline).await;
     assert_eq!(
         db.count("SELECT count(*) FROM chats WHERE chat LIKE 'ahp-chat:/reused%'")
             .await,
@@ -590,17 +605,7 @@ async fn a_chat_whose_old_owner_is_only_read_on_this_host_is_routed_to_its_new_o
     let Some(db) = TestDb::postgres().await else {
         return;
     };
-    let common = ["--lease-ttl-ms", "1500", "--actor-idle-secs", "1"];
-    let a = ServerProcess::start(
-        &db,
-        &[&common[..], &["--retention-interval-secs", "3600"]].concat(),
-    )
-    .await;
-    let b = ServerProcess::start(
-        &db,
-        &[&common[..], &["--retention-interval-secs", "1"]].concat(),
-    )
-    .await;
+    let (a, b) = two_hosts(&db).await;
     let (on_a, on_b) = (a.base_url(), b.base_url());
     let (status, body) = call(
         &on_b,
@@ -647,27 +652,7 @@ async fn a_chat_whose_old_owner_is_only_read_on_this_host_is_routed_to_its_new_o
         assert!(Instant::now() < deadline, "B kept the session in memory");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    db.execute(&format!(
-        "UPDATE sessions SET updated_ms = updated_ms - {} WHERE id = 'watched'",
-        31 * DAY_MS
-    ))
-    .await;
-    let (status, body) = call(
-        &on_b,
-        "PUT",
-        "/v1/projects/keep/retention",
-        Some(json!({"days": 30})),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    while db
-        .count("SELECT count(*) FROM sessions WHERE id = 'watched'")
-        .await
-        > 0
-    {
-        assert!(Instant::now() < deadline, "B's retention kept the session");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    deleted_by_retention(&db, &on_b, "watched", deadline).await;
     let (status, body) = call(
         &on_b,
         "POST",
