@@ -492,6 +492,31 @@ async fn two_hosts(db: &TestDb) -> (ServerProcess, ServerProcess) {
     (a, b)
 }
 
+/// Creates session `id` in project `keep` through `host`.
+async fn created_in_keep(host: &str, id: &str) {
+    let (status, body) = call(
+        host,
+        "POST",
+        "/v1/sessions",
+        Some(json!({"id": id, "project": "keep", "provider": "echo"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+}
+
+/// How many turns started on `chat` the session's transcript holds.
+async fn turns_started(host: &str, session: &str, chat: &str) -> usize {
+    let path = format!("/v1/sessions/{session}/transcript");
+    let (status, page) = call(host, "GET", &path, None).await;
+    assert_eq!(status, 200, "{page}");
+    page["envelopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["channel"] == chat && e["action"]["type"] == "chat/turnStarted")
+        .count()
+}
+
 /// Ages settled session `id` (of project `keep`) past a 30-day limit, sets
 /// that limit through `host` and waits until its retention deleted it.
 async fn deleted_by_retention(db: &TestDb, host: &str, id: &str, deadline: Instant) {
@@ -526,14 +551,7 @@ async fn a_chat_id_freed_by_another_hosts_retention_is_routed_to_its_new_owner()
     };
     let (a, b) = two_hosts(&db).await;
     let (on_a, on_b) = (a.base_url(), b.base_url());
-    let (status, body) = call(
-        &on_a,
-        "POST",
-        "/v1/sessions",
-        Some(json!({"id": "gone", "project": "keep", "provider": "echo"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
+    created_in_keep(&on_a, "gone").await;
     let client_a = initialized_at(&a.ws_url(), "chats-a").await;
     for chat in ["ahp-chat:/reused", "ahp-chat:/reused-2"] {
         create_chat(&client_a, "gone", chat).await.expect(chat);
@@ -555,14 +573,7 @@ async fn a_chat_id_freed_by_another_hosts_retention_is_routed_to_its_new_owner()
     );
 
     // Another session takes one id on B and the other on A.
-    let (status, body) = call(
-        &on_b,
-        "POST",
-        "/v1/sessions",
-        Some(json!({"id": "taker", "project": "keep", "provider": "echo"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
+    created_in_keep(&on_b, "taker").await;
     let client_b = initialized_at(&b.ws_url(), "chats-b").await;
     create_chat(&client_b, "taker", "ahp-chat:/reused")
         .await
@@ -584,15 +595,7 @@ async fn a_chat_id_freed_by_another_hosts_retention_is_routed_to_its_new_owner()
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    let (status, page) = call(&on_b, "GET", "/v1/sessions/taker/transcript", None).await;
-    assert_eq!(status, 200, "{page}");
-    let turns = page["envelopes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["channel"] == "ahp-chat:/reused" && e["action"]["type"] == "chat/turnStarted")
-        .count();
-    assert_eq!(turns, 1, "{page}");
+    assert_eq!(turns_started(&on_b, "taker", "ahp-chat:/reused").await, 1);
 }
 
 /// The same with the deleted owner's proxy kept in memory on A by reads:
@@ -607,14 +610,7 @@ async fn a_chat_whose_old_owner_is_only_read_on_this_host_is_routed_to_its_new_o
     };
     let (a, b) = two_hosts(&db).await;
     let (on_a, on_b) = (a.base_url(), b.base_url());
-    let (status, body) = call(
-        &on_b,
-        "POST",
-        "/v1/sessions",
-        Some(json!({"id": "watched", "project": "keep", "provider": "echo"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
+    created_in_keep(&on_b, "watched").await;
     let client_b = initialized_at(&b.ws_url(), "watch-b").await;
     create_chat(&client_b, "watched", "ahp-chat:/watched-chat")
         .await
@@ -653,14 +649,7 @@ async fn a_chat_whose_old_owner_is_only_read_on_this_host_is_routed_to_its_new_o
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     deleted_by_retention(&db, &on_b, "watched", deadline).await;
-    let (status, body) = call(
-        &on_b,
-        "POST",
-        "/v1/sessions",
-        Some(json!({"id": "taker", "project": "keep", "provider": "echo"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
+    created_in_keep(&on_b, "taker").await;
     create_chat(&client_b, "taker", "ahp-chat:/watched-chat")
         .await
         .expect("B gives the freed chat id to another session");
@@ -672,15 +661,8 @@ async fn a_chat_whose_old_owner_is_only_read_on_this_host_is_routed_to_its_new_o
     let (status, body) = call(&on_a, "POST", &path, Some(action)).await;
     reader.abort();
     assert_eq!(status, 200, "A routes the chat to its new owner: {body}");
-    let (status, page) = call(&on_b, "GET", "/v1/sessions/taker/transcript", None).await;
-    assert_eq!(status, 200, "{page}");
-    let turns = page["envelopes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| {
-            e["channel"] == "ahp-chat:/watched-chat" && e["action"]["type"] == "chat/turnStarted"
-        })
-        .count();
-    assert_eq!(turns, 1, "{page}");
+    assert_eq!(
+        turns_started(&on_b, "taker", "ahp-chat:/watched-chat").await,
+        1
+    );
 }
