@@ -26,9 +26,10 @@ pub const MAX_DOC_BYTES: usize = 64 * 1024;
 /// that separates words). Each piece is a document: a streamed delta
 /// rewrote the whole answer's document, up to [`MAX_DOC_BYTES`], on every
 /// commit; it rewrites one piece now. Each piece's document also holds
-/// the last words of the piece before it (see [`PIECE_OVERLAP`]); two words
-/// of a query further apart than that, in two pieces, are not found
-/// together, and the search merges the pieces of one answer into one hit.
+/// the last words of the piece before it (see [`PIECE_OVERLAP`]), so a
+/// phrase across a piece's end is found; the search matches a query's
+/// terms across the pieces of one answer, however far apart, and merges
+/// those pieces into one hit.
 pub const PIECE_BYTES: usize = 4 * 1024;
 
 /// How far a piece's document reaches back into the piece before it, in
@@ -359,9 +360,9 @@ impl Query {
         Ok(Self { terms })
     }
 
-    /// The query in FTS5's syntax: each word a quoted string (so nothing in
-    /// it is an operator), phrases as FTS5 phrases, prefixes with `*`.
-    pub fn fts5(&self) -> String {
+    /// Each term in FTS5's syntax: each word a quoted string (so nothing
+    /// in it is an operator), a phrase as an FTS5 phrase, a prefix with `*`.
+    pub fn fts5_terms(&self) -> Vec<String> {
         self.terms
             .iter()
             .map(|t| {
@@ -377,13 +378,22 @@ impl Query {
                     phrase
                 }
             })
-            .collect::<Vec<_>>()
-            .join(" AND ")
+            .collect()
     }
 
-    /// The query as a Postgres `tsquery` text (for `to_tsquery('simple',
-    /// …)`): each word a quoted lexeme, phrases with `<->`, prefixes `:*`.
-    pub fn tsquery(&self) -> String {
+    /// The query in FTS5's syntax: every term ([`Query::fts5_terms`]).
+    pub fn fts5(&self) -> String {
+        self.fts5_terms().join(" AND ")
+    }
+
+    /// What matches any one of the query's terms, in FTS5's syntax.
+    pub fn fts5_any(&self) -> String {
+        self.fts5_terms().join(" OR ")
+    }
+
+    /// Each term as a Postgres `tsquery` text (for `to_tsquery('simple',
+    /// …)`): each word a quoted lexeme, a phrase with `<->`, a prefix `:*`.
+    pub fn tsquery_terms(&self) -> Vec<String> {
         self.terms
             .iter()
             .map(|t| {
@@ -400,8 +410,18 @@ impl Query {
                     .join(" <-> ");
                 format!("({phrase})")
             })
-            .collect::<Vec<_>>()
-            .join(" & ")
+            .collect()
+    }
+
+    /// The query as a Postgres `tsquery` text: every term
+    /// ([`Query::tsquery_terms`]).
+    pub fn tsquery(&self) -> String {
+        self.tsquery_terms().join(" & ")
+    }
+
+    /// What matches any one of the query's terms, as a `tsquery` text.
+    pub fn tsquery_any(&self) -> String {
+        self.tsquery_terms().join(" | ")
     }
 
     /// A short extract of `text` around the first word the query matches,
@@ -693,6 +713,14 @@ mod tests {
         assert_eq!(
             q.tsquery(),
             "('deploy') & ('main' <-> 'rs' <-> 'file') & ('pars':*)"
+        );
+        assert_eq!(
+            q.fts5_any(),
+            r#""deploy" OR "main" + "rs" + "file" OR "pars"*"#
+        );
+        assert_eq!(
+            q.tsquery_any(),
+            "('deploy') | ('main' <-> 'rs' <-> 'file') | ('pars':*)"
         );
     }
 

@@ -1,6 +1,8 @@
 //! Search over transcripts, through the real binary on both backends: what
 //! was said a moment ago is found (a streamed answer too, its words cut
-//! across deltas, a long one in pieces that are one hit), phrases, prefixes and non-Latin text work, no query
+//! across deltas, a long one in pieces that are one hit and whose words
+//! match together however far apart), phrases, prefixes and non-Latin
+//! text work, no query
 //! breaks the backend's syntax, filters narrow, pages follow; what was
 //! written before the index existed is indexed when a host starts; and on
 //! several hosts, what one host commits is found through the other.
@@ -182,6 +184,35 @@ async fn what_was_said_a_moment_ago_is_found_with_its_place(db: TestDb) {
             [("ledger".into(), "answer".into(), "t3".into())],
             "{query}: {found}"
         );
+    }
+
+    // Words of one answer far apart, in pieces 60 KiB apart, are found
+    // together, as that answer's one hit; a word of another turn's answer
+    // or of the turn's own message does not complete a query, and a word
+    // said nowhere leaves nothing.
+    for query in ["1 13999", "13999 \"7001 7002\" 1"] {
+        let found = search(&base, query).await;
+        assert_eq!(
+            places(&found),
+            [("ledger".into(), "answer".into(), "t3".into())],
+            "{query}: {found}"
+        );
+        let snippet = found["items"][0]["snippet"].as_str().unwrap();
+        assert!(
+            query
+                .split([' ', '"'])
+                .any(|w| !w.is_empty() && snippet.contains(w)),
+            "{query}: {snippet}"
+        );
+    }
+    for query in ["1 quarterly", "flood 13999", "13999 nowhere", "\"1 13999\""] {
+        let found = search(&base, query).await;
+        assert_eq!(places(&found), [], "{query}: {found}");
+    }
+    // Filters hold for them as for any hit.
+    for (filter, value) in [("project", "elsewhere"), ("agent", "other")] {
+        let (status, found) = search_with(&base, &[("q", "1 13999"), (filter, value)]).await;
+        assert_eq!((status, places(&found)), (200, vec![]), "{filter}: {found}");
     }
 
     // A tool call's title, and the command line.

@@ -123,51 +123,117 @@ pub struct SearchHit {
 /// are not found. A rarer query has fewer matches and is ranked whole.
 pub const RANKED_WINDOW: u32 = 5_000;
 
+/// How a backend finds documents, for [`search_sql`]. Each is a piece of
+/// SQL; `p(n)` is the backend's n-th parameter, as [`search_sql`] says.
+pub(super) struct TextIndex<'a> {
+    /// The documents `d`, joined to the text index where the backend
+    /// keeps one (and to the query text of parameter n): `from(n)`.
+    pub from: fn(usize) -> String,
+    /// `d` matches the query text of parameter n: `matches(n)`.
+    pub matches: fn(usize) -> String,
+    /// `d`'s relevance to that text (larger is better).
+    pub score: &'a str,
+    /// Orders the newest match first (the window of [`RANKED_WINDOW`]).
+    pub newest: &'a str,
+    /// The newest [`RANKED_WINDOW`] documents matching the query text of
+    /// parameter n, as `session_id, doc, chat, turn_id, kind` (`doc`
+    /// names the document within its session): `term_docs(n)`.
+    pub term_docs: fn(usize) -> String,
+    /// `d` is one of `pieces`' documents (`session_id, doc`).
+    pub in_pieces: &'a str,
+}
+
 /// The search statement, its parameters in a fixed order: 1 the query,
 /// 2 the scope (a list, or null for all projects), 3 the project, 4 the
 /// agent, 5 the state, 6 since, 7 until (each null when not given), 8 the
-/// limit, 9 the offset. `from` names the documents `d` (joined to the text
-/// index where the backend keeps one), `matches` is the text match,
-/// `score` a document's relevance (larger is better), `newest` orders the
-/// newest match first (the window of [`RANKED_WINDOW`]), `p(n)` is the
-/// backend's n-th parameter with its type (`kind`: `text`, `list` or
-/// `int`), and `in_list(p)` tests `s.project` against a list parameter.
+/// limit, 9 the offset; with `terms` over 1, also 10 what matches any one
+/// of them, and from 11 each term. `p(n)` is the backend's n-th parameter
+/// with its type (`kind`: `text`, `list` or `int`), and `in_list(p)` tests
+/// `s.project` against a list parameter.
+///
+/// Every term must match one document, except in an answer: a long answer
+/// is indexed in pieces (`search::pieces`), so a query's terms also match
+/// across the pieces of one turn's answer, however far apart (among the
+/// newest [`RANKED_WINDOW`] matches of each term).
 pub(super) fn search_sql(
-    from: &str,
-    matches: &str,
-    score: &str,
-    newest: &str,
+    index: &TextIndex<'_>,
+    terms: usize,
     p: impl Fn(usize, &str) -> String,
     in_list: impl Fn(&str) -> String,
 ) -> String {
     let scope = p(2, "list");
-    // The answers of one turn (and each one's pieces, `search::pieces`)
-    // are one hit, the best of them; every other document is its own.
-    format!(
-        "SELECT session_id, project, provider, title, state, chat, turn_id, kind, seq, at_ms, body \
-         FROM (SELECT ranked.*, ROW_NUMBER() OVER ( \
-                 PARTITION BY session_id, kind, chat, turn_id, \
-                              CASE WHEN kind = 'answer' THEN '' ELSE key END \
-                 ORDER BY score DESC, seq DESC) AS nth \
-         FROM (SELECT d.session_id, s.project, s.provider, s.title, s.state, d.chat, d.turn_id, \
-                      d.kind, d.key, d.seq, d.at_ms, d.body, {score} AS score \
-               FROM {from} JOIN sessions s ON s.id = d.session_id \
-               WHERE {matches} \
-                 AND ({scope} IS NULL OR {in_list}) \
-                 AND ({project} IS NULL OR s.project = {project}) \
-                 AND ({agent} IS NULL OR s.provider = {agent}) \
-                 AND ({state} IS NULL OR s.state = {state}) \
-                 AND ({since} IS NULL OR d.at_ms >= {since}) \
-                 AND ({until} IS NULL OR d.at_ms < {until}) \
-               ORDER BY {newest} LIMIT {RANKED_WINDOW}) ranked) hits \
-         WHERE nth = 1 \
-         ORDER BY score DESC, seq DESC LIMIT {limit} OFFSET {offset}",
+    let filters = format!(
+        "AND ({scope} IS NULL OR {in_list}) \
+         AND ({project} IS NULL OR s.project = {project}) \
+         AND ({agent} IS NULL OR s.provider = {agent}) \
+         AND ({state} IS NULL OR s.state = {state}) \
+         AND ({since} IS NULL OR d.at_ms >= {since}) \
+         AND ({until} IS NULL OR d.at_ms < {until})",
         in_list = in_list(&scope),
         project = p(3, "text"),
         agent = p(4, "text"),
         state = p(5, "text"),
         since = p(6, "int"),
         until = p(7, "int"),
+    );
+    // The newest matches of the query text of parameter n, scored, that
+    // also meet `and`.
+    let matching = |n: usize, and: &str| {
+        format!(
+            "SELECT * FROM (SELECT d.session_id, s.project, s.provider, s.title, s.state, d.chat, \
+                    d.turn_id, d.kind, d.key, d.seq, d.at_ms, d.body, {score} AS score \
+             FROM {from} JOIN sessions s ON s.id = d.session_id \
+             WHERE {matches} {and} {filters} \
+             ORDER BY {newest} LIMIT {RANKED_WINDOW}) m{n}",
+            from = (index.from)(n),
+            matches = (index.matches)(n),
+            score = index.score,
+            newest = index.newest,
+        )
+    };
+    let (with, ranked) = if terms > 1 {
+        // Each term's newest matches, then the answers' pieces among them
+        // whose turn's pieces match every term between them: those pieces
+        // are hits too, scored by the terms each holds.
+        let each = (1..=terms)
+            .map(|t| {
+                format!(
+                    "SELECT {t} AS i, h.* FROM ({}) h",
+                    (index.term_docs)(10 + t)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ");
+        (
+            format!(
+                "WITH term_docs AS ({each}), \
+                 pieces AS (SELECT session_id, doc FROM term_docs WHERE kind = 'answer' \
+                   AND (session_id, COALESCE(chat, ''), turn_id) IN \
+                       (SELECT session_id, COALESCE(chat, ''), turn_id FROM term_docs \
+                        WHERE kind = 'answer' \
+                        GROUP BY session_id, COALESCE(chat, ''), turn_id \
+                        HAVING COUNT(DISTINCT i) = {terms})) "
+            ),
+            format!(
+                "{} UNION ALL {}",
+                matching(1, ""),
+                matching(10, &format!("AND {}", index.in_pieces))
+            ),
+        )
+    } else {
+        (String::new(), matching(1, ""))
+    };
+    // The answers of one turn (and each one's pieces, `search::pieces`)
+    // are one hit, the best of them; every other document is its own.
+    format!(
+        "{with}SELECT session_id, project, provider, title, state, chat, turn_id, kind, seq, at_ms, body \
+         FROM (SELECT ranked.*, ROW_NUMBER() OVER ( \
+                 PARTITION BY session_id, kind, chat, turn_id, \
+                              CASE WHEN kind = 'answer' THEN '' ELSE key END \
+                 ORDER BY score DESC, seq DESC) AS nth \
+         FROM ({ranked}) ranked) hits \
+         WHERE nth = 1 \
+         ORDER BY score DESC, seq DESC LIMIT {limit} OFFSET {offset}",
         limit = p(8, "int"),
         offset = p(9, "int"),
     )

@@ -577,11 +577,24 @@ impl Store for PostgresStore {
     }
 
     async fn search(&self, request: &SearchRequest) -> Result<Vec<SearchHit>, StoreError> {
+        let terms = request.query.terms.len();
         let sql = search::search_sql(
-            "search_docs d CROSS JOIN to_tsquery('simple', $1) q",
-            "d.words @@ q",
-            "ts_rank(d.words, q)",
-            "d.seq DESC",
+            &search::TextIndex {
+                from: |n| format!("search_docs d CROSS JOIN to_tsquery('simple', ${n}::text) q"),
+                matches: |_| "d.words @@ q".into(),
+                score: "ts_rank(d.words, q)",
+                newest: "d.seq DESC",
+                term_docs: |n| {
+                    format!(
+                        "SELECT session_id, key AS doc, chat, turn_id, kind FROM search_docs \
+                         WHERE words @@ to_tsquery('simple', ${n}::text) \
+                         ORDER BY seq DESC LIMIT {}",
+                        search::RANKED_WINDOW
+                    )
+                },
+                in_pieces: "(d.session_id, d.key) IN (SELECT session_id, doc FROM pieces)",
+            },
+            terms,
             |n, kind| match kind {
                 "list" => format!("${n}::text[]"),
                 "int" => format!("${n}::bigint"),
@@ -592,7 +605,7 @@ impl Store for PostgresStore {
         // Planned for each query's own words (not a cached generic plan):
         // a word most documents hold is found by walking the newest
         // documents, a rare one through the GIN index.
-        Ok(sqlx::query_as::<_, SearchHit>(AssertSqlSafe(sql))
+        let mut statement = sqlx::query_as::<_, SearchHit>(AssertSqlSafe(sql))
             .persistent(false)
             .bind(request.query.tsquery())
             .bind(request.projects.as_deref())
@@ -602,9 +615,14 @@ impl Store for PostgresStore {
             .bind(request.since_ms)
             .bind(request.until_ms)
             .bind(clamp_limit(request.limit))
-            .bind(i64::from(request.offset))
-            .fetch_all(&self.pool)
-            .await?)
+            .bind(i64::from(request.offset));
+        if terms > 1 {
+            statement = statement.bind(request.query.tsquery_any());
+            for term in request.query.tsquery_terms() {
+                statement = statement.bind(term);
+            }
+        }
+        Ok(statement.fetch_all(&self.pool).await?)
     }
 
     async fn put_search_docs(

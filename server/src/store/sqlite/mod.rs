@@ -507,13 +507,27 @@ impl Store for SqliteStore {
     }
 
     async fn search(&self, request: &SearchRequest) -> Result<Vec<SearchHit>, StoreError> {
+        let terms = request.query.terms.len();
         let sql = search::search_sql(
-            "search_fts JOIN search_docs d ON d.id = search_fts.rowid",
-            "search_fts MATCH ?1",
-            // bm25 is lower for better matches.
-            "-bm25(search_fts)",
-            // The index's rowids grow with each new document.
-            "search_fts.rowid DESC",
+            &search::TextIndex {
+                from: |_| "search_fts JOIN search_docs d ON d.id = search_fts.rowid".into(),
+                matches: |n| format!("search_fts MATCH ?{n}"),
+                // bm25 is lower for better matches.
+                score: "-bm25(search_fts)",
+                // The index's rowids grow with each new document.
+                newest: "search_fts.rowid DESC",
+                term_docs: |n| {
+                    format!(
+                        "SELECT d.session_id, d.id AS doc, d.chat, d.turn_id, d.kind \
+                         FROM (SELECT rowid FROM search_fts WHERE search_fts MATCH ?{n} \
+                               ORDER BY rowid DESC LIMIT {}) f \
+                         JOIN search_docs d ON d.id = f.rowid",
+                        search::RANKED_WINDOW
+                    )
+                },
+                in_pieces: "search_fts.rowid IN (SELECT doc FROM pieces)",
+            },
+            terms,
             |n, _| format!("?{n}"),
             |p| format!("s.project IN (SELECT value FROM json_each({p}))"),
         );
@@ -521,7 +535,7 @@ impl Store for SqliteStore {
             .projects
             .as_ref()
             .map(|p| serde_json::to_string(p).unwrap_or_else(|_| "[]".into()));
-        Ok(sqlx::query_as::<_, SearchHit>(AssertSqlSafe(sql))
+        let mut statement = sqlx::query_as::<_, SearchHit>(AssertSqlSafe(sql))
             .bind(request.query.fts5())
             .bind(scope)
             .bind(request.project.as_deref())
@@ -530,9 +544,14 @@ impl Store for SqliteStore {
             .bind(request.since_ms)
             .bind(request.until_ms)
             .bind(clamp_limit(request.limit))
-            .bind(i64::from(request.offset))
-            .fetch_all(&self.readers)
-            .await?)
+            .bind(i64::from(request.offset));
+        if terms > 1 {
+            statement = statement.bind(request.query.fts5_any());
+            for term in request.query.fts5_terms() {
+                statement = statement.bind(term);
+            }
+        }
+        Ok(statement.fetch_all(&self.readers).await?)
     }
 
     async fn put_search_docs(
