@@ -139,8 +139,8 @@ pub(super) struct TextIndex<'a> {
     /// parameter n, as `session_id, doc, chat, turn_id, kind` (`doc`
     /// names the document within its session): `term_docs(n)`.
     pub term_docs: fn(usize) -> String,
-    /// `d` is one of `pieces`' documents (`session_id, doc`).
-    pub in_pieces: &'a str,
+    /// `d` is the piece `p` (of `pieces`: `session_id, doc`).
+    pub is_piece: &'a str,
 }
 
 /// The search statement, its parameters in a fixed order: 1 the query,
@@ -176,13 +176,13 @@ pub(super) fn search_sql(
         since = p(6, "int"),
         until = p(7, "int"),
     );
-    // The newest matches of the query text of parameter n, scored, that
-    // also meet `and`.
-    let matching = |n: usize, and: &str| {
+    // The newest matches of the query text of parameter n, scored, each
+    // from `before` (the documents or, led by them, `pieces`) meeting `and`.
+    let matching = |n: usize, before: &str, and: &str| {
         format!(
             "SELECT * FROM (SELECT d.session_id, s.project, s.provider, s.title, s.state, d.chat, \
                     d.turn_id, d.kind, d.key, d.seq, d.at_ms, d.body, {score} AS score \
-             FROM {from} JOIN sessions s ON s.id = d.session_id \
+             FROM {before}{from} JOIN sessions s ON s.id = d.session_id \
              WHERE {matches} {and} {filters} \
              ORDER BY {newest} LIMIT {RANKED_WINDOW}) m{n}",
             from = (index.from)(n),
@@ -216,12 +216,12 @@ pub(super) fn search_sql(
             ),
             format!(
                 "{} UNION ALL {}",
-                matching(1, ""),
-                matching(10, &format!("AND {}", index.in_pieces))
+                matching(1, "", ""),
+                matching(10, "pieces p CROSS JOIN ", &format!("AND {}", index.is_piece))
             ),
         )
     } else {
-        (String::new(), matching(1, ""))
+        (String::new(), matching(1, "", ""))
     };
     // The answers of one turn (and each one's pieces, `search::pieces`)
     // are one hit, the best of them; every other document is its own.

@@ -592,7 +592,7 @@ impl Store for PostgresStore {
                         search::RANKED_WINDOW
                     )
                 },
-                in_pieces: "(d.session_id, d.key) IN (SELECT session_id, doc FROM pieces)",
+                is_piece: "d.session_id = p.session_id AND d.key = p.doc",
             },
             terms,
             |n, kind| match kind {

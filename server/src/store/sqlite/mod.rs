@@ -525,7 +525,7 @@ impl Store for SqliteStore {
                         search::RANKED_WINDOW
                     )
                 },
-                in_pieces: "search_fts.rowid IN (SELECT doc FROM pieces)",
+                is_piece: "search_fts.rowid = p.doc",
             },
             terms,
             |n, _| format!("?{n}"),
