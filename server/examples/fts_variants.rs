@@ -1,8 +1,9 @@
-//! How the search index's FTS5 table costs a document upsert, in three
+//! How the search index's FTS5 table costs a document upsert, in five
 //! variants beside no index at all: the external-content table Tether uses
 //! (migration 0009), a contentless one with `contentless_delete=1` (a
-//! delete needs no old text), and the external-content one with
-//! `columnsize=0` (no per-document size row). Each commit upserts 30
+//! delete needs no old text), the external-content one with
+//! `columnsize=0` (no per-document size row), and with fewer, larger
+//! merges of its segments (`automerge`, `crisismerge`). Each commit upserts 30
 //! documents in one statement, as the writer does (BENCHMARKS.md, "Search
 //! index variants").
 //!
@@ -13,7 +14,7 @@ use std::time::Instant;
 use rusqlite::Connection;
 
 /// The index variants.
-const VARIANTS: [(&str, &str); 4] = [
+const VARIANTS: [(&str, &str); 6] = [
     (
         "external content (as shipped)",
         "CREATE VIRTUAL TABLE search_fts USING fts5(words, content = 'search_docs', \
@@ -32,6 +33,19 @@ const VARIANTS: [(&str, &str); 4] = [
         "external content, columnsize=0",
         "CREATE VIRTUAL TABLE search_fts USING fts5(words, content = 'search_docs', \
          content_rowid = 'id', columnsize = 0, tokenize = 'unicode61 remove_diacritics 0');",
+    ),
+    (
+        "external content, automerge=8",
+        "CREATE VIRTUAL TABLE search_fts USING fts5(words, content = 'search_docs', \
+         content_rowid = 'id', tokenize = 'unicode61 remove_diacritics 0');
+         INSERT INTO search_fts (search_fts, rank) VALUES ('automerge', 8);",
+    ),
+    (
+        "external content, automerge=16, crisismerge=64",
+        "CREATE VIRTUAL TABLE search_fts USING fts5(words, content = 'search_docs', \
+         content_rowid = 'id', tokenize = 'unicode61 remove_diacritics 0');
+         INSERT INTO search_fts (search_fts, rank) VALUES ('automerge', 16);
+         INSERT INTO search_fts (search_fts, rank) VALUES ('crisismerge', 64);",
     ),
     ("no index", ""),
 ];

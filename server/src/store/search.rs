@@ -217,7 +217,11 @@ pub(super) fn search_sql(
             format!(
                 "{} UNION ALL {}",
                 matching(1, "", ""),
-                matching(10, "pieces p CROSS JOIN ", &format!("AND {}", index.is_piece))
+                matching(
+                    10,
+                    "pieces p CROSS JOIN ",
+                    &format!("AND {}", index.is_piece)
+                )
             ),
         )
     } else {
