@@ -346,8 +346,10 @@ impl Query {
             };
             let prefix = after.starts_with('*') || body.ends_with('*');
             let words: Vec<String> = words(body).collect();
-            if !words.is_empty() {
-                terms.push(Term { words, prefix });
+            let term = Term { words, prefix };
+            // A term said twice asks nothing more (and would cost twice).
+            if !term.words.is_empty() && !terms.contains(&term) {
+                terms.push(term);
             }
             rest = after.trim_start_matches('*');
         }
@@ -725,6 +727,22 @@ mod tests {
     }
 
     #[test]
+    fn a_term_said_twice_is_one_term() {
+        let q = Query::parse(r#"code Code "part of" code* "PART of" part"#).unwrap();
+        let terms: Vec<(Vec<String>, bool)> =
+            q.terms.into_iter().map(|t| (t.words, t.prefix)).collect();
+        assert_eq!(
+            terms,
+            [
+                (vec!["code".to_owned()], false),
+                (vec!["part".to_owned(), "of".to_owned()], false),
+                (vec!["code".to_owned()], true),
+                (vec!["part".to_owned()], false),
+            ]
+        );
+    }
+
+    #[test]
     fn no_input_breaks_the_syntax() {
         for q in [
             r#"a"b"#,
@@ -743,7 +761,7 @@ mod tests {
         assert_eq!(Query::parse(" \" * "), Err(QueryError::Empty));
         assert_eq!(Query::parse(&"x".repeat(600)), Err(QueryError::TooLong));
         assert_eq!(
-            Query::parse(&"a ".repeat(20)),
+            Query::parse(&(0..20).map(|i| format!("w{i} ")).collect::<String>()),
             Err(QueryError::TooManyTerms)
         );
     }
