@@ -66,6 +66,18 @@ fn places(found: &Value) -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// Searches for `query`, which must find only the long answer of
+/// `ledger`'s turn `t3`, and gives the hit's snippet.
+async fn only_the_long_answer(base: &str, query: &str) -> String {
+    let found = search(base, query).await;
+    assert_eq!(
+        places(&found),
+        [("ledger".into(), "answer".into(), "t3".into())],
+        "{query}: {found}"
+    );
+    found["items"][0]["snippet"].as_str().unwrap().to_owned()
+}
+
 async fn session(ahp: &mut Ahp, id: &str, project: &str) {
     ahp.call(
         "createSession",
@@ -161,13 +173,7 @@ async fn what_was_said_a_moment_ago_is_found_with_its_place(db: TestDb) {
         long.len()
     );
     for word in ["1", "7001", "13999"] {
-        let found = search(&base, word).await;
-        assert_eq!(
-            places(&found),
-            [("ledger".into(), "answer".into(), "t3".into())],
-            "{word}: {found}"
-        );
-        let snippet = found["items"][0]["snippet"].as_str().unwrap();
+        let snippet = only_the_long_answer(&base, word).await;
         assert!(snippet.contains(word), "{word}: {snippet}");
     }
     // Across a piece's end: the last word of one piece and the first of
@@ -178,12 +184,7 @@ async fn what_was_said_a_moment_ago_is_found_with_its_place(db: TestDb) {
     let last = long[ranges[0].clone()].split_whitespace().last().unwrap();
     let first = long[ranges[1].clone()].split_whitespace().next().unwrap();
     for query in [format!("\"{last} {first}\""), last.to_owned()] {
-        let found = search(&base, &query).await;
-        assert_eq!(
-            places(&found),
-            [("ledger".into(), "answer".into(), "t3".into())],
-            "{query}: {found}"
-        );
+        only_the_long_answer(&base, &query).await;
     }
 
     // Words of one answer far apart, in pieces 60 KiB apart, are found
@@ -191,13 +192,7 @@ async fn what_was_said_a_moment_ago_is_found_with_its_place(db: TestDb) {
     // or of the turn's own message does not complete a query, and a word
     // said nowhere leaves nothing.
     for query in ["1 13999", "13999 \"7001 7002\" 1"] {
-        let found = search(&base, query).await;
-        assert_eq!(
-            places(&found),
-            [("ledger".into(), "answer".into(), "t3".into())],
-            "{query}: {found}"
-        );
-        let snippet = found["items"][0]["snippet"].as_str().unwrap();
+        let snippet = only_the_long_answer(&base, query).await;
         assert!(
             query
                 .split([' ', '"'])
