@@ -19,7 +19,7 @@ use tether_protocol::actions::{SESSION_CREATED, SESSION_SETTLED};
 use tether_protocol::channel::ROOT;
 use tokio::sync::{Mutex, MutexGuard, mpsc};
 
-use super::fanout::{Hub, Published, published_from_store};
+use super::fanout::{Hub, Published, Wakes, published_from_store};
 use crate::cluster::Cluster;
 use crate::store::{Store, StoreError, StoredEnvelope};
 
@@ -78,11 +78,13 @@ impl Delivery {
             // Retries until it succeeds: never fails.
             let _ = self.catch_up(Some(first.seq - 1)).await;
         }
+        let mut wakes = Wakes::default();
         for published in batch {
             if published.seq > self.hub.published() {
-                self.hub.publish(published);
+                self.hub.publish(published, &mut wakes);
             }
         }
+        wakes.wake().await;
         if let Some(cluster) = &self.cluster {
             cluster.committed(last);
         }
@@ -113,9 +115,12 @@ impl Delivery {
                 }
             };
             let full = page.len() as u32 == PAGE;
+            let mut wakes = Wakes::default();
+            let mut reached = false;
             for envelope in page {
                 if upto.is_some_and(|upto| envelope.seq > upto) {
-                    return Ok(());
+                    reached = true;
+                    break;
                 }
                 if envelope.seq != self.hub.published() + 1 {
                     // Cannot happen with appends serialised on the host
@@ -126,12 +131,14 @@ impl Delivery {
                         "the log has a gap; delivering on"
                     );
                 }
-                self.hub.publish(Arc::new(published_from_store(&envelope)));
+                self.hub
+                    .publish(Arc::new(published_from_store(&envelope)), &mut wakes);
                 if concerns_root(&envelope) {
                     let _ = self.remote.send(envelope);
                 }
             }
-            if !full {
+            wakes.wake().await;
+            if reached || !full {
                 return Ok(());
             }
         }
