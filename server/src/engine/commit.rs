@@ -310,10 +310,12 @@ async fn publish(
                         Appended::Fenced => CommitOutcome::Fenced,
                     })
                     .collect();
-                delivery.publish_local(fresh).await;
+                let wakes = delivery.publish_local(fresh).await;
                 if let Some(published) = batch.published {
                     let _ = published.send(());
                 }
+                // The envelopes are in their subscribers' inboxes already;
+                // the answers go before the wakes, which may yield.
                 let mut outcomes = outcomes.into_iter();
                 for (count, reply) in batch.counts.into_iter().zip(batch.replies) {
                     let mine: Vec<_> = outcomes.by_ref().take(count).collect();
@@ -321,6 +323,7 @@ async fn publish(
                         let _ = reply.send(Ok(mine));
                     }
                 }
+                wakes.wake().await;
             }
             Err(err) => {
                 if let Some(published) = batch.published {

@@ -68,26 +68,28 @@ impl Delivery {
     }
 
     /// Publishes a batch this host just committed (consecutive seqs), after
-    /// whatever other hosts committed below it.
-    pub(crate) async fn publish_local(&self, batch: Vec<Arc<Published>>) {
+    /// whatever other hosts committed below it, and gives back the
+    /// connections to wake: the caller answers the batch's dispatchers
+    /// first, so their answers do not wait behind a large fan-out.
+    pub(crate) async fn publish_local(&self, batch: Vec<Arc<Published>>) -> Wakes {
+        let mut wakes = Wakes::default();
         let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
-            return;
+            return wakes;
         };
         let last = last.seq;
         if self.cluster.is_some() {
             // Retries until it succeeds: never fails.
             let _ = self.catch_up(Some(first.seq - 1)).await;
         }
-        let mut wakes = Wakes::default();
         for published in batch {
             if published.seq > self.hub.published() {
                 self.hub.publish(published, &mut wakes);
             }
         }
-        wakes.wake().await;
         if let Some(cluster) = &self.cluster {
             cluster.committed(last);
         }
+        wakes
     }
 
     /// Publishes, from the log, every envelope above what was published,
