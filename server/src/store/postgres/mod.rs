@@ -488,7 +488,7 @@ impl Store for PostgresStore {
             before,
             rows::SESSION_COLUMNS,
             |n| format!("${n}"),
-            |p| format!("project = ANY({p}::text[])"),
+            |p| in_projects("project", &format!("{p}::text[]")),
         );
         let limit = clamp_limit(limit);
         let mut query = sqlx::query_as::<_, rows::Session>(AssertSqlSafe(sql));
@@ -597,15 +597,7 @@ impl Store for PostgresStore {
     }
 
     async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
-        let sql = usage::usage_sql(
-            query,
-            |n, kind| match kind {
-                "list" => format!("${n}::text[]"),
-                "int" => format!("${n}::bigint"),
-                _ => format!("${n}::text"),
-            },
-            |p| format!("project = ANY({p})"),
-        );
+        let sql = usage::usage_sql(query, param, |p| in_projects("project", p));
         let rows = sqlx::query(AssertSqlSafe(sql))
             .bind(query.since_ms)
             .bind(query.until_ms)
@@ -727,4 +719,19 @@ impl Store for PostgresStore {
     async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// A statement's `n`th parameter, cast to its kind (`list` a text array,
+/// `int` a bigint, anything else text).
+pub(super) fn param(n: usize, kind: &str) -> String {
+    match kind {
+        "list" => format!("${n}::text[]"),
+        "int" => format!("${n}::bigint"),
+        _ => format!("${n}::text"),
+    }
+}
+
+/// `column` is one of the projects bound at `p`, a text array.
+pub(super) fn in_projects(column: &str, p: &str) -> String {
+    format!("{column} = ANY({p})")
 }

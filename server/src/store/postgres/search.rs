@@ -31,12 +31,8 @@ pub(super) async fn search(
             is_piece: "d.session_id = p.session_id AND d.key = p.doc",
         },
         terms,
-        |n, kind| match kind {
-            "list" => format!("${n}::text[]"),
-            "int" => format!("${n}::bigint"),
-            _ => format!("${n}::text"),
-        },
-        |p| format!("s.project = ANY({p})"),
+        super::param,
+        |p| super::in_projects("s.project", p),
     );
     // Planned for each query's own words (not a cached generic plan):
     // a word most documents hold is found by walking the newest

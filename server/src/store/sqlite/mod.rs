@@ -413,8 +413,8 @@ impl Store for SqliteStore {
             filter,
             before,
             "rowid",
-            |n| format!("?{n}"),
-            |p| format!("project IN (SELECT value FROM json_each({p}))"),
+            |n| param(n, ""),
+            |p| in_projects("project", p),
         );
         let sql = format!(
             "SELECT {} FROM sessions WHERE rowid IN ({keys}) \
@@ -529,15 +529,8 @@ impl Store for SqliteStore {
     }
 
     async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsageTotal>, StoreError> {
-        let sql = usage::usage_sql(
-            query,
-            |n, _| format!("?{n}"),
-            |p| format!("project IN (SELECT value FROM json_each({p}))"),
-        );
-        let scope = query
-            .projects
-            .as_ref()
-            .map(|p| serde_json::to_string(p).unwrap_or_else(|_| "[]".into()));
+        let sql = usage::usage_sql(query, param, |p| in_projects("project", p));
+        let scope = projects_json(query.projects.as_deref());
         let rows = sqlx::query(AssertSqlSafe(sql))
             .bind(query.since_ms)
             .bind(query.until_ms)
@@ -761,4 +754,20 @@ impl Store for SqliteStore {
         // Another process may serve the file from now on.
         drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
+}
+
+/// A statement's `n`th parameter: SQLite binds every kind as itself.
+pub(super) fn param(n: usize, _kind: &str) -> String {
+    format!("?{n}")
+}
+
+/// `column` is one of the projects bound at `p`, a JSON array
+/// ([`projects_json`]).
+pub(super) fn in_projects(column: &str, p: &str) -> String {
+    format!("{column} IN (SELECT value FROM json_each({p}))")
+}
+
+/// A caller's project scope as the JSON array [`in_projects`] reads.
+pub(super) fn projects_json(projects: Option<&[String]>) -> Option<String> {
+    projects.map(|p| serde_json::to_string(p).unwrap_or_else(|_| "[]".into()))
 }

@@ -33,13 +33,10 @@ pub(super) async fn search(
             is_piece: "search_fts.rowid = p.doc",
         },
         terms,
-        |n, _| format!("?{n}"),
-        |p| format!("s.project IN (SELECT value FROM json_each({p}))"),
+        super::param,
+        |p| super::in_projects("s.project", p),
     );
-    let scope = request
-        .projects
-        .as_ref()
-        .map(|p| serde_json::to_string(p).unwrap_or_else(|_| "[]".into()));
+    let scope = super::projects_json(request.projects.as_deref());
     let mut statement = sqlx::query_as::<_, SearchHit>(AssertSqlSafe(sql))
         .bind(request.query.fts5())
         .bind(scope)
