@@ -15,7 +15,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let workers = match &cli.command {
+        Command::Serve(args) => Some(args.runtime_workers()),
+        _ => None,
+    };
+    let runtime = match runtime(workers) {
         Ok(runtime) => runtime,
         Err(err) => return fail(format!("cannot start the async runtime: {err}")),
     };
@@ -52,6 +56,17 @@ fn main() -> ExitCode {
         }
         Command::Remote(command) => runtime.block_on(tether_server::cli::run(command)),
     }
+}
+
+/// The async runtime, with `workers` worker threads (tokio's default, one
+/// per core, when `None`).
+fn runtime(workers: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(workers) = workers {
+        builder.worker_threads(workers);
+    }
+    builder.build()
 }
 
 async fn run_rebuild(args: DatabaseArgs) -> ExitCode {
@@ -132,6 +147,7 @@ async fn run_serve(args: ServeArgs) -> ExitCode {
     tracing::info!(
         %addr,
         backend = store.backend().as_str(),
+        workers = tokio::runtime::Handle::current().metrics().num_workers(),
         database = %store::redact_url(&args.database.database_url),
         authentication = config.auth.enabled(),
         open_files = open_files.map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),

@@ -15,7 +15,36 @@ backend_tests!(
     doctor_passes_a_sound_setup_and_names_each_fault,
     metrics_count_dispatches_subscriptions_and_deliveries,
     sigterm_turns_not_ready_refuses_new_sockets_and_closes_open_ones,
+    the_runtime_has_the_workers_its_backend_or_flag_gives,
 );
+
+async fn the_runtime_has_the_workers_its_backend_or_flag_gives(db: TestDb) {
+    // SQLite commits on a thread of its own, so its host leaves that
+    // thread a core; a Postgres host takes them all.
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let expected = if db.url().starts_with("postgres") {
+        cores
+    } else {
+        cores.saturating_sub(1).max(1)
+    };
+    let json = ["--log-format", "json"];
+    for (flag, workers) in [(vec![], expected), (vec!["--worker-threads", "3"], 3)] {
+        let args = [&json[..], &flag].concat();
+        let mut server = ServerProcess::start(&db, &args).await;
+        tether_tests::create_session(
+            &server.base_url(),
+            &format!("ops-workers-{workers}"),
+            "echo",
+        )
+        .await;
+        let serving = log_lines(&server.log())
+            .into_iter()
+            .find(|l| l["message"] == "tether is serving")
+            .expect("the start line");
+        assert_eq!(serving["workers"], workers, "{serving}");
+        server.terminate().await;
+    }
+}
 
 async fn exposition(base: &str) -> String {
     reqwest::get(format!("{base}/metrics"))

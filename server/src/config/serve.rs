@@ -95,6 +95,12 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub database: DatabaseArgs,
 
+    /// Threads that run connections and sessions (the async runtime's
+    /// workers). Default: one per core, less one on SQLite, whose writer is
+    /// a busy thread of its own under load (at least one).
+    #[arg(long, env = "TETHER_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub worker_threads: Option<u16>,
+
     /// Largest accepted HTTP request body, in bytes. Larger bodies get 413.
     /// The default leaves room for a 1 MiB working context plus JSON framing.
     #[arg(long, env = "TETHER_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024)]
@@ -334,6 +340,7 @@ impl fmt::Debug for ServeArgs {
             .field("auth_jwks_file", &self.auth_jwks_file)
             .field("metrics_token", &self.metrics_token.as_ref().map(|_| "***"))
             .field("database", &self.database)
+            .field("worker_threads", &self.worker_threads)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("shutdown_grace_secs", &self.shutdown_grace_secs)
             .field("drain_delay_ms", &self.drain_delay_ms)
@@ -430,6 +437,25 @@ impl Default for ServeConfig {
 }
 
 impl ServeArgs {
+    /// The async runtime's worker threads: `--worker-threads`, or one per
+    /// core, less one when the store is SQLite. Its writer thread commits
+    /// back to back under load; with as many workers as cores, the workers
+    /// and the writer took turns on the same cores and the tasks moved
+    /// between the workers with their data (on 2 cores, 13 % more CPU an
+    /// action at `ingest` 100 x 16; BENCHMARKS.md, "One worker fewer on
+    /// SQLite"). A Postgres host has no such thread.
+    pub fn runtime_workers(&self) -> usize {
+        if let Some(workers) = self.worker_threads {
+            return workers.into();
+        }
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        if crate::store::has_writer_thread(&self.database.database_url) {
+            cores.saturating_sub(1).max(1)
+        } else {
+            cores
+        }
+    }
+
     /// Checks the bind rule: loopback, or an explicit opt-in.
     pub fn check_bind(&self) -> Result<(), ConfigError> {
         let authenticated = self.auth_secret.is_some()
@@ -653,6 +679,21 @@ mod tests {
         assert_eq!(engine(&[]).hub_buffer, 16_384);
         assert_eq!(engine(&["--inbox-capacity", "64"]).hub_buffer, 64);
         assert_eq!(engine(&["--inbox-capacity", "1"]).hub_buffer, 16);
+    }
+
+    #[test]
+    fn a_sqlite_host_leaves_its_writer_a_core_and_the_flag_decides_when_given() {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let workers = |list: &[&str]| args(list).runtime_workers();
+        assert_eq!(workers(&[]), cores.saturating_sub(1).max(1));
+        assert_eq!(
+            workers(&["--database-url", "/var/lib/tether.db"]),
+            workers(&[])
+        );
+        assert_eq!(workers(&["--database-url", "postgres://u@db/t"]), cores);
+        assert_eq!(workers(&["--worker-threads", "3"]), 3);
+        let refused = Cli::try_parse_from(["tether", "serve", "--worker-threads", "0"]);
+        assert!(refused.is_err());
     }
 
     #[test]

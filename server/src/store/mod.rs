@@ -38,7 +38,7 @@ use uuid::Uuid;
 
 pub use tether_protocol::window::ArchivedTurn;
 
-pub use open::{StoreOptions, backup, data_files, open, redact_url};
+pub use open::{StoreOptions, backup, data_files, has_writer_thread, open, redact_url};
 pub(crate) use open::{Target, parse_url};
 pub use postgres::PostgresStore;
 pub use retention::Expired;

@@ -71,6 +71,12 @@ pub(crate) fn parse_url(url: &str) -> Result<Target, StoreError> {
     Ok(Target::Sqlite(path.to_owned()))
 }
 
+/// Whether the store `url` names commits on a thread of its own (SQLite's
+/// writer), beside the async runtime's workers.
+pub fn has_writer_thread(url: &str) -> bool {
+    matches!(parse_url(url), Ok(Target::Sqlite(_)))
+}
+
 /// The files a SQLite database URL keeps its data in (the database, its
 /// WAL, shared memory and lock files); none for Postgres. No agent may
 /// reach them.
