@@ -147,6 +147,11 @@ impl Wakes {
         }
     }
 
+    /// Wakes them all now, for a caller that cannot yield (`Hub::notify`).
+    fn wake_at_once(self) {
+        self.0.into_iter().for_each(Waker::wake);
+    }
+
     /// Wakes them all, yielding between chunks.
     pub async fn wake(self) {
         let mut wakers = self.0.into_iter();
@@ -241,9 +246,7 @@ impl Hub {
                 wakes.add(inbox.offer(HubItem::Notice(notice.clone())));
             }
             drop(routes);
-            for waker in wakes.0 {
-                waker.wake();
-            }
+            wakes.wake_at_once();
         }
     }
 
