@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use tether_server::config::{Cli, Command, DatabaseArgs, ServeArgs};
+use tether_server::config::{Cli, Command, DatabaseArgs, ServeArgs, hide_command_line};
 use tether_server::{AppState, serve, store, telemetry};
 use tokio::net::TcpListener;
 
@@ -15,6 +15,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Read: the arguments (secrets among them, perhaps) are blanked where
+    // other processes, agents included, could read them.
+    let hidden = hide_command_line(2);
     let workers = match &cli.command {
         Command::Serve(args) => Some(args.runtime_workers()),
         _ => None,
@@ -24,7 +27,7 @@ fn main() -> ExitCode {
         Err(err) => return fail(format!("cannot start the async runtime: {err}")),
     };
     match cli.command {
-        Command::Serve(args) => runtime.block_on(run_serve(*args)),
+        Command::Serve(args) => runtime.block_on(run_serve(*args, hidden.err())),
         Command::Token(args) => tether_server::cli::token(&args),
         Command::Doctor(args) => runtime.block_on(tether_server::doctor::run(&args)),
         Command::Openapi => {
@@ -94,8 +97,11 @@ fn fail(message: String) -> ExitCode {
     ExitCode::FAILURE
 }
 
-async fn run_serve(args: ServeArgs) -> ExitCode {
+async fn run_serve(args: ServeArgs, not_hidden: Option<std::io::Error>) -> ExitCode {
     telemetry::init(args.log_format);
+    if let Some(err) = not_hidden {
+        tracing::warn!(error = %err, "cannot hide the server's command line from other processes");
+    }
     if let Err(err) = args.check_bind() {
         return fail(err.to_string());
     }

@@ -166,8 +166,10 @@ pub fn read_secret(
     Ok(Some(bytes))
 }
 
+mod command_line;
 mod serve;
 
+pub use command_line::hide_command_line;
 pub use serve::*;
 
 /// Every `TETHER_*` environment variable the command line reads, for checks
