@@ -725,11 +725,11 @@ async fn one_batch_writing_a_key_twice_keeps_the_latest(db: TestDb) {
     let mut first = from_client(envelope("ahp-session:/k", 1), "c1", 1);
     first.session = Some(record("k", "p", "dormant"));
     first.chats = vec!["ahp-chat:/k.main".to_owned()];
-    first.owner = Some("alice".to_owned());
+    first.owner = Some(("c1".to_owned(), "alice".to_owned()));
     let mut second = from_client(envelope("ahp-session:/k", 2), "c1", 2);
     second.session = Some(record("k", "p", "active"));
     second.chats = vec!["ahp-chat:/k.main".to_owned()];
-    second.owner = Some("bob".to_owned());
+    second.owner = Some(("c1".to_owned(), "bob".to_owned()));
     let mut other = from_client(envelope("ahp-session:/j", 3), "c1", 3);
     other.session = Some(record("j", "p", "dormant"));
     other.chats = vec!["ahp-chat:/k.main".to_owned()];

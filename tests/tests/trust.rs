@@ -36,11 +36,16 @@ backend_tests!(
     an_agent_sees_none_of_the_servers_secrets_and_reaches_only_its_own_directories,
     every_backend_keeps_sessions_and_agents_inside_the_allowed_roots,
     a_client_tools_context_stays_with_its_principal_after_a_restart,
+    another_projects_session_named_starts_no_actor,
+    a_session_created_with_its_client_active_is_its_creators,
 );
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
 const SECRET: &str = "a trust-boundary test secret, well over 32 bytes long";
 const WAIT: Duration = Duration::from_secs(20);
+/// A secret given as a flag, which no agent may read off the server's
+/// command line.
+const METRICS_TOKEN_ON_THE_COMMAND_LINE: &str = "a-metrics-token-given-on-the-command-line";
 
 fn mint(sub: &str, role: Role, projects: &[&str]) -> String {
     let projects: Vec<String> = projects.iter().map(|p| (*p).to_owned()).collect();
@@ -575,6 +580,170 @@ async fn unknown_ids_start_no_actor_and_take_no_lease(db: TestDb) {
     assert_eq!(status, 200);
 }
 
+/// A principal of another project naming a session that exists is
+/// answered as if it did not, and starts nothing: an actor started for it
+/// would keep the session from retention, and on a cluster take its lease.
+async fn another_projects_session_named_starts_no_actor(db: TestDb) {
+    let (_dir, secret) = secret_file();
+    let mut server =
+        ServerProcess::start(&db, &["--auth-secret-file", secret.to_str().unwrap()]).await;
+    let admin_token = mint("admin", Role::Admin, &["*"]);
+    let admin = Rest::new(server.base_url(), Some(admin_token.clone()));
+    admin.create(json!({"id": "b-own", "project": "b"})).await;
+    // A new process: no actor is in memory.
+    server.restart().await;
+    let base = server.base_url();
+    let admin = Rest::new(base.clone(), Some(admin_token));
+    let actors = || async {
+        let (status, text) = admin.call("GET", "/metrics", None).await;
+        assert_eq!(status, 200, "{text}");
+        tether_tests::metric_value(text.as_str().unwrap_or_default(), "tether_session_actors")
+            .expect("the actors gauge")
+    };
+    assert_eq!(actors().await, 0.0, "no actor before anyone asks");
+
+    let alice = mint("alice", Role::Operator, &["a"]);
+    let a_rest = Rest::new(base.clone(), Some(alice.clone()));
+    for (method, path, body) in [
+        ("GET", "/v1/sessions/b-own", None),
+        ("DELETE", "/v1/sessions/b-own", None),
+        (
+            "POST",
+            "/v1/sessions/b-own/actions",
+            Some(
+                json!({"clientId": "c", "clientSeq": 1, "action": {"type": "session/titleChanged", "title": "x"}}),
+            ),
+        ),
+        (
+            "POST",
+            "/v1/sessions/b-own/resume",
+            Some(json!({"sessionId": "b-own", "cwd": "/tmp", "mcpServers": []})),
+        ),
+    ] {
+        let (status, answer) = a_rest.call(method, path, body).await;
+        assert_eq!(status, 404, "{method} {path}: {answer}");
+    }
+    let a = ahp_as(&server.ws_url(), &alice, "alice").await;
+    for channel in ["ahp-session:/b-own", "ahp-chat:/b-own.main"] {
+        assert!(a.subscribe(channel.into()).await.is_err(), "{channel}");
+        let _ = a
+            .dispatch(
+                channel.into(),
+                tether_tests::action(json!({"type": "session/titleChanged", "title": "x"})),
+            )
+            .await;
+    }
+    for (method, params) in [
+        (
+            "createChat",
+            json!({"channel": "ahp-session:/b-own", "chat": "ahp-chat:/a-side"}),
+        ),
+        ("fetchTurns", json!({"channel": "ahp-chat:/b-own.main"})),
+        (
+            "completions",
+            json!({"channel": "ahp-chat:/b-own.main", "kind": "userMessage", "text": "/", "offset": 1}),
+        ),
+    ] {
+        assert!(
+            a.request::<_, Value>(method, params).await.is_err(),
+            "{method}"
+        );
+    }
+    assert_eq!(
+        actors().await,
+        0.0,
+        "another project's session was named, and its actor started"
+    );
+    // Its own project's principal still reaches it (and its actor).
+    let b = ahp_as(
+        &server.ws_url(),
+        &mint("bob", Role::Operator, &["b"]),
+        "bob",
+    )
+    .await;
+    b.subscribe("ahp-session:/b-own".into())
+        .await
+        .expect("its own project's session");
+    assert_eq!(actors().await, 1.0);
+}
+
+/// A session created over AHP with its client active: that client is
+/// the creating connection's own, its tools are checked, and it is owned
+/// by the creator, so no other principal takes its clientId over.
+async fn a_session_created_with_its_client_active_is_its_creators(db: TestDb) {
+    let (_dir, secret) = secret_file();
+    let server = ServerProcess::start(&db, &["--auth-secret-file", secret.to_str().unwrap()]).await;
+    let alice_token = mint("alice", Role::Operator, &["alpha"]);
+    let mallory_token = mint("mallory", Role::Operator, &["alpha"]);
+    let alice = ahp_as(&server.ws_url(), &alice_token, "alice-console").await;
+    let create = |id: &str, client: Value| {
+        json!({"channel": format!("ahp-session:/{id}"), "_meta": {"tether/project": "alpha"},
+               "activeClient": client})
+    };
+    let tools = json!([{"name": "lookup", "inputSchema": {"type": "object"}}]);
+    let refused = alice
+        .request::<_, Value>(
+            "createSession",
+            create(
+                "made-1",
+                json!({"clientId": "someone-else", "tools": tools}),
+            ),
+        )
+        .await
+        .expect_err("another client's name");
+    assert!(
+        format!("{refused:?}").contains("own clientId"),
+        "{refused:?}"
+    );
+    let refused = alice
+        .request::<_, Value>(
+            "createSession",
+            create(
+                "made-2",
+                json!({"clientId": "alice-console", "tools": [{"name": ""}]}),
+            ),
+        )
+        .await
+        .expect_err("a tool without a name");
+    assert!(format!("{refused:?}").contains("name"), "{refused:?}");
+    alice
+        .request::<_, Value>(
+            "createSession",
+            create("made", json!({"clientId": "alice-console", "tools": tools})),
+        )
+        .await
+        .expect("created with its own client active");
+    let (status, refused) = Rest::new(server.base_url(), Some(mallory_token))
+        .call(
+            "POST",
+            "/v1/sessions/made/actions",
+            Some(
+                json!({"clientId": "alice-console", "clientSeq": 1, "action":
+                {"type": "session/activeClientSet", "activeClient": {"clientId": "alice-console",
+                 "tools": []}}}),
+            ),
+        )
+        .await;
+    assert_eq!(status, 422, "{refused}");
+    assert!(
+        refused.to_string().contains("another principal"),
+        "{refused}"
+    );
+    // Its creator still may.
+    let (status, answer) = Rest::new(server.base_url(), Some(alice_token))
+        .call(
+            "POST",
+            "/v1/sessions/made/actions",
+            Some(
+                json!({"clientId": "alice-console", "clientSeq": 1, "action":
+                {"type": "session/activeClientSet", "activeClient": {"clientId": "alice-console",
+                 "tools": []}}}),
+            ),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+}
+
 /// The SQLite database file of `db`, if it has one.
 fn database_file(db: &TestDb) -> Option<PathBuf> {
     db.url().strip_prefix("sqlite:").map(PathBuf::from)
@@ -610,6 +779,8 @@ async fn an_agent_sees_none_of_the_servers_secrets_and_reaches_only_its_own_dire
             "require",
             "--allowed-roots",
             roots.path().to_str().unwrap(),
+            "--metrics-token",
+            METRICS_TOKEN_ON_THE_COMMAND_LINE,
         ],
         &[
             ("TETHER_AUTH_SECRET_FILE", secret.to_str().unwrap()),
@@ -652,6 +823,21 @@ async fn an_agent_sees_none_of_the_servers_secrets_and_reaches_only_its_own_dire
         db.url(),
     ] {
         assert!(!env.contains(leaked), "{leaked:?} reached the agent: {env}");
+    }
+    // Nor does the server's command line show it a secret given there:
+    // the server blanked its arguments past `tether serve` once read.
+    let args = rest.ask("mine", "args", "server-args").await;
+    assert!(args.starts_with("server-args: "), "{args}");
+    assert!(args.contains("serve"), "{args}");
+    for leaked in [
+        METRICS_TOKEN_ON_THE_COMMAND_LINE,
+        "--metrics-token",
+        "--allowed-roots",
+    ] {
+        assert!(
+            !args.contains(leaked),
+            "{leaked:?} reached the agent: {args}"
+        );
     }
     let home = env
         .lines()

@@ -114,6 +114,26 @@ pub fn check(
     }
 }
 
+/// Checks the active client a session is created with (AHP
+/// `createSession {activeClient}`): the creating client itself, under its
+/// own `clientId` (`None` before the connection named one), with a
+/// well-formed tool list, as a `session/activeClientSet` would be.
+pub fn check_creation(active_client: &Value, client_id: Option<&str>) -> Result<(), String> {
+    let named = active_client.get("clientId").and_then(Value::as_str);
+    if named.is_none() || named != client_id {
+        return Err(format!(
+            "A session is created with only its creating client active, under its own clientId              ({:?}); this names {:?}.",
+            client_id.unwrap_or_default(),
+            named.unwrap_or_default()
+        ));
+    }
+    check_tools(
+        active_client
+            .get("tools")
+            .unwrap_or(&Value::Array(Vec::new())),
+    )
+}
+
 fn check_tools(tools: &Value) -> Result<(), String> {
     let Some(list) = tools.as_array() else {
         return Err("activeClient.tools must be an array of tool definitions.".to_owned());

@@ -94,6 +94,9 @@ pub enum Command {
     Create {
         /// Its first record.
         created: Box<SessionCreated>,
+        /// The principal (token `sub`) creating it with an active client:
+        /// that client's owner.
+        owner: Option<String>,
         /// The outcome.
         reply: oneshot::Sender<Result<SessionView, EngineError>>,
     },

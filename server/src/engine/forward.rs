@@ -31,6 +31,8 @@ pub(super) enum Request {
     },
     Create {
         created: Box<SessionCreated>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<String>,
     },
     Dispose,
     CreateChat {
@@ -111,7 +113,11 @@ pub(super) fn split(command: Command) -> Result<(Request, ReplyTo), Box<Command>
                 ReplyTo::Dispatch(d.reply),
             )
         }
-        Command::Create { created, reply } => (Request::Create { created }, ReplyTo::View(reply)),
+        Command::Create {
+            created,
+            owner,
+            reply,
+        } => (Request::Create { created, owner }, ReplyTo::View(reply)),
         Command::Dispose { reply } => (Request::Dispose, ReplyTo::View(reply)),
         Command::CreateChat { chat, fork, reply } => {
             (Request::CreateChat { chat, fork }, ReplyTo::Unit(reply))
@@ -163,7 +169,11 @@ pub(super) fn join(request: Request, reply: ReplyTo) -> Command {
             directed: None,
             reply,
         })),
-        (Request::Create { created }, ReplyTo::View(reply)) => Command::Create { created, reply },
+        (Request::Create { created, owner }, ReplyTo::View(reply)) => Command::Create {
+            created,
+            owner,
+            reply,
+        },
         (Request::Dispose, ReplyTo::View(reply)) => Command::Dispose { reply },
         (Request::Resume { cwd, additional }, ReplyTo::View(reply)) => Command::Resume {
             cwd,
@@ -733,8 +743,12 @@ impl Engine {
                     )),
                 }
             }
-            Request::Create { created } => {
-                let asked = self.ask(session, |reply| Command::Create { created, reply });
+            Request::Create { created, owner } => {
+                let asked = self.ask(session, |reply| Command::Create {
+                    created,
+                    owner,
+                    reply,
+                });
                 viewed(asked.await)
             }
             Request::Dispose => viewed(self.ask(session, |reply| Command::Dispose { reply }).await),

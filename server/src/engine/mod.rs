@@ -10,7 +10,7 @@
 mod actor;
 pub mod attachments;
 mod chat_owners;
-mod client_tools;
+pub(crate) mod client_tools;
 mod clients;
 mod command;
 mod commit;
@@ -206,7 +206,8 @@ pub struct CreateSession {
     pub title: Option<String>,
     /// Initial values of the agent's configuration.
     pub config: Option<serde_json::Map<String, Value>>,
-    /// AHP `SessionActiveClient`.
+    /// AHP `SessionActiveClient`: the creating client itself, checked by
+    /// `client_tools::check_creation`, and owned by the creator.
     pub active_client: Option<Value>,
 }
 
@@ -505,6 +506,7 @@ impl Engine {
         principal: &Principal,
         id: &str,
     ) -> Result<SessionView, EngineError> {
+        self.in_scope(principal, id).await?;
         let view = self
             .ask(id, |reply| Command::View { reply })
             .await?
@@ -591,6 +593,16 @@ impl Engine {
                 )));
             }
         };
+        match self.in_scope(principal, &session).await {
+            Ok(()) => {}
+            Err(EngineError::NotFound(_)) => return missing(),
+            Err(err) => {
+                return Answer::Done(DispatchOutcome::Rejected(Refusal::new(
+                    RefusalKind::Unavailable,
+                    err.to_string(),
+                )));
+            }
+        }
         let (reply, answer) = oneshot::channel();
         self.send(
             &session,

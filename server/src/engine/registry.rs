@@ -9,6 +9,7 @@ use tokio::sync::oneshot;
 
 use super::actor::SessionActor;
 use super::{Command, Ctx, Engine, EngineError, mailbox};
+use crate::auth::Principal;
 
 /// Mailbox size of a session actor: a burst larger than this waits.
 const MAILBOX: usize = 1024;
@@ -105,6 +106,33 @@ impl Engine {
             .await
             .map(|row| row.is_some())
             .map_err(|e| EngineError::Unavailable(e.to_string()))
+    }
+
+    /// Whether `principal` may name session `id`: its actor is in memory
+    /// here (it then checks the principal itself), or the store has it in
+    /// a project the principal sees. Another project's session answers as
+    /// a missing one, before anything starts its actor (which would keep it
+    /// from retention) or takes its lease.
+    pub(super) async fn in_scope(
+        &self,
+        principal: &Principal,
+        id: &str,
+    ) -> Result<(), EngineError> {
+        if principal.project_scope().is_none() || self.ctx.in_memory(id) {
+            return Ok(());
+        }
+        let row = self
+            .ctx
+            .store
+            .session(id)
+            .await
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        match row {
+            Some(row) if principal.can_see(&row.record.project) => Ok(()),
+            _ => Err(EngineError::NotFound(format!(
+                "Session {id} does not exist."
+            ))),
+        }
     }
 
     /// Sends a command to a session's actor, starting it if needed; a

@@ -93,9 +93,18 @@ impl Engine {
             meta,
         };
         let id = request.id;
+        // Its active client is registered by its creator, who owns it.
+        let owner = created
+            .active_client
+            .is_some()
+            .then(|| principal.sub.clone());
         let created = Box::new(created);
-        self.ask(&id, |reply| Command::Create { created, reply })
-            .await
+        self.ask(&id, |reply| Command::Create {
+            created,
+            owner,
+            reply,
+        })
+        .await
     }
 
     /// Disposes a session: settles it `closed` (resumable) or `ended`; the

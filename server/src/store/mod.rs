@@ -176,11 +176,12 @@ pub struct NewEnvelope {
     /// Another copy of the action for one client's connections only (a
     /// client tool's arguments with the host's context). Never stored.
     pub directed: Option<Directed>,
-    /// The principal (token `sub`) that registers the tools of the
-    /// origin's client with this envelope (`session/activeClientSet`):
-    /// recorded as that client's owner in the session, in the same
-    /// transaction, so the ownership outlives the actor and the host.
-    pub owner: Option<String>,
+    /// A client whose tools this envelope registers (`session/activeClientSet`,
+    /// or a session created with an active client) and the principal (token
+    /// `sub`) that registers them, as `(clientId, sub)`: recorded as that
+    /// client's owner in the session, in the same transaction, so the
+    /// ownership outlives the actor and the host.
+    pub owner: Option<(String, String)>,
     /// The search documents the envelope writes (or rewrites), in the
     /// same transaction, so what is committed is searchable at once.
     pub search: Vec<tether_protocol::search::SearchDoc>,

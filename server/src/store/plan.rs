@@ -189,11 +189,8 @@ pub fn plan<'a>(
                     .iter()
                     .map(|c| (c.as_str(), session_id.as_str())),
             );
-            if let (Some(sub), Some(origin)) = (&envelope.owner, &envelope.origin) {
-                owners.insert(
-                    (session_id.as_str(), origin.client_id.as_str()),
-                    sub.as_str(),
-                );
+            if let Some((client_id, sub)) = &envelope.owner {
+                owners.insert((session_id.as_str(), client_id.as_str()), sub.as_str());
             }
         }
     }

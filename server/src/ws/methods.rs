@@ -418,6 +418,10 @@ impl Connection {
             },
             active_client: params.get("activeClient").cloned().filter(|v| !v.is_null()),
         };
+        if let Some(client) = &request.active_client {
+            crate::engine::client_tools::check_creation(client, self.client_id.as_deref())
+                .map_err(|e| RpcError::invalid(&e))?;
+        }
         self.engine
             .create_session(&self.principal, request)
             .await

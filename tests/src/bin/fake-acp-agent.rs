@@ -483,10 +483,15 @@ async fn main() -> Result<(), Error> {
                         "this agent cannot work in {bad}"
                     ))));
                 }
-                s3.lock()
-                    .expect("state")
-                    .dirs
-                    .insert(request.session_id.to_string(), dirs);
+                let mut state = s3.lock().expect("state");
+                state.dirs.insert(request.session_id.to_string(), dirs);
+                // As an agent that connects its MCP servers anew from each
+                // open: what the resume names replaces what it had.
+                state.mcp.insert(
+                    request.session_id.to_string(),
+                    mcp_servers(&request.mcp_servers),
+                );
+                drop(state);
                 responder.respond(ResumeSessionResponse::new())
             },
             agent_client_protocol::on_receive_request!(),
@@ -944,6 +949,18 @@ async fn run(
             let mut vars: Vec<String> = std::env::vars().map(|(k, v)| format!("{k}={v}")).collect();
             vars.sort();
             say(&vars.join("\n"))?;
+        }
+        "server-args" => {
+            // What any process can read of the server's (its parent's)
+            // command line.
+            let path = format!("/proc/{}/cmdline", std::os::unix::process::parent_id());
+            say(&match std::fs::read(&path) {
+                Ok(bytes) => format!(
+                    "server-args: {}",
+                    String::from_utf8_lossy(&bytes).replace('\0', " ")
+                ),
+                Err(e) => format!("server-args: error {:?} {e}", e.kind()),
+            })?;
         }
         "cwd" => {
             let cwd = std::env::current_dir().map(|d| d.display().to_string());

@@ -176,9 +176,10 @@ impl SessionActor {
                         self.ctx.chats.remember(chat, &self.id);
                         chats.push(chat.to_owned());
                     }
-                    let owner = (kind == "session/activeClientSet" && d.origin.is_some())
-                        .then(|| d.principal.as_ref().map(|p| p.sub.clone()))
-                        .flatten();
+                    let owner = (kind == "session/activeClientSet")
+                        .then(|| d.origin.as_ref().zip(d.principal.as_ref()))
+                        .flatten()
+                        .map(|(o, p)| (o.client_id.clone(), p.sub.clone()));
                     if kind == "chat/turnStarted"
                         && let Some(principal) = &d.principal
                     {

@@ -69,6 +69,7 @@ impl SessionActor {
     pub(super) async fn create(
         &mut self,
         created: SessionCreated,
+        owner: Option<String>,
     ) -> Result<SessionView, EngineError> {
         if self.model.is_some() {
             return Err(EngineError::AlreadyExists(format!(
@@ -76,6 +77,15 @@ impl SessionActor {
                 self.id
             )));
         }
+        // The active client it is created with is its creator's, as if it
+        // had registered itself.
+        let owner = created
+            .active_client
+            .as_ref()
+            .and_then(|c| c.get("clientId"))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+            .zip(owner);
         let model = SessionModel::created(&self.id, created, 0)
             .map_err(|e| EngineError::InvalidParams(e.to_string()))?;
         let envelope = NewEnvelope {
@@ -87,7 +97,7 @@ impl SessionActor {
             chats: model.chats.keys().cloned().collect(),
             turns: Vec::new(),
             directed: None,
-            owner: None,
+            owner: owner.clone(),
             search: Vec::new(),
             usage: None,
             events: Vec::new(),
@@ -112,6 +122,9 @@ impl SessionActor {
         }
         for chat in model.chats.keys() {
             self.ctx.chats.remember(chat, &self.id);
+        }
+        if let Some((client_id, sub)) = owner {
+            self.tool_owners.insert(client_id, sub);
         }
         self.model = Some(model);
         self.since_snapshot += 1;

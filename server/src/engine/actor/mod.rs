@@ -346,8 +346,12 @@ impl SessionActor {
                 self.dispatch_batch(vec![*d]).await;
                 self.run_follow_ups().await;
             }
-            Command::Create { created, reply } => {
-                let _ = reply.send(self.create(*created).await);
+            Command::Create {
+                created,
+                owner,
+                reply,
+            } => {
+                let _ = reply.send(self.create(*created, owner).await);
             }
             Command::Dispose { reply } => {
                 let _ = reply.send(self.dispose().await);
