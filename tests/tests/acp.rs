@@ -581,6 +581,41 @@ async fn an_idle_agent_is_stopped_and_its_next_turn_starts_it_again(db: TestDb) 
     api.turn("i1", "t2", "awake").await;
     let transcript = api.until("i1", "t2's end", ended("t2")).await;
     assert_eq!(answer(&transcript, "t2"), "awake");
+    // A turn a client cancels frees the agent too: idle after it, the
+    // process is stopped as after a turn that ended by itself.
+    api.turn("i1", "t3", "hang").await;
+    api.until("i1", "t3 at work", |a| {
+        kind(a) == "chat/responsePart" && a["turnId"] == "t3"
+    })
+    .await;
+    let (status, _) = api
+        .dispatch(
+            "i1",
+            true,
+            json!({"type": "chat/turnCancelled", "turnId": "t3", "duration": 1}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let idle_stops = |transcript: &[(String, Value)]| {
+        transcript
+            .iter()
+            .filter(|(_, a)| kind(a) == "x-tether/sessionSettled" && a["cause"] == "idle")
+            .count()
+    };
+    let mut transcript = api.transcript("i1").await;
+    for _ in 0..400 {
+        if idle_stops(&transcript) == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        transcript = api.transcript("i1").await;
+    }
+    assert_eq!(
+        idle_stops(&transcript),
+        2,
+        "the agent was not stopped after its cancelled turn: {transcript:#?}"
+    );
+    assert_eq!(api.view("i1").await["state"], "dormant");
     server.stop().await;
 }
 
@@ -654,7 +689,7 @@ async fn resume_reopens_the_agent_without_replaying_its_history(db: TestDb) {
 }
 
 async fn working_directories_change_through_the_agent(db: TestDb) {
-    let mut config = config(&[agent("fake", "FAKE_ACP_CAPS=resume,dirs")]);
+    let mut config = config(&[agent("fake", "FAKE_ACP_CAPS=resume,dirs,mcp")]);
     config.effects = tether_server::config::EffectsConfig::Agent;
     let server = start(&db, config).await;
     let api = Api::new(server.base_url());
@@ -683,6 +718,26 @@ async fn working_directories_change_through_the_agent(db: TestDb) {
         format!("dirs: {}", b.display()),
         "applied through session/resume"
     );
+    // A directory inside one it has: the same process, told through
+    // session/resume, which names the session's MCP server too (an agent
+    // that connects anew from it still has the host's tools).
+    let inner = a.join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    let (status, answer_) = api
+        .dispatch(
+            "w1",
+            false,
+            json!({"type": "session/workingDirectorySet", "directory": uri(&inner)}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer_}");
+    api.turn("w1", "t2b", "mcp-list").await;
+    let transcript = api.until("w1", "t2b's end", ended("t2b")).await;
+    let listed = answer(&transcript, "t2b");
+    assert!(
+        listed.starts_with("tools: ") && listed.contains("load_working_context"),
+        "{listed}"
+    );
 
     // The agent refuses: so does the host, with the agent's reason, and
     // nothing is recorded.
@@ -695,7 +750,7 @@ async fn working_directories_change_through_the_agent(db: TestDb) {
         .await;
     tether_tests::assert_refused(status, &problem, 422, "cannot work in");
     let view = api.view("w1").await;
-    assert_eq!(view["workingDirectories"].as_array().unwrap().len(), 2);
+    assert_eq!(view["workingDirectories"].as_array().unwrap().len(), 3);
 
     // A primary replacement needs a capability ACP agents do not have:
     // refused before the agent is asked.

@@ -242,6 +242,19 @@ impl SessionActor {
                     .and_then(Value::as_str)
                     .unwrap_or_default();
                 running.process.cancel(turn_id);
+                // The turn is over in AHP now, and the map drops what the
+                // agent says of it after: its `cancelled` stop reason ends
+                // nothing, so the process is free from here (else it would
+                // stay busy, never stopped when idle, its slot held).
+                if running
+                    .turn
+                    .as_ref()
+                    .is_some_and(|(c, t)| c == chat && t == turn_id)
+                {
+                    running.busy = false;
+                    running.turn = None;
+                    running.last_active = tokio::time::Instant::now();
+                }
                 // ACP: pending permission requests of a cancelled turn are
                 // answered `cancelled`.
                 let keys: Vec<_> = running

@@ -747,7 +747,8 @@ impl Bridge {
                             }
                             Some(ToAgent::Resume { cwd, additional, reply }) => {
                                 let request = ResumeSessionRequest::new(sessions.main.clone(), cwd.clone())
-                                    .additional_directories(additional.clone());
+                                    .additional_directories(additional.clone())
+                                    .mcp_servers(sessions.mcp_servers.clone());
                                 let answer = tokio::time::timeout(
                                     self.limits.init_timeout,
                                     cx.send_request(request).block_task(),

@@ -47,7 +47,8 @@ pub(super) struct Sessions {
     /// Where sessions open and what they get (as the default chat's).
     cwd: PathBuf,
     additional: Vec<PathBuf>,
-    mcp_servers: Vec<McpServer>,
+    /// Given at every open (new, resume, load), a directory change's too.
+    pub(super) mcp_servers: Vec<McpServer>,
     logins: Logins,
     /// Whether the agent can reopen a session, and with `session/resume`.
     reopen: bool,
