@@ -189,9 +189,19 @@ async fn settled_sessions_past_the_limit_go_with_everything_they_own(db: TestDb)
         "fake=FAKE_ACP_LOG={} {FAKE}",
         dir.path().join("log").display()
     );
+    // The agents' scratch directories (their HOMEs), one per session that
+    // ran an agent here: old-1's goes with it, fresh-1's stays.
+    let scratch = tempfile::tempdir().unwrap();
+    for id in ["old-1", "fresh-1"] {
+        let home = scratch.path().join(format!("s-{id}"));
+        std::fs::create_dir_all(home.join(".agent")).unwrap();
+        std::fs::write(home.join(".agent/login"), "a login of the agent's").unwrap();
+    }
     let server = ServerProcess::start(
         &db,
         &[
+            "--agent-scratch-dir",
+            scratch.path().to_str().unwrap(),
             "--retention-interval-secs",
             "1",
             "--snapshot-every",
@@ -381,6 +391,11 @@ async fn settled_sessions_past_the_limit_go_with_everything_they_own(db: TestDb)
         );
     }
     assert_eq!(under(&db, "old-1").await, (0, 0, 0), "left under old-1");
+    assert!(
+        !scratch.path().join("s-old-1").exists(),
+        "old-1's agent scratch directory was left for an id made again"
+    );
+    assert!(scratch.path().join("s-fresh-1/.agent/login").exists());
     assert_eq!(under(&db, "old-10").await, (2, 1, 1), "lost under old-10");
     if db.backend() == Backend::Sqlite {
         let sql = "SELECT count(*) FROM channels WHERE uri = 'ahp-changeset:/old-10/c1'";

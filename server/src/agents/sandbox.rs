@@ -174,6 +174,12 @@ impl SandboxConfig {
     }
 }
 
+/// The scratch directory's name of agent `agent`'s start-up probe: `+` is
+/// in no session id, so no session shares (or plants files in) it.
+pub fn probe_scratch(agent: &str) -> String {
+    format!("probe+{agent}")
+}
+
 /// How this host starts agent processes; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Sandbox {
@@ -203,7 +209,7 @@ impl Default for Sandbox {
 pub struct Launch<'a> {
     /// What to run.
     pub command: &'a AgentCommand,
-    /// Its scratch directory's name (a session id, or `probe-<agent>`).
+    /// Its scratch directory's name (a session id, or `probe+<agent>`, [`probe_scratch`]).
     pub scratch: &'a str,
     /// The session's working directories, resolved, primary first.
     pub dirs: &'a [PathBuf],
@@ -252,6 +258,17 @@ impl Sandbox {
                 .into_iter()
                 .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
                 .collect(),
+        }
+    }
+
+    /// Removes a deleted session's scratch directory (its agent's HOME:
+    /// histories, caches, logins), so a session made later with the same
+    /// id, in any project, starts with none of it. Nothing when there is
+    /// none on this host.
+    pub fn remove_scratch(&self, session: &str) -> std::io::Result<()> {
+        match std::fs::remove_dir_all(self.scratch_path(session)) {
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            removed => removed,
         }
     }
 
@@ -391,12 +408,18 @@ impl Sandbox {
         spawn_on_confined_thread(process, confined)
     }
 
+    /// Where scratch directory `name` is: `s-<name>`. Session ids are
+    /// `[A-Za-z0-9._:-]`: the prefix keeps `.` and `..` ordinary names,
+    /// and a name with any other character (a probe's, [`probe_scratch`])
+    /// is no session's.
+    fn scratch_path(&self, name: &str) -> PathBuf {
+        self.scratch_root.join(format!("s-{name}"))
+    }
+
     /// The scratch directory `name` (made, private to this user, if new).
     fn scratch_dir(&self, name: &str) -> Result<PathBuf, String> {
         use std::os::unix::fs::DirBuilderExt;
-        // Session ids are `[A-Za-z0-9._:-]`: a prefix keeps `.` and `..`
-        // ordinary names.
-        let dir = self.scratch_root.join(format!("s-{name}"));
+        let dir = self.scratch_path(name);
         for path in [&self.scratch_root, &dir, &dir.join("tmp")] {
             std::fs::DirBuilder::new()
                 .recursive(true)

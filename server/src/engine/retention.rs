@@ -72,6 +72,9 @@ pub(super) async fn round(ctx: &Arc<Ctx>) -> Result<usize, crate::store::StoreEr
     ctx.chats.forget_owned_by(&deleted);
     for s in held.iter().filter(|s| deleted.contains(&s.id)) {
         tracing::info!(session = %s.id, project = %s.project, "retention: settled session deleted");
+        if let Err(err) = ctx.config.sandbox.remove_scratch(&s.id) {
+            tracing::warn!(session = %s.id, error = %err, "retention: the agent's scratch directory was not removed");
+        }
         ctx.hub.notify(ROOT, &s.project, || {
             super::notification(
                 "root/sessionRemoved",

@@ -142,7 +142,7 @@ pub async fn probe(
     limits: &AcpLimits,
     sandbox: &Sandbox,
 ) -> Result<AcpCapabilities, String> {
-    let scratch = format!("probe-{}", command.name);
+    let scratch = crate::agents::sandbox::probe_scratch(&command.name);
     let (mut child, cwd) = start(command, &scratch, &[], sandbox)?;
     let provider = command.name.clone();
     let agent = command.clone();
