@@ -258,6 +258,36 @@ async fn an_agents_modes_and_options_are_the_sessions_configuration_both_ways(db
         session["snapshot"]["state"]["config"]["values"],
         json!({"mode": "ask", "model": "smart", "thought": "high"})
     );
+    // Two values at once (applied one at a time), the second refused by
+    // the agent once it took the first: the client's change is refused,
+    // and what the agent did move to is recorded all the same.
+    let refused = ahp
+        .dispatch(
+            "ahp-session:/cfg",
+            json!({"type": "session/configChanged", "config": {"model": "fast", "thought": "deep"}}),
+        )
+        .await;
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|r| r.contains("did not accept")),
+        "{refused:?}"
+    );
+    late.action("session/configChanged", |a| a["config"]["model"] == "fast")
+        .await;
+    assert_eq!(
+        ahp.ask("ahp-chat:/cfg.main", "t6", "settings", None).await,
+        "mode=ask model=fast thought=high"
+    );
+    let session = late
+        .call("subscribe", json!({"channel": "ahp-session:/cfg"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        session["snapshot"]["state"]["config"]["values"],
+        json!({"mode": "ask", "model": "fast", "thought": "high"}),
+        "the state says where the agent is"
+    );
 
     // A client's new title reaches the agent (it takes session/set_title).
     assert_eq!(

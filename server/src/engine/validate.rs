@@ -207,12 +207,21 @@ pub(super) async fn check_dispatch(
             process,
             d.action.get("config").and_then(Value::as_object).cloned(),
         ) {
-            let moved = process.configure(values).await.map_err(|reason| {
-                Refusal::new(
-                    RefusalKind::Invalid,
-                    format!("The agent did not accept the configuration: {reason}."),
-                )
-            })?;
+            let moved = match process.configure(values).await {
+                Ok(moved) => moved,
+                Err(refused) => {
+                    // What it took before refusing is recorded after the
+                    // refusal, as the agent's own change.
+                    follow.extend(refused.moved);
+                    return Err(Refusal::new(
+                        RefusalKind::Invalid,
+                        format!(
+                            "The agent did not accept the configuration: {}.",
+                            refused.reason
+                        ),
+                    ));
+                }
+            };
             follow.extend(moved);
         }
     } else if d.origin.is_some() && kind == "terminal/input" {

@@ -318,6 +318,21 @@ pub enum AgentEvent {
     },
 }
 
+/// Host-originated actions recording what an agent changed of its own
+/// accord or with a client's values, as `(channel, action)`.
+pub type Moved = Vec<(String, Value)>;
+
+/// An agent's refusal of configuration values, with what it had already
+/// moved to before it refused (values are applied one at a time): that is
+/// recorded all the same, so clients never see settings the agent left.
+#[derive(Debug)]
+pub struct ConfigRefused {
+    /// Why, in the agent's words.
+    pub reason: String,
+    /// What moved before the refusal.
+    pub moved: Moved,
+}
+
 /// What the actor asks of the agent.
 #[derive(Debug)]
 pub(crate) enum ToAgent {
@@ -332,7 +347,7 @@ pub(crate) enum ToAgent {
     },
     Configure {
         values: serde_json::Map<String, Value>,
-        reply: oneshot::Sender<Result<Vec<(String, Value)>, String>>,
+        reply: oneshot::Sender<Result<Moved, ConfigRefused>>,
     },
     Close {
         reply: oneshot::Sender<()>,
@@ -405,14 +420,16 @@ impl AgentProcess {
     pub async fn configure(
         &self,
         values: serde_json::Map<String, Value>,
-    ) -> Result<Vec<(String, Value)>, String> {
+    ) -> Result<Moved, ConfigRefused> {
+        let stopped = || ConfigRefused {
+            reason: "the agent's process has stopped".to_owned(),
+            moved: Vec::new(),
+        };
         let (reply, answer) = oneshot::channel();
         self.commands
             .send(ToAgent::Configure { values, reply })
-            .map_err(|_| "the agent's process has stopped".to_owned())?;
-        answer
-            .await
-            .unwrap_or_else(|_| Err("the agent's process has stopped".to_owned()))
+            .map_err(|_| stopped())?;
+        answer.await.unwrap_or_else(|_| Err(stopped()))
     }
 
     /// Forks the agent's session of chat `source` (`session/fork`) for the

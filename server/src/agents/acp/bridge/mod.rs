@@ -33,8 +33,8 @@ use super::config::{AgentConfig, Setting};
 use super::lines::{Guarded, Verdict};
 use super::map::{Turn, TurnMap};
 use super::{
-    AcpCapabilities, AcpLimits, AgentEvent, AgentProcess, OpenMode, OpenRequest, PermissionAnswer,
-    ToAgent,
+    AcpCapabilities, AcpLimits, AgentEvent, AgentProcess, ConfigRefused, Moved, OpenMode,
+    OpenRequest, PermissionAnswer, ToAgent,
 };
 use crate::agents::AgentCommand;
 use crate::agents::sandbox::{Launch, Run, Sandbox, signal_group};

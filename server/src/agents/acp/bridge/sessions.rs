@@ -433,12 +433,12 @@ impl Bridge {
         cx: &ConnectionTo<Agent>,
         session: &str,
         values: &serde_json::Map<String, Value>,
-    ) -> Result<Vec<(String, Value)>, String> {
+    ) -> Result<Moved, ConfigRefused> {
         let applied = self.apply(cx, session, values, false).await;
-        let mut m = self
-            .map
-            .lock()
-            .map_err(|_| "the session's state is unavailable".to_owned())?;
+        let mut m = self.map.lock().map_err(|_| ConfigRefused {
+            reason: "the session's state is unavailable".to_owned(),
+            moved: Vec::new(),
+        })?;
         // What clients will know once the client's action is recorded.
         if applied.is_ok()
             && let Some(known) = m.known_config.as_mut()
@@ -447,8 +447,13 @@ impl Bridge {
                 known["values"][key] = value.clone();
             }
         }
-        let actions = m.config_moved();
-        applied.map(|()| actions)
+        // What moved, the client's values or (refused part way) those
+        // taken before the refusal: recorded either way.
+        let moved = m.config_moved();
+        match applied {
+            Ok(()) => Ok(moved),
+            Err(reason) => Err(ConfigRefused { reason, moved }),
+        }
     }
 
     /// Moves the agent to the model a turn's message asks for (the turn's
