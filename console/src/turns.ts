@@ -207,6 +207,12 @@ export function applyChat(turns: Map<string, TurnView>, action: Action): boolean
         tool.options = a.options ?? [];
         if (typeof a.toolInput === "string") tool.input = a.toolInput;
         if (a.invocationMessage) tool.intention = textOf(a.invocationMessage);
+        // The edits it will make, shown before anyone answers.
+        const proposed: Json[] = a.edits?.items ?? [];
+        if (proposed.length) {
+          tool.edits = [];
+          applyContent(tool, proposed.map((edit) => ({ ...edit, type: "fileEdit" })));
+        }
       }
       break;
     case "chat/toolCallConfirmed":

@@ -319,6 +319,31 @@ async fn a_permission_request_waits_for_a_client_and_its_answer_reaches_the_agen
         json!({"id": "allow", "label": "Allow once", "kind": "approve", "group": 0})
     );
     assert!(ready.get("confirmed").is_none(), "it waits for a person");
+    // The edit it asks to make is shown with the question, both sides
+    // stored and readable.
+    let edit = &ready["edits"]["items"][0];
+    assert_eq!(
+        edit["after"]["uri"], "file:///project/config.json",
+        "{ready}"
+    );
+    assert_eq!(edit["diff"], json!({"added": 1, "removed": 1}), "{ready}");
+    for (side, text) in [
+        ("before", "{\"debug\": false}\n"),
+        ("after", "{\"debug\": true}\n"),
+    ] {
+        let uri = edit[side]["content"]["uri"]
+            .as_str()
+            .expect("a stored side");
+        let digest = uri.trim_start_matches("tether-attachment:");
+        let response = reqwest::get(format!(
+            "{}/v1/sessions/p1/attachments/{digest}",
+            server.base_url()
+        ))
+        .await
+        .unwrap();
+        assert_eq!(response.status(), 200, "{uri}");
+        assert_eq!(response.text().await.unwrap(), text, "{side}");
+    }
     // Nothing moves until a client answers.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(

@@ -742,7 +742,10 @@ async fn run(
             ))?;
             let request: RequestPermissionRequest = serde_json::from_value(json!({
                 "sessionId": session,
-                "toolCall": {"toolCallId": "edit-1", "title": "Editing config.json", "kind": "edit"},
+                "toolCall": {"toolCallId": "edit-1", "title": "Editing config.json", "kind": "edit",
+                    // What it will do, for the person to see first.
+                    "content": [{"type": "diff", "path": "/project/config.json",
+                                 "oldText": "{\"debug\": false}\n", "newText": "{\"debug\": true}\n"}]},
                 "options": [{"optionId": "allow", "name": "Allow once", "kind": "allow_once"},
                             {"optionId": "reject", "name": "Reject", "kind": "reject_once"}],
             }))

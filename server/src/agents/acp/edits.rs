@@ -135,6 +135,23 @@ impl TurnEdits {
     }
 }
 
+/// An edit not yet made (a tool call's proposal, shown before it is
+/// confirmed) as an AHP `FileEdit`, and the sides to store.
+pub fn preview(
+    session_id: &str,
+    path: &Path,
+    old: Option<&str>,
+    new: &str,
+) -> (Value, Vec<Attachment>) {
+    let mut stored = Vec::new();
+    let mut edit = file_edit(session_id, &file_uri(path), old, Some(new), &mut stored);
+    if let Some(edit) = edit.as_object_mut() {
+        // A `FileEdit`, not tool result content.
+        edit.remove("type");
+    }
+    (edit, stored)
+}
+
 /// A path as a `file:` URI (percent-encoding what a URI cannot hold).
 pub fn file_uri(path: &Path) -> String {
     let mut uri = String::from("file://");

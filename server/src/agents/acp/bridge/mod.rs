@@ -392,7 +392,7 @@ impl Bridge {
         let wait_terminals = agent_terminals.clone();
         let kill_terminals = agent_terminals.clone();
         let release_terminals = agent_terminals;
-        let ask = (self.events.clone(), self.map.clone());
+        let ask = (self.events.clone(), self.map.clone(), self.store.clone());
         let question = (self.events.clone(), self.map.clone());
         let result = Client
             .v1()
@@ -430,13 +430,23 @@ impl Bridge {
             )
             .on_receive_request(
                 async move |request: RequestPermissionRequest, responder, cx| {
-                    let (events, map) = &ask;
+                    let (events, map, store) = &ask;
                     let cancelled =
                         || RequestPermissionResponse::new(RequestPermissionOutcome::Cancelled);
-                    let (actions, turn) = match map.lock() {
-                        Ok(mut m) => (m.permission(&request), m.turn().cloned()),
+                    let (actions, turn, stored) = match map.lock() {
+                        Ok(mut m) => {
+                            let actions = m.permission(&request);
+                            (actions, m.turn().cloned(), std::mem::take(&mut m.stored))
+                        }
                         Err(_) => return responder.respond(cancelled()),
                     };
+                    // The sides of the edits it proposes, before the
+                    // question that shows them is recorded.
+                    for attachment in &stored {
+                        if let Err(err) = store.put_attachment(attachment).await {
+                            tracing::warn!(error = %err, "a proposed edit could not be stored");
+                        }
+                    }
                     let Some(turn) = turn else {
                         return responder.respond(cancelled());
                     };

@@ -36,6 +36,9 @@ enum ToolPhase {
 struct ToolCall {
     phase: ToolPhase,
     title: String,
+    /// The file edits it proposes while pending (AHP `FileEdit`s), shown
+    /// with its confirmation when the agent asks for one.
+    proposed: Vec<Value>,
 }
 
 /// The streamed text's current part.
@@ -188,6 +191,16 @@ impl TurnMap {
             .edit(&session, self.turn.as_ref(), path, old, Some(new));
         self.stored.extend(edit.stored);
         (edit.content, edit.actions)
+    }
+
+    /// A file edit a tool call proposes, for preview before it is
+    /// confirmed: both sides stored, nothing told to the turn's changeset
+    /// (the file is unchanged until the agent acts).
+    pub fn edit_preview(&mut self, path: &std::path::Path, old: Option<&str>, new: &str) -> Value {
+        let session = self.session_id().to_owned();
+        let (preview, stored) = crate::agents::acp::edits::preview(&session, path, old, new);
+        self.stored.extend(stored);
+        preview
     }
 
     /// What changed in the agent's settings since clients last heard:

@@ -51,6 +51,16 @@ impl TurnMap {
         if let Some(input) = &fields.raw_input {
             ready["toolInput"] = json!(input.to_string());
         }
+        // The edits it will make, for the person to see before answering:
+        // the request's own, else those its pending updates proposed.
+        let asked = self.proposals(fields.content.as_deref().unwrap_or_default());
+        let proposed = match self.tools.get_mut(&id) {
+            Some(tool) if asked.is_empty() => std::mem::take(&mut tool.proposed),
+            _ => asked,
+        };
+        if !proposed.is_empty() {
+            ready["edits"] = json!({"items": proposed});
+        }
         actions.push((turn.chat.clone(), ready));
         if let Some(tool) = self.tools.get_mut(&id) {
             tool.phase = ToolPhase::Pending;
@@ -82,6 +92,7 @@ impl TurnMap {
             ToolCall {
                 phase: ToolPhase::Streaming,
                 title: title.to_owned(),
+                proposed: Vec::new(),
             },
         );
         let tool_name = kind
@@ -157,7 +168,17 @@ impl TurnMap {
         output: Option<&Value>,
     ) -> Actions {
         match status {
-            ToolCallStatus::Pending => Vec::new(),
+            ToolCallStatus::Pending => {
+                // Not started: its diffs are proposals, kept for the
+                // confirmation the agent may ask for.
+                let proposed = self.proposals(content);
+                if let Some(tool) = self.tools.get_mut(id)
+                    && !proposed.is_empty()
+                {
+                    tool.proposed = proposed;
+                }
+                Vec::new()
+            }
             ToolCallStatus::InProgress => {
                 if content.is_empty() {
                     self.ready(id)
@@ -208,6 +229,19 @@ impl TurnMap {
                 actions
             }
         }
+    }
+
+    /// The diffs of a tool call not yet confirmed, as AHP `FileEdit`s.
+    fn proposals(&mut self, content: &[ToolCallContent]) -> Vec<Value> {
+        content
+            .iter()
+            .filter_map(|c| match c {
+                ToolCallContent::Diff(diff) => {
+                    Some(self.edit_preview(&diff.path, diff.old_text.as_deref(), &diff.new_text))
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     /// ACP tool-call content as AHP tool result content: text, diffs as
