@@ -20,6 +20,7 @@ backend_tests!(
     an_agents_question_waits_for_an_answer_and_times_out_as_the_agent_is_told,
     attachments_reach_the_agent_as_content_blocks_and_are_stored_once,
     an_agent_that_needs_a_login_is_logged_in_from_its_configuration_or_says_how,
+    a_configuration_change_while_the_agent_streams_is_applied_at_once,
 );
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
@@ -926,5 +927,74 @@ async fn an_agent_that_needs_a_login_is_logged_in_from_its_configuration_or_says
             .lines()
             .any(|l| l.starts_with("FAIL") && l.contains("cannot open a session")),
         "{report}"
+    );
+}
+
+/// A client changes the agent's mode while the agent streams a long
+/// answer: the session waits for the agent's answer to `set_mode`, and
+/// what the agent streams meanwhile is set aside, not left to block the
+/// agent's connection (with the answer stuck behind it the change was
+/// refused after the agent's time limit, the session frozen till then).
+async fn a_configuration_change_while_the_agent_streams_is_applied_at_once(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let server = ServerProcess::start(
+        &db,
+        &[
+            "--agent",
+            // It answers set_mode after 500 ms: its stream fills what the
+            // host buffers meanwhile.
+            &agent(&log).replace("fake=", "fake=FAKE_ACP_SLOW_MODES=500 "),
+            "--agent-confinement",
+            "off",
+            "--agent-init-timeout-ms",
+            "10000",
+        ],
+    )
+    .await;
+    let mut ahp = Ahp::connect(&server.ws_url(), "streamer").await;
+    ahp.call(
+        "createSession",
+        json!({"channel": "ahp-session:/talk", "provider": "fake"}),
+    )
+    .await
+    .unwrap();
+    for channel in ["ahp-session:/talk", "ahp-chat:/talk.main"] {
+        ahp.call("subscribe", json!({"channel": channel}))
+            .await
+            .unwrap();
+    }
+    let started = ahp
+        .dispatch(
+            "ahp-chat:/talk.main",
+            json!({"type": "chat/turnStarted", "turnId": "t1", "startedAt": "2026-12-07T10:00:00.000Z",
+                   "message": {"text": "chatter", "origin": {"kind": "user"}}}),
+        )
+        .await;
+    assert_eq!(started, None);
+    // Well into the stream (more than the host buffers).
+    ahp.action("chat/delta", |_| true).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let since = Instant::now();
+    let changed = ahp
+        .dispatch(
+            "ahp-session:/talk",
+            json!({"type": "session/configChanged", "config": {"mode": "code"}}),
+        )
+        .await;
+    assert_eq!(changed, None, "refused after {:?}", since.elapsed());
+    let lines = log_lines(&log);
+    assert!(lines.contains(&"set_mode code".to_owned()), "{lines:?}");
+    let cancelled = ahp
+        .dispatch(
+            "ahp-chat:/talk.main",
+            json!({"type": "chat/turnCancelled", "turnId": "t1", "duration": 1}),
+        )
+        .await;
+    assert_eq!(cancelled, None);
+    assert_eq!(
+        ahp.ask("ahp-chat:/talk.main", "t2", "settings", None).await,
+        "mode=code model=fast thought=low",
+        "the session goes on, in the new mode"
     );
 }

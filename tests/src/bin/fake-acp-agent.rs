@@ -518,6 +518,13 @@ async fn main() -> Result<(), Error> {
             async move |request: SetSessionModeRequest, responder, _cx| {
                 let mode = request.mode_id.to_string();
                 log_line(&format!("set_mode {mode}"));
+                // `FAKE_ACP_SLOW_MODES=MS`: takes that long to answer.
+                if let Some(ms) = std::env::var("FAKE_ACP_SLOW_MODES")
+                    .ok()
+                    .and_then(|ms| ms.parse().ok())
+                {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
                 if mode == "broken" || !["ask", "code"].contains(&mode.as_str()) {
                     return responder.respond_with_error(
                         Error::invalid_params().data(json!(format!("no mode {mode}"))),
@@ -711,6 +718,19 @@ async fn run(
             let said: Vec<char> = rest.join(" ").chars().collect();
             for piece in said.chunks(3) {
                 say(&piece.iter().collect::<String>())?;
+            }
+        }
+        "chatter" => {
+            // Streams a word every 2 ms until the turn is cancelled (a
+            // minute at most).
+            let cancelled = cancel.notified();
+            tokio::pin!(cancelled);
+            for _ in 0..30_000 {
+                say("word ")?;
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(2)) => {}
+                    () = &mut cancelled => return Ok(StopReason::Cancelled),
+                }
             }
         }
         "flood" => {

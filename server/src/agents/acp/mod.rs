@@ -20,6 +20,7 @@ mod bridge;
 pub mod config;
 pub mod edits;
 pub mod elicit;
+mod events;
 mod lines;
 pub mod map;
 
@@ -30,6 +31,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 pub use bridge::{probe, spawn};
+pub use events::AgentEvents;
 
 use crate::agents::sandbox::Sandbox;
 
@@ -375,7 +377,7 @@ pub(crate) enum ToAgent {
 pub struct AgentProcess {
     commands: mpsc::UnboundedSender<ToAgent>,
     /// What the agent says, in order.
-    pub events: mpsc::Receiver<AgentEvent>,
+    pub events: AgentEvents,
     /// Dropping this stops the bridge (and kills the child).
     _stop: oneshot::Sender<()>,
     /// Its process group (the child's pid), killed when this is dropped.
@@ -429,7 +431,10 @@ impl AgentProcess {
         self.commands
             .send(ToAgent::Configure { values, reply })
             .map_err(|_| stopped())?;
-        answer.await.unwrap_or_else(|_| Err(stopped()))
+        self.events
+            .meanwhile(answer)
+            .await
+            .unwrap_or_else(|_| Err(stopped()))
     }
 
     /// Forks the agent's session of chat `source` (`session/fork`) for the
@@ -443,7 +448,8 @@ impl AgentProcess {
                 reply,
             })
             .map_err(|_| "the agent's process has stopped".to_owned())?;
-        answer
+        self.events
+            .meanwhile(answer)
             .await
             .unwrap_or_else(|_| Err("the agent's process has stopped".to_owned()))
     }
@@ -484,7 +490,8 @@ impl AgentProcess {
                 reply,
             })
             .map_err(|_| "the agent's process has stopped".to_owned())?;
-        answer
+        self.events
+            .meanwhile(answer)
             .await
             .unwrap_or_else(|_| Err("the agent's process has stopped".to_owned()))
     }

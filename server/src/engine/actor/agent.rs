@@ -489,7 +489,7 @@ impl SessionActor {
             event = self
                 .running
                 .as_mut()
-                .and_then(|r| r.process.events.try_recv().ok());
+                .and_then(|r| r.process.events.try_recv());
         }
         if taken == 0 {
             // The bridge ended without a word (the actor let it go).

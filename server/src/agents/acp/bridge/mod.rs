@@ -127,7 +127,7 @@ pub fn spawn(
     });
     Ok(AgentProcess {
         commands: commands_tx,
-        events,
+        events: super::events::AgentEvents::new(events),
         _stop: stop,
         group,
     })
