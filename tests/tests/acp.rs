@@ -443,6 +443,16 @@ async fn a_cancelled_turn_reaches_the_agent_and_the_session_goes_on(db: TestDb) 
     api.turn("c1", "t4", "still here").await;
     let transcript = api.until("c1", "t4's end", ended("t4")).await;
     assert_eq!(answer(&transcript, "t4"), "still here");
+    // Turns cannot be taken back from an ACP agent's session: a client's
+    // truncation is refused, not recorded behind the agent's back.
+    let (status, problem) = api
+        .dispatch(
+            "c1",
+            true,
+            json!({"type": "chat/truncated", "turnId": "t2"}),
+        )
+        .await;
+    tether_tests::assert_refused(status, &problem, 422, "cannot forget turns");
     server.stop().await;
 }
 

@@ -157,6 +157,19 @@ pub(super) async fn check_dispatch(
         if kind == "session/configChanged" {
             check_config_change(model, &d.action)?;
         }
+        if kind == "chat/truncated"
+            && let Some(agent) = agent.filter(|a| a.acp_command().is_some())
+        {
+            // ACP cannot take turns back from an agent's session: its next
+            // prompt would carry on from the turns removed here.
+            return Err(Refusal::new(
+                RefusalKind::Invalid,
+                format!(
+                    "Agent {} cannot forget turns (ACP has no way to take them back from its                      session); fork the chat at an earlier turn instead.",
+                    agent.provider
+                ),
+            ));
+        }
         if kind == "chat/pendingMessageSet" {
             check_queue_room(model, &d.channel, &d.action)?;
         }
