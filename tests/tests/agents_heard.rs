@@ -643,6 +643,36 @@ async fn an_agents_question_waits_for_an_answer_and_times_out_as_the_agent_is_to
         .filter_map(|m| m["params"]["action"]["part"]["content"].as_str())
         .collect::<String>();
     assert_eq!(answer, "answered: cancel");
+
+    // A URL question the person answers at the URL: when the agent says it
+    // is done, it is completed (accepted) without a client's answer.
+    let url_turn = json!({"type": "chat/turnStarted", "turnId": "t3",
+        "startedAt": "2026-12-02T10:00:00.000Z",
+        "message": {"text": "login-url", "origin": {"kind": "user"}}});
+    assert_eq!(ahp.dispatch(chat, url_turn).await, None);
+    let asked = ahp
+        .action("chat/inputRequested", |a| {
+            a["request"]["url"] == "https://login.example/device"
+        })
+        .await;
+    let url_id = asked["request"]["id"].clone();
+    let completed = ahp
+        .action("chat/inputCompleted", |a| a["requestId"] == url_id)
+        .await;
+    assert_eq!(completed["response"], "accept");
+    ahp.action("session/inputNeededRemoved", |a| {
+        a["id"] == format!("{chat}#{}", url_id.as_str().unwrap()).as_str()
+    })
+    .await;
+    ahp.action("chat/turnComplete", |a| a["turnId"] == "t3")
+        .await;
+    let answer = ahp
+        .seen
+        .iter()
+        .filter(|m| m["params"]["action"]["turnId"] == "t3")
+        .filter_map(|m| m["params"]["action"]["part"]["content"].as_str())
+        .collect::<String>();
+    assert_eq!(answer, "url: accept");
 }
 
 async fn attachments_reach_the_agent_as_content_blocks_and_are_stored_once(db: TestDb) {

@@ -885,6 +885,35 @@ async fn run(
             };
             say(said.trim_end())?;
         }
+        "login-url" => {
+            // A URL question the person answers at the URL: the agent says
+            // it is done (`elicitation/complete`) 300 ms later, unanswered
+            // by any client.
+            let request: CreateElicitationRequest = serde_json::from_value(json!({
+                "mode": "url", "sessionId": session, "elicitationId": "elic-1",
+                "url": "https://login.example/device", "message": "Log in to continue"}))
+            .expect("a URL elicitation");
+            let done = async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                cx.send_notification(
+                    agent_client_protocol::v1::schema::CompleteElicitationNotification::new(
+                        "elic-1",
+                    ),
+                )
+            };
+            let (answer, sent) = tokio::join!(cx.send_request(request).block_task(), done);
+            sent?;
+            let said = match answer {
+                Ok(response) => format!(
+                    "url: {}",
+                    serde_json::to_value(&response).expect("JSON")["action"]
+                        .as_str()
+                        .unwrap_or("?")
+                ),
+                Err(err) => format!("the question failed: {err}"),
+            };
+            say(&said)?;
+        }
         "picture" => {
             // An image and an embedded file of its own, in its answer.
             cx.send_notification(update(

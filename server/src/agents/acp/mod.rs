@@ -312,6 +312,15 @@ pub enum AgentEvent {
         /// Where the answer goes.
         answer: oneshot::Sender<InputAnswer>,
     },
+    /// The agent says a URL question is done (`elicitation/complete`: the
+    /// person finished at the URL): it is completed, accepted, if it still
+    /// waits.
+    InputDone {
+        /// The chat of the turn it belongs to.
+        chat: String,
+        /// The AHP input request's id.
+        request_id: String,
+    },
     /// The process is gone (exited, killed, or stopped for breaking a
     /// limit); the actor fails its open turns and settles the session.
     Exited {

@@ -465,6 +465,28 @@ impl SessionActor {
                         );
                     }
                 }
+                AgentEvent::InputDone { chat, request_id } => {
+                    let key = (chat, request_id);
+                    if let Some(question) = self
+                        .running
+                        .as_mut()
+                        .and_then(|running| running.inputs.remove(&key))
+                    {
+                        let (chat, request) = key;
+                        let _ = question.answer.send(InputAnswer {
+                            response: "accept".to_owned(),
+                            answers: Value::Null,
+                        });
+                        self.follow_ups.push((
+                            chat.clone(),
+                            json!({"type": "chat/inputCompleted", "requestId": request, "response": "accept"}),
+                        ));
+                        self.follow_ups.push((
+                            self.uri.clone(),
+                            json!({"type": "session/inputNeededRemoved", "id": format!("{chat}#{request}")}),
+                        ));
+                    }
+                }
                 AgentEvent::Exited { reason } => {
                     self.drop_questions(|_| true, false);
                     let opened = self.running.take().is_some_and(|r| r.opened);

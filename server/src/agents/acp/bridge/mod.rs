@@ -1,15 +1,16 @@
 //! The bridge task: one agent process, its ACP connection, and the queue
 //! between it and the session's actor.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    AuthenticateRequest, CancelNotification, ClientCapabilities, CloseSessionRequest, ContentBlock,
-    CreateElicitationRequest, CreateElicitationResponse, EnvVariable, HttpHeader, Implementation,
+    AuthenticateRequest, CancelNotification, ClientCapabilities, CloseSessionRequest,
+    CompleteElicitationNotification, ContentBlock, CreateElicitationRequest,
+    CreateElicitationResponse, ElicitationMode, EnvVariable, HttpHeader, Implementation,
     InitializeRequest, InitializeResponse, LoadSessionRequest, McpServer, McpServerHttp,
     McpServerStdio, NewSessionRequest, PermissionOptionKind, PromptRequest, ReadTextFileRequest,
     ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest,
@@ -393,7 +394,11 @@ impl Bridge {
         let kill_terminals = agent_terminals.clone();
         let release_terminals = agent_terminals;
         let ask = (self.events.clone(), self.map.clone(), self.store.clone());
-        let question = (self.events.clone(), self.map.clone());
+        // The URL questions waiting, by their ACP elicitation id: the
+        // agent's `elicitation/complete` names one.
+        let urls: Arc<Mutex<HashMap<String, (String, String)>>> = Arc::default();
+        let question = (self.events.clone(), self.map.clone(), urls.clone());
+        let url_done = (self.events.clone(), urls);
         let result = Client
             .v1()
             .name("tether")
@@ -498,7 +503,7 @@ impl Bridge {
             )
             .on_receive_request(
                 async move |request: CreateElicitationRequest, responder, cx| {
-                    let (events, map) = &question;
+                    let (events, map, urls) = &question;
                     let elicitation = serde_json::to_value(&request).unwrap_or_default();
                     let cancel = || elicitation_response(&serde_json::json!({"action": "cancel"}));
                     let (turn, session_uri) = match map.lock() {
@@ -525,6 +530,13 @@ impl Bridge {
                         ),
                     ];
                     let (answer, answered) = oneshot::channel();
+                    let url_id = match &request.mode {
+                        ElicitationMode::Url(url) => Some(url.elicitation_id.to_string()),
+                        _ => None,
+                    };
+                    if let (Some(url_id), Ok(mut urls)) = (&url_id, urls.lock()) {
+                        urls.insert(url_id.clone(), (turn.chat.clone(), request_id.clone()));
+                    }
                     let event = AgentEvent::Input {
                         chat: turn.chat,
                         turn_id: turn.turn_id,
@@ -535,8 +547,13 @@ impl Bridge {
                     if events.send(event).await.is_err() {
                         return responder.respond(cancel());
                     }
+                    let urls = urls.clone();
                     cx.spawn(async move {
-                        let response = match answered.await {
+                        let answered = answered.await;
+                        if let (Some(url_id), Ok(mut urls)) = (&url_id, urls.lock()) {
+                            urls.remove(url_id);
+                        }
+                        let response = match answered {
                             Ok(answer) => elicitation_response(&super::elicit::response(
                                 &elicitation,
                                 &answer.response,
@@ -549,6 +566,20 @@ impl Bridge {
                     Ok(())
                 },
                 agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_notification(
+                async move |done: CompleteElicitationNotification, _cx| {
+                    let (events, urls) = &url_done;
+                    let waiting = urls
+                        .lock()
+                        .ok()
+                        .and_then(|mut urls| urls.remove(&done.elicitation_id.to_string()));
+                    if let Some((chat, request_id)) = waiting {
+                        let _ = events.send(AgentEvent::InputDone { chat, request_id }).await;
+                    }
+                    Ok(())
+                },
+                agent_client_protocol::on_receive_notification!(),
             )
             .on_receive_request(
                 async move |request: ReadTextFileRequest, responder, _cx| {
