@@ -812,6 +812,35 @@ async fn attachments_reach_the_agent_as_content_blocks_and_are_stored_once(db: T
         .await
         .unwrap();
     assert_eq!(file, "# Notes\nfrom the agent");
+    // A tool's image result too: stored, and the result names it.
+    assert_eq!(
+        ahp.dispatch("ahp-chat:/plain.main", turn("s1", "screenshot", json!([])))
+            .await,
+        None
+    );
+    let complete = ahp
+        .action("chat/toolCallComplete", |a| a["turnId"] == "s1")
+        .await;
+    let content = &complete["result"]["content"];
+    assert_eq!(
+        content[0],
+        json!({"type": "text", "text": "the page"}),
+        "{complete}"
+    );
+    assert_eq!(content[1]["type"], "resource", "{complete}");
+    assert_eq!(content[1]["contentType"], "image/png");
+    let digest = content[1]["uri"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("tether-attachment:")
+        .unwrap();
+    let image = reqwest::get(format!("{base}/v1/sessions/plain/attachments/{digest}"))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(&image[..], b"\x89PNG\r\n\x1a\n");
 
     // The limits: one attachment, and what a session may hold in all.
     let big = json!({"type": "embeddedResource", "label": "big.txt", "contentType": "text/plain",

@@ -929,6 +929,23 @@ async fn run(
             ))?;
             say("here they are")?;
         }
+        "screenshot" => {
+            // A tool whose result is an image (a browser's screenshot).
+            cx.send_notification(update(
+                session,
+                json!({"sessionUpdate": "tool_call", "toolCallId": "shot-1",
+                       "title": "Screenshot", "kind": "fetch", "status": "in_progress"}),
+            ))?;
+            cx.send_notification(update(
+                session,
+                json!({"sessionUpdate": "tool_call_update", "toolCallId": "shot-1",
+                       "status": "completed", "content": [
+                           {"type": "content", "content": {"type": "text", "text": "the page"}},
+                           {"type": "content", "content": {"type": "image",
+                               "mimeType": "image/png", "data": "iVBORw0KGgo="}}]}),
+            ))?;
+            say("took it")?;
+        }
         "blocks" => {
             // What the latest prompt carried, block by block.
             let blocks = state

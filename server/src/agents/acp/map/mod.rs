@@ -504,6 +504,26 @@ impl TurnMap {
     /// stored (as a message's attachments are) and the turn gets a
     /// `contentRef` part pointing at them.
     fn content_ref(&mut self, turn: &Turn, content: &ContentBlock) -> Actions {
+        let Some((uri, media, size)) = self.store_block(content) else {
+            return Vec::new();
+        };
+        self.stream = None;
+        self.parts += 1;
+        vec![(
+            turn.chat.clone(),
+            json!({"type": "chat/responsePart", "turnId": turn.turn_id,
+                   "part": {"kind": "contentRef", "uri": uri, "contentType": media, "sizeHint": size}}),
+        )]
+    }
+
+    /// Stores the bytes of an image, audio clip or embedded file (once, by
+    /// digest, when the actions naming them are committed): their
+    /// `tether-attachment:` URI, media type and size; `None` for any other
+    /// block, or one whose bytes do not decode.
+    pub(super) fn store_block(
+        &mut self,
+        content: &ContentBlock,
+    ) -> Option<(String, String, usize)> {
         use base64::Engine as _;
         let block = serde_json::to_value(content).unwrap_or_default();
         let (media, bytes) = match block["type"].as_str() {
@@ -530,22 +550,14 @@ impl TurnMap {
                     _ => (media.unwrap_or("application/octet-stream"), None),
                 }
             }
-            _ => return Vec::new(),
+            _ => return None,
         };
-        let Some(bytes) = bytes else {
-            return Vec::new();
-        };
+        let bytes = bytes?;
         let size = bytes.len();
         let stored = crate::store::Attachment::new(self.session_id(), media, bytes);
         let uri = stored.uri();
         self.stored.push(stored);
-        self.stream = None;
-        self.parts += 1;
-        vec![(
-            turn.chat.clone(),
-            json!({"type": "chat/responsePart", "turnId": turn.turn_id,
-                   "part": {"kind": "contentRef", "uri": uri, "contentType": media, "sizeHint": size}}),
-        )]
+        Some((uri, media.to_owned(), size))
     }
 }
 

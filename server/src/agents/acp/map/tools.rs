@@ -257,7 +257,11 @@ impl TurnMap {
                     ContentBlock::ResourceLink(link) => Some(
                         json!({"type": "text", "text": format!("[{}]({})", link.name, link.uri)}),
                     ),
-                    _ => None,
+                    // An image, audio clip or file: stored, by reference.
+                    other => self.store_block(other).map(|(uri, media, size)| {
+                        json!({"type": "resource", "uri": uri, "contentType": media,
+                               "sizeHint": size})
+                    }),
                 },
                 ToolCallContent::Diff(diff) => {
                     let (edit, actions) =
