@@ -781,6 +781,27 @@ async fn attachments_reach_the_agent_as_content_blocks_and_are_stored_once(db: T
         .unwrap();
     assert_eq!(missing.status(), 404, "another session's attachment");
 
+    // A turn with an embedded attachment, retried with the same origin (a
+    // client that lost the answer): the original's outcome, not a refusal
+    // of a reused clientSeq (the stored action holds a reference where the
+    // retry holds the bytes).
+    let http = reqwest::Client::new();
+    let retried = json!({"clientId": "retrier", "clientSeq": 1, "channel": "ahp-chat:/seeing.main",
+                         "action": turn("r1", "once", json!([notes]))});
+    let mut seqs = Vec::new();
+    for attempt in 0..2 {
+        let answer = http
+            .post(format!("{base}/v1/sessions/seeing/actions"))
+            .json(&retried)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200, "attempt {attempt}");
+        let body: Value = answer.json().await.unwrap();
+        seqs.push(body["serverSeq"].clone());
+    }
+    assert_eq!(seqs[0], seqs[1], "the retry is the original: {seqs:?}");
+
     // What the agent sends of its own (an image, a file) is kept the same
     // way and shown as content references.
     assert_eq!(

@@ -449,8 +449,14 @@ async fn the_webhook_backend_accepts_refuses_and_times_out(db: TestDb) {
     assert_eq!(first.status(), 503, "backend unavailable");
     let second = http.post(&url).json(&flaky).send().await.unwrap();
     assert_eq!(second.status(), 200, "the retry went through");
+    let calls_before_retry = calls.load(Ordering::SeqCst);
     let third = http.post(&url).json(&flaky).send().await.unwrap();
     assert_eq!(third.status(), 200, "and stays the origin's outcome");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        calls_before_retry,
+        "the retry of a committed dispatch ran its side effect again"
+    );
     let restore = http
         .post(&url)
         .json(&json!({"clientId": "retry-me", "clientSeq": 2, "action": {"type": "session/titleChanged", "title": "fine"}}))

@@ -820,3 +820,84 @@ async fn sequence_numbers_past_2_63_are_invalid_params_naming_the_range(db: Test
     assert_eq!(session_state(&server, "ahp-session:/big").await.title, "");
     server.stop().await;
 }
+
+/// A retry that reaches the session while its original waits in the same
+/// batch, not yet committed, gets the original's outcome: one envelope,
+/// both answered with it. (Validated on its own, it was refused, the turn
+/// id now taken, and that refusal, recorded first, became the original's
+/// outcome too: the turn was lost.) The engine is driven in process on one
+/// thread, so both dispatches are queued before the session's actor runs.
+#[tokio::test(flavor = "current_thread")]
+async fn a_retry_in_its_originals_batch_gets_the_originals_outcome() {
+    use tether_server::auth::Principal;
+    use tether_server::engine::{CreateSession, DispatchOutcome};
+    use tether_server::store::Origin;
+    for backend in [
+        tether_tests::Backend::Sqlite,
+        tether_tests::Backend::Postgres,
+    ] {
+        let Some(db) = TestDb::new(backend).await else {
+            continue;
+        };
+        let store = db.open().await;
+        let state = tether_server::AppState::new(store.clone(), Default::default())
+            .await
+            .expect("the engine starts");
+        let engine = &state.engine;
+        let admin = Principal::loopback_admin();
+        engine
+            .create_session(
+                &admin,
+                CreateSession {
+                    id: "twins".into(),
+                    project: "default".into(),
+                    provider: None,
+                    working_directories: Vec::new(),
+                    title: None,
+                    config: None,
+                    active_client: None,
+                },
+            )
+            .await
+            .expect("created");
+        let origin = Origin {
+            client_id: "twin-client".into(),
+            client_seq: 7,
+            scope: String::new(),
+        };
+        let turn = json!({"type": "chat/turnStarted", "turnId": "t1",
+            "startedAt": "2026-12-07T10:00:00.000Z",
+            "message": {"text": "once", "origin": {"kind": "user"}}});
+        let chat = "ahp-chat:/twins.main";
+        let original = engine
+            .submit(&admin, Some(origin.clone()), chat, turn.clone())
+            .await;
+        let retry = engine
+            .submit(&admin, Some(origin.clone()), chat, turn.clone())
+            .await;
+        // A different action under the same origin, in the same batch.
+        let mut other = turn.clone();
+        other["turnId"] = json!("t2");
+        let reused = engine.submit(&admin, Some(origin), chat, other).await;
+        let seq = |outcome: DispatchOutcome| match outcome {
+            DispatchOutcome::Accepted(published) => published.seq,
+            DispatchOutcome::Rejected(refusal) => panic!("{backend:?}: refused: {refusal:?}"),
+        };
+        let first = seq(original.outcome().await);
+        assert_eq!(seq(retry.outcome().await), first, "{backend:?}");
+        match reused.outcome().await {
+            DispatchOutcome::Rejected(refusal) => {
+                assert!(refusal.reason.contains("already used"), "{refusal:?}")
+            }
+            DispatchOutcome::Accepted(p) => {
+                panic!("{backend:?}: a reused clientSeq took {}", p.seq)
+            }
+        }
+        let transcript = store.transcript("twins", 0, 100).await.unwrap();
+        let started = transcript
+            .iter()
+            .filter(|e| e.action.contains("chat/turnStarted"))
+            .count();
+        assert_eq!(started, 1, "{backend:?}: {transcript:?}");
+    }
+}

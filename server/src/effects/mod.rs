@@ -250,6 +250,12 @@ impl Effects for AgentEffects {
         "agent"
     }
 
+    /// Only the working directories: nothing else reaches the agent before
+    /// it is committed.
+    fn concerns(&self, kind: &str) -> bool {
+        tether_protocol::actions::is_session_workdir_action(kind)
+    }
+
     async fn apply(&self, request: &EffectRequest<'_>) -> Result<(), EffectError> {
         let workdirs = action_type(request.action)
             .is_some_and(tether_protocol::actions::is_session_workdir_action);

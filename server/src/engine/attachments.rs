@@ -120,6 +120,26 @@ pub fn take_in(
     Ok(stored)
 }
 
+/// An action as it is stored: a message's embedded attachments replaced
+/// by references to their bytes, as [`take_in`] replaces them (for telling
+/// a retry from a different dispatch with the same origin).
+pub fn as_stored(action: &Value) -> Value {
+    let mut stored = action.clone();
+    let message_kind = matches!(
+        tether_protocol::actions::action_type(action),
+        Some("chat/turnStarted" | "chat/pendingMessageSet")
+    );
+    if message_kind && let Some(message) = stored.get_mut("message") {
+        let unbounded = AttachmentLimits {
+            per_attachment: usize::MAX,
+            per_session: u64::MAX,
+        };
+        // Compared only: what does not convert stays as sent.
+        let _ = take_in("", None, unbounded, message);
+    }
+    stored
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -263,11 +263,8 @@ pub(crate) const STORAGE_UNAVAILABLE: &str =
 /// The refusal for a dispatch whose commit failed, with the store's words
 /// (what an operator needs: "database or disk is full", "connection
 /// refused").
-pub(crate) fn storage_unavailable(cause: &commit::CommitError) -> String {
-    format!(
-        "Storage unavailable: the action was not recorded ({}); retry it.",
-        cause.0
-    )
+pub(crate) fn storage_unavailable(cause: &impl std::fmt::Display) -> String {
+    format!("Storage unavailable: the action was not recorded ({cause}); retry it.")
 }
 
 /// The engine handle; cheap to clone.

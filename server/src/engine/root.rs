@@ -208,7 +208,7 @@ impl Engine {
                 }
             }
             Err(err) => {
-                let reason = super::storage_unavailable(&err);
+                let reason = super::storage_unavailable(&err.0);
                 for (_, _, answer) in writes {
                     let _ = answer.send(Err(Refusal::from(reason.clone())));
                 }

@@ -40,8 +40,10 @@ pub(super) fn retry_outcome(
             Some(&first.origin),
         ),
     };
+    // The stored action has a message's embedded attachments as references.
     let same = first_channel == channel
-        && serde_json::from_str::<Value>(first_action).is_ok_and(|o| &o == action);
+        && serde_json::from_str::<Value>(first_action)
+            .is_ok_and(|o| &o == action || o == super::attachments::as_stored(action));
     match known {
         OriginOutcome::Accepted(original) if same => {
             DispatchOutcome::Accepted(Arc::new(published_from_store(original)))
@@ -49,17 +51,24 @@ pub(super) fn retry_outcome(
         OriginOutcome::Rejected(first) if same => {
             DispatchOutcome::Rejected(Refusal::new(RefusalKind::Invalid, first.reason.clone()))
         }
-        _ => DispatchOutcome::Rejected(Refusal::new(
-            RefusalKind::Conflict,
-            format!(
-                "clientSeq {} of client {:?} was already used for a different dispatch; a client \
-                 must not reuse sequence numbers: continue above its highest clientSeq or use a \
-                 new clientId.",
-                origin.map_or(0, |o| o.client_seq),
-                origin.map_or("", |o| o.client_id.as_str()),
-            ),
-        )),
+        _ => DispatchOutcome::Rejected(reused_seq(origin)),
     }
+}
+
+/// The refusal of a dispatch whose origin another, different dispatch
+/// already took; it names nothing of that one (it may be on a channel the
+/// caller cannot see).
+pub(super) fn reused_seq(origin: Option<&Origin>) -> Refusal {
+    Refusal::new(
+        RefusalKind::Conflict,
+        format!(
+            "clientSeq {} of client {:?} was already used for a different dispatch; a client \
+             must not reuse sequence numbers: continue above its highest clientSeq or use a new \
+             clientId.",
+            origin.map_or(0, |o| o.client_seq),
+            origin.map_or("", |o| o.client_id.as_str()),
+        ),
+    )
 }
 
 /// Runs the whole validation pipeline for one dispatch and, when it passes,

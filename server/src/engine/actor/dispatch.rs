@@ -14,7 +14,7 @@ use super::super::commit::CommitOutcome;
 use super::super::turns::{TURNS_LOADED, eager_load};
 use super::super::validate::{check_dispatch, retry_outcome};
 use super::super::{Refusal, RefusalKind};
-use super::{Dispatch, DispatchOutcome, SessionActor};
+use super::{Dispatch, DispatchOutcome, SessionActor, retries};
 use crate::store::{NewEnvelope, now_ms};
 
 impl SessionActor {
@@ -102,7 +102,33 @@ impl SessionActor {
         let agent = self.ctx.agents.get(&model.session.provider).cloned();
         let mut pending = Vec::new();
         let mut records = Vec::new();
+        // Retries of a dispatch of this batch, by its place in `pending`.
+        let mut twins: Vec<(usize, Dispatch)> = Vec::new();
         for mut d in batch {
+            if let Some(origin) = &d.origin {
+                if let Some(first) = retries::twin_of(&pending, origin) {
+                    twins.push((first, d));
+                    continue;
+                }
+                let kind = action_type(&d.action).unwrap_or_default();
+                if retries::acts_before_commit(&self.ctx, kind, self.running.is_some()) {
+                    match self.ctx.store.origin_outcome(origin).await {
+                        Ok(None) => {}
+                        Ok(Some(known)) => {
+                            reply(d.reply, retry_outcome(&known, &d.channel, &d.action));
+                            continue;
+                        }
+                        Err(err) => {
+                            let refusal = Refusal::new(
+                                RefusalKind::Unavailable,
+                                super::super::storage_unavailable(&err),
+                            );
+                            reply(d.reply, DispatchOutcome::Rejected(refusal));
+                            continue;
+                        }
+                    }
+                }
+            }
             // An action on a turn outside the loaded window: that turn is
             // loaded first (AHP 1.0), in the same batch, before the action.
             match eager_load(&self.ctx, model, &d).await {
@@ -219,6 +245,15 @@ impl SessionActor {
         if pending.is_empty() {
             return;
         }
+        let answer_twins = |twins: &mut Vec<(usize, Dispatch)>,
+                            place: usize,
+                            original: &Dispatch,
+                            outcome: &DispatchOutcome| {
+            for (_, twin) in twins.extract_if(.., |(first, _)| *first == place) {
+                let answer = retries::twin_answer(original, outcome, &twin);
+                reply(twin.reply, answer);
+            }
+        };
         // Each envelope carries the read model as it stands after it; the
         // last one's row is what remains, written in the same transaction.
         if let Some(last) = records.last_mut() {
@@ -229,20 +264,19 @@ impl SessionActor {
         match result {
             Err(err) => {
                 tracing::warn!(session = %self.id, error = %err, "append failed; rebuilding state");
-                for (d, _) in pending {
-                    reply(
-                        d.reply,
-                        DispatchOutcome::Rejected(Refusal::new(
-                            RefusalKind::Unavailable,
-                            super::super::storage_unavailable(&err),
-                        )),
-                    );
+                for (place, (d, _)) in pending.into_iter().enumerate() {
+                    let outcome = DispatchOutcome::Rejected(Refusal::new(
+                        RefusalKind::Unavailable,
+                        super::super::storage_unavailable(&err.0),
+                    ));
+                    answer_twins(&mut twins, place, &d, &outcome);
+                    reply(d.reply, outcome);
                 }
                 reload = true;
             }
             Ok(outcomes) => {
-                for ((d, kind), outcome) in pending.into_iter().zip(outcomes) {
-                    match outcome {
+                for (place, ((d, kind), outcome)) in pending.into_iter().zip(outcomes).enumerate() {
+                    let answer = match outcome {
                         CommitOutcome::Committed(published) => {
                             if let Some(m) = self.model.as_mut() {
                                 m.last_seq = published.seq;
@@ -273,11 +307,11 @@ impl SessionActor {
                                 }
                                 self.tell_agent(&d.channel, &kind, &d.action);
                             }
-                            reply(d.reply, DispatchOutcome::Accepted(published));
+                            DispatchOutcome::Accepted(published)
                         }
                         CommitOutcome::Duplicate(known) => {
                             reload = true;
-                            reply(d.reply, retry_outcome(&known, &d.channel, &d.action));
+                            retry_outcome(&known, &d.channel, &d.action)
                         }
                         CommitOutcome::Fenced => {
                             self.stepped_down = true;
@@ -285,10 +319,14 @@ impl SessionActor {
                                 "Session {} is now served by another host; retry.",
                                 self.id
                             );
-                            let refusal = Refusal::new(RefusalKind::Unavailable, reason);
-                            reply(d.reply, DispatchOutcome::Rejected(refusal));
+                            DispatchOutcome::Rejected(Refusal::new(
+                                RefusalKind::Unavailable,
+                                reason,
+                            ))
                         }
-                    }
+                    };
+                    answer_twins(&mut twins, place, &d, &answer);
+                    reply(d.reply, answer);
                 }
             }
         }

@@ -25,6 +25,7 @@ mod changesets;
 mod dispatch;
 mod forks;
 mod lifecycle;
+mod retries;
 mod terminals;
 mod tools;
 
