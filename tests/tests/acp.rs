@@ -660,6 +660,7 @@ async fn resume_reopens_the_agent_without_replaying_its_history(db: TestDb) {
         config(&[
             agent("resumer", "FAKE_ACP_CAPS=resume,dirs"),
             agent("loader", "FAKE_ACP_CAPS=load,dirs"),
+            agent("single", "FAKE_ACP_CAPS=resume"),
         ]),
     )
     .await;
@@ -720,6 +721,19 @@ async fn resume_reopens_the_agent_without_replaying_its_history(db: TestDb) {
             "{provider}: no history replayed into the transcript"
         );
     }
+    // An agent of a single directory is not resumed with more, as it is not
+    // created with more.
+    api.create("r-single", "single", &[a.path()]).await;
+    api.turn("r-single", "t1", "hello").await;
+    api.until("r-single", "t1's end", ended("t1")).await;
+    let (status, refused) = api
+        .call(
+            reqwest::Method::POST,
+            "/v1/sessions/r-single/resume",
+            Some(json!({"sessionId": "r-single", "cwd": a.path(), "additionalDirectories": [b.path()], "mcpServers": []})),
+        )
+        .await;
+    tether_tests::assert_refused(status, &refused, 422, "single directory");
     server.stop().await;
 }
 

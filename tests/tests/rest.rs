@@ -526,6 +526,29 @@ async fn resume_refuses_what_it_must_and_sets_the_directories(db: TestDb) {
             )
     );
 
+    // Disposed twice, closed once: the root counts it out once (and says
+    // so once); resumed, it is counted in again.
+    let active = || async {
+        let client = server.initialized("counter").await;
+        let (root, _) = client.subscribe("ahp-root://".into()).await.unwrap();
+        let root = serde_json::to_value(&root.snapshot).unwrap();
+        root.pointer("/state/activeSessions")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or_else(|| panic!("no activeSessions in {root}"))
+    };
+    let open = active().await;
+    for _ in 0..2 {
+        let (status, closed) = api.delete("/v1/sessions/r").await;
+        assert_eq!(status, 200, "{closed}");
+        assert_eq!(closed["state"], "closed");
+    }
+    assert_eq!(active().await, open - 1, "counted out once");
+    let (status, ok) = api
+        .post("/v1/sessions/r/resume", resume("r", &main, vec![]))
+        .await;
+    assert_eq!(status, 200, "{ok}");
+    assert_eq!(active().await, open, "counted in again");
+
     // Ended sessions are not resumed.
     api.post("/v1/sessions", json!({"id": "gone"})).await;
     api.delete("/v1/sessions/gone").await;

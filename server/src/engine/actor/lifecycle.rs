@@ -139,16 +139,22 @@ impl SessionActor {
             EngineError::Unavailable("the session could not be reloaded".to_owned())
         })?;
         let view = self.view(model);
-        // Told here, by the session's writer: other hosts hear of it from
-        // the log (see `root`), whichever host the request came through.
+        self.announce_open(&view).await;
+        Ok(view)
+    }
+
+    /// A session open again (created, or resumed after it was closed):
+    /// counted among the root's active sessions and told to root
+    /// subscribers. Told here, by the session's writer: other hosts hear of
+    /// it from the log (see `root`), whichever host the request came through.
+    async fn announce_open(&self, view: &SessionView) {
         self.engine().change_active_sessions(1).await;
         self.ctx.hub.notify(ROOT, &view.project, || {
             engine::notification(
                 "root/sessionAdded",
-                serde_json::json!({"channel": ROOT, "summary": engine::summary(&view)}),
+                serde_json::json!({"channel": ROOT, "summary": engine::summary(view)}),
             )
         });
-        Ok(view)
     }
 
     pub(super) fn engine(&self) -> engine::Engine {
@@ -195,6 +201,8 @@ impl SessionActor {
                 self.id
             )));
         }
+        // A disposed (closed) session resumed is open again.
+        let reopened = state == tether_protocol::projection::SessionLifeState::Closed;
         let primary = model.primary_directory().unwrap_or_default().to_owned();
         if primary != cwd {
             return Err(EngineError::InvalidParams(format!(
@@ -214,6 +222,12 @@ impl SessionActor {
             }
         }
         let spec = self.ctx.agents.get(&model.session.provider).cloned();
+        if wanted.len() > 1 && spec.as_ref().is_some_and(|a| !a.workdirs.multiple) {
+            return Err(EngineError::InvalidParams(format!(
+                "Agent {} works in a single directory; resume with no additional directories.",
+                model.session.provider
+            )));
+        }
         let opened = serde_json::json!({
             "type": AGENT_OPENED,
             "acpSessionRef": model.projection.acp_session_ref,
@@ -256,7 +270,11 @@ impl SessionActor {
         let model = self.model.as_ref().ok_or_else(|| {
             EngineError::Unavailable("the session could not be reloaded".to_owned())
         })?;
-        Ok(self.view(model))
+        let view = self.view(model);
+        if reopened {
+            self.announce_open(&view).await;
+        }
+        Ok(view)
     }
 
     /// The boot sweep: a session with no live agent and no settling record
@@ -360,6 +378,11 @@ impl SessionActor {
                 "Session {} has already ended.",
                 self.id
             )));
+        }
+        if state == tether_protocol::projection::SessionLifeState::Closed {
+            // Disposed already (and not resumed since): nothing more to do,
+            // nor to count or tell again.
+            return Ok(self.view(model));
         }
         let settle = if model.projection.resumable() {
             "closed"
