@@ -16,6 +16,7 @@ backend_tests!(
     a_forked_chat_carries_the_source_turns_and_the_agents_conversation,
     what_cannot_be_forked_is_refused_and_nothing_is_recorded,
     a_builtin_agents_chat_forks_from_any_completed_turn,
+    chats_are_bounded_and_an_ended_session_takes_none,
 );
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
@@ -400,4 +401,61 @@ async fn a_builtin_agents_chat_forks_from_any_completed_turn(db: TestDb) {
     );
     let source = chat_state(&mut ahp, main).await;
     assert_eq!(turn_ids(&source), ["e1", "e2", "e3"], "{source}");
+}
+
+/// A session holds at most 256 chats (its default one included), and one
+/// that has ended takes no new chat: each is refused with why, and nothing
+/// is recorded.
+async fn chats_are_bounded_and_an_ended_session_takes_none(db: TestDb) {
+    let server = ServerProcess::start(&db, &[]).await;
+    let mut ahp = Ahp::connect(&server.ws_url(), "chatty").await;
+    ahp.call("createSession", json!({"channel": "ahp-session:/many"}))
+        .await
+        .unwrap();
+    for i in 1..256 {
+        ahp.call(
+            "createChat",
+            json!({"channel": "ahp-session:/many", "chat": format!("ahp-chat:/many-{i}")}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("chat {i}: {e}"));
+    }
+    let refused = ahp
+        .call(
+            "createChat",
+            json!({"channel": "ahp-session:/many", "chat": "ahp-chat:/many-256"}),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        refused.contains("the most one session may have"),
+        "{refused}"
+    );
+    let state = ahp
+        .call("subscribe", json!({"channel": "ahp-session:/many"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        state["snapshot"]["state"]["chats"].as_array().map(Vec::len),
+        Some(256),
+        "nothing recorded for the refused chat"
+    );
+
+    ahp.call("createSession", json!({"channel": "ahp-session:/done"}))
+        .await
+        .unwrap();
+    let ended = reqwest::Client::new()
+        .delete(format!("{}/v1/sessions/done", server.base_url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ended.status(), 200);
+    let refused = ahp
+        .call(
+            "createChat",
+            json!({"channel": "ahp-session:/done", "chat": "ahp-chat:/done-late"}),
+        )
+        .await
+        .unwrap_err();
+    assert!(refused.contains("has ended"), "{refused}");
 }

@@ -17,6 +17,10 @@ use crate::agents::WorkdirCapability;
 /// when the one before ends, so the queue is work promised to an agent.
 pub const MAX_QUEUED: usize = 64;
 
+/// Most chats one session may have (its default chat included): each is a
+/// channel a transcript page and an export read.
+pub const MAX_CHATS: usize = 256;
+
 /// Host-originated actions no token may dispatch, an agent's included:
 /// they change which chats a session owns, load archived turns, or record
 /// the host's own view of the session's life. Only the host writes them.

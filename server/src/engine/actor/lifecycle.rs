@@ -344,6 +344,21 @@ impl SessionActor {
                 "Chat {chat} already exists."
             )));
         }
+        let (state, _) = model.projection.state(self.agent_live);
+        if state == tether_protocol::projection::SessionLifeState::Ended {
+            return Err(EngineError::Conflict(format!(
+                "Session {} has ended; it takes no new chats.",
+                self.id
+            )));
+        }
+        if model.chats.len() >= engine::rules::MAX_CHATS {
+            return Err(EngineError::Conflict(format!(
+                "Session {} has {} chats, the most one session may have; dispose of the session \
+                 or work in the chats it has.",
+                self.id,
+                model.chats.len()
+            )));
+        }
         if let Some(fork) = fork {
             return self.fork_chat(chat, &fork).await;
         }
