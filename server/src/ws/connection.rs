@@ -122,6 +122,9 @@ pub(super) struct Answered {
 pub(super) struct Subscription {
     /// The subscriber has every envelope of the channel up to this seq.
     pub(super) after: u64,
+    /// The seq its snapshot was taken at: every envelope above it reaches
+    /// the subscriber as an envelope (from the store, then the inbox).
+    pub(super) from: u64,
     /// The hub seq the channel was routed to this connection at: envelopes
     /// above it arrive in the inbox, those at or below it come from the store.
     pub(super) routed_at: u64,
@@ -140,6 +143,7 @@ impl Subscription {
         gauge.inc();
         Self {
             after,
+            from: after,
             routed_at,
             _counted: Counted(gauge),
         }

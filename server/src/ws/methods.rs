@@ -349,11 +349,18 @@ impl Connection {
     pub(super) fn on_answer(&mut self, answered: Answered) -> Next {
         let next = match answered.outcome {
             DispatchOutcome::Accepted(published) => {
-                // A subscriber gets its echo from the hub, in seq order; a
-                // retry of an old envelope, or a client not subscribed to
-                // the channel, gets the original envelope directly.
-                let via_hub = self.subscriptions.contains_key(&published.channel)
-                    && answered.routed_at.is_some_and(|at| published.seq > at);
+                // A subscriber gets its echo through its subscription, in
+                // seq order: an envelope above the subscription's snapshot
+                // (subscribed since the dispatch, too), unless the dispatch
+                // was a retry of one the hub had published before it. A
+                // retry of an old envelope, an envelope inside the snapshot,
+                // or a client not subscribed to the channel, gets it
+                // directly.
+                let via_hub = self
+                    .subscriptions
+                    .get(&published.channel)
+                    .is_some_and(|s| published.seq > s.from)
+                    && answered.routed_at.is_none_or(|at| published.seq > at);
                 if via_hub || self.queue.push(published.frame.clone()) {
                     Next::Continue
                 } else {
