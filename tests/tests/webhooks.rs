@@ -23,6 +23,7 @@ backend_tests!(
     each_event_reaches_the_webhooks_that_want_it_signed,
     a_receiver_that_fails_three_times_gets_the_event_on_the_fourth,
     a_server_killed_with_a_delivery_in_flight_delivers_after_restart,
+    a_receiver_over_https_gets_its_events,
 );
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
@@ -453,4 +454,197 @@ async fn two_hosts_deliver_each_event_once_between_them() {
         "each event once between the two hosts: {counts:?} ({} requests)",
         got.len()
     );
+}
+
+/// A receiver behind TLS (as most are): the event reaches it over https,
+/// its certificate checked against the roots the server trusts (here a
+/// test authority, through `SSL_CERT_FILE`); one the server does not trust
+/// gets nothing, and its delivery says why.
+async fn a_receiver_over_https_gets_its_events(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path();
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(pki)
+            .output()
+            .expect("openssl runs");
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=Tether test CA",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "leaf.key",
+                "-out",
+                "leaf.csr",
+                "-subj",
+                "/CN=localhost",
+            ],
+        ]
+        .concat(),
+    );
+    std::fs::write(
+        pki.join("leaf.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+         keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "leaf.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "leaf.ext",
+    ]);
+    // The receiver: Python's HTTP server wrapped in TLS, writing each
+    // event's type to a file.
+    let events = pki.join("events");
+    let receiver = "import http.server, ssl, sys\n\
+        class H(http.server.BaseHTTPRequestHandler):\n\
+        \x20   def do_POST(self):\n\
+        \x20       self.rfile.read(int(self.headers.get('content-length', 0)))\n\
+        \x20       with open(sys.argv[3], 'a') as f: f.write(self.headers.get('tether-event', '') + '\\n')\n\
+        \x20       self.send_response(200); self.end_headers()\n\
+        \x20   def log_message(self, *a): pass\n\
+        s = http.server.HTTPServer(('127.0.0.1', 0), H)\n\
+        c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); c.load_cert_chain(sys.argv[1], sys.argv[2])\n\
+        s.socket = c.wrap_socket(s.socket, server_side=True)\n\
+        print(s.server_address[1], flush=True)\n\
+        s.serve_forever()\n";
+    let mut child = tokio::process::Command::new("python3")
+        .args(["-c", receiver])
+        .arg(pki.join("leaf.pem"))
+        .arg(pki.join("leaf.key"))
+        .arg(&events)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 runs");
+    let mut port = String::new();
+    {
+        use tokio::io::AsyncBufReadExt;
+        let stdout = child.stdout.take().unwrap();
+        tokio::io::BufReader::new(stdout)
+            .read_line(&mut port)
+            .await
+            .unwrap();
+    }
+    let url = format!("https://localhost:{}/hook", port.trim());
+
+    let ca = pki.join("ca.pem");
+    let server = ServerProcess::start_with_env(
+        &db,
+        &[
+            "--webhook-retry-base-ms",
+            "100",
+            "--webhook-timeout-secs",
+            "2",
+        ],
+        &[("SSL_CERT_FILE", ca.to_str().unwrap())],
+    )
+    .await;
+    let base = server.base_url();
+    hook(&base, "default", &url, &["turn.completed"]).await;
+    tether_tests::create_session(&base, "tls-1", "echo").await;
+    turn(&base, "tls-1", 1, "hello").await;
+    let deadline = Instant::now() + WAIT;
+    while !std::fs::read_to_string(&events)
+        .unwrap_or_default()
+        .contains("turn.completed")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no event over https; the server's log: {}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A server that does not trust the receiver's authority sends nothing
+    // to it, and says why.
+    drop(server);
+    std::fs::remove_file(&events).ok();
+    let untrusting = ServerProcess::start_with_env(
+        &db,
+        &[
+            "--webhook-retry-base-ms",
+            "100",
+            "--webhook-timeout-secs",
+            "2",
+        ],
+        &[("SSL_CERT_FILE", pki.join("leaf.pem").to_str().unwrap())],
+    )
+    .await;
+    let base = untrusting.base_url();
+    let (id, _) = hook(&base, "other", &url, &["turn.completed"]).await;
+    let (status, body) = call(
+        &base,
+        "POST",
+        "/v1/sessions",
+        Some(json!({"id": "tls-2", "project": "other"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    turn(&base, "tls-2", 1, "hello").await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, list) = call(
+            &base,
+            "GET",
+            &format!("/v1/projects/other/webhooks/{id}/deliveries"),
+            None,
+        )
+        .await;
+        let error = list["items"][0]["lastError"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if !error.is_empty() {
+            assert!(
+                std::fs::read_to_string(&events)
+                    .unwrap_or_default()
+                    .is_empty()
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "{list}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
