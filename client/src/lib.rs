@@ -296,10 +296,26 @@ impl Client {
         self.send(Method::PUT, &path, &[], Some(context)).await
     }
 
-    /// `GET /v1/projects/{project}/working-contexts`.
+    /// `GET /v1/projects/{project}/working-contexts`: the first page (the
+    /// 100 most recently saved); [`Client::working_contexts_after`] reads
+    /// on from its `next_cursor`.
     pub async fn working_contexts(&self, project: &str) -> Result<WorkingContextList, Error> {
+        self.working_contexts_after(project, None).await
+    }
+
+    /// The page of a project's working contexts after `cursor` (a page's
+    /// `next_cursor`; `None` for the first).
+    pub async fn working_contexts_after(
+        &self,
+        project: &str,
+        cursor: Option<&str>,
+    ) -> Result<WorkingContextList, Error> {
         let path = format!("v1/projects/{}/working-contexts", segment(project));
-        self.send(Method::GET, &path, &[], None::<&()>).await
+        let query: Vec<(&str, String)> = cursor
+            .map(|c| ("cursor", c.to_owned()))
+            .into_iter()
+            .collect();
+        self.send(Method::GET, &path, &query, None::<&()>).await
     }
 
     /// `GET /v1/sessions/{id}/export`: the whole transcript as JSON Lines

@@ -135,12 +135,16 @@ pub struct WorkingContextSession {
     pub saved_at: String,
 }
 
-/// A project's saved working contexts, most recently saved first.
+/// A page of a project's saved working contexts, most recently saved
+/// first.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkingContextList {
     /// The sessions.
     pub sessions: Vec<WorkingContextSession>,
+    /// Pass as `cursor` for the next page; absent on the last one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
 }
 
 /// The answer to a save.

@@ -443,6 +443,59 @@ async fn working_context_follows_the_lookup_rules(db: TestDb) {
     assert_eq!(none, json!({"sessions": []}));
     let (status, bad) = api.get("/v1/projects/bad%2Fname/working-contexts").await;
     assert_eq!(status, 422, "{bad}");
+
+    // A large project: the listing pages (every session once, in order),
+    // and a lookup names only the most recently saved hundred others.
+    for n in 0..120 {
+        let (status, _) = api
+            .put(
+                &format!("/v1/projects/big/sessions/s-{n:03}/working-context"),
+                ctx("many"),
+            )
+            .await;
+        assert_eq!(status, 200);
+    }
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let query = match &cursor {
+            Some(c) => format!("?limit=50&cursor={c}"),
+            None => "?limit=50".to_owned(),
+        };
+        let (status, page) = api
+            .get(&format!("/v1/projects/big/working-contexts{query}"))
+            .await;
+        assert_eq!(status, 200, "{page}");
+        let sessions = page["sessions"].as_array().unwrap();
+        assert!(sessions.len() <= 50);
+        seen.extend(
+            sessions
+                .iter()
+                .map(|s| s["session"].as_str().unwrap().to_owned()),
+        );
+        match page["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    let mut unique = seen.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        (seen.len(), unique.len()),
+        (120, 120),
+        "each once: {seen:?}"
+    );
+    let (_, lookup) = api
+        .get("/v1/projects/big/sessions/s-000/working-context")
+        .await;
+    let others = lookup["otherSessions"].as_array().unwrap();
+    assert_eq!(others.len(), 100, "{lookup}");
+    assert!(!others.contains(&json!("s-000")));
+    let (status, bad) = api
+        .get("/v1/projects/big/working-contexts?cursor=not-a-cursor")
+        .await;
+    assert_eq!(status, 422, "{bad}");
     server.stop().await;
 }
 

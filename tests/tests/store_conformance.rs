@@ -878,7 +878,13 @@ async fn snapshots_return_the_newest(db: TestDb) {
 async fn working_contexts_upsert_and_list_most_recent_first(db: TestDb) {
     let store = db.open().await;
     assert!(store.working_context("p", "a").await.unwrap().is_none());
-    assert!(store.working_contexts("p").await.unwrap().is_empty());
+    assert!(
+        store
+            .working_contexts("p", None, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     store
         .save_working_context("p", "a", r#"{"goal":"one"}"#)
         .await
@@ -901,7 +907,7 @@ async fn working_contexts_upsert_and_list_most_recent_first(db: TestDb) {
     assert_eq!(a.body, r#"{"goal":"three"}"#);
     assert_eq!(a.saved_ms, resaved);
     let listed: Vec<_> = store
-        .working_contexts("p")
+        .working_contexts("p", None, 100)
         .await
         .unwrap()
         .into_iter()

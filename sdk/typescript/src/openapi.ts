@@ -1054,8 +1054,13 @@ export interface components {
         } | {
             pendingActions: unknown[];
         });
-        /** @description A project's saved working contexts, most recently saved first. */
+        /**
+         * @description A page of a project's saved working contexts, most recently saved
+         *     first.
+         */
         WorkingContextList: {
+            /** @description Pass as `cursor` for the next page; absent on the last one. */
+            nextCursor?: string | null;
             /** @description The sessions. */
             sessions: components["schemas"]["WorkingContextSession"][];
         };
@@ -1849,7 +1854,12 @@ export interface operations {
     };
     list: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Page size, 1 to 1000 (default 100). */
+                limit?: number;
+                /** @description The `nextCursor` of the previous page. */
+                cursor?: string;
+            };
             header?: never;
             path: {
                 /** @description Project name. */
@@ -1859,7 +1869,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Saved sessions (empty when none). */
+            /** @description A page of saved sessions (empty when none). */
             200: {
                 headers: {
                     [name: string]: unknown;

@@ -239,7 +239,8 @@ export class RestClient {
     });
   }
 
-  workingContexts(project: string) {
-    return this.request("get", "/v1/projects/{project}/working-contexts", { path: { project } });
+  /** A page of a project's saved working contexts; pass `nextCursor` back as `cursor`. */
+  workingContexts(project: string, query: Query<operations["list"]> = {}) {
+    return this.request("get", "/v1/projects/{project}/working-contexts", { path: { project }, query });
   }
 }

@@ -48,13 +48,16 @@ impl Engine {
             .map_err(|e| {
                 EngineError::Unavailable(format!("working context {project}/{session}: {e}"))
             })?;
+        // The most recently saved others, a bounded few: enough to catch a
+        // typo, and an answer that does not grow with the project.
         let other_sessions = store
-            .working_contexts(project)
+            .working_contexts(project, None, OTHER_SESSIONS + 1)
             .await
             .map_err(unavailable)?
             .into_iter()
             .map(|c| c.session)
             .filter(|s| s != session)
+            .take(OTHER_SESSIONS as usize)
             .collect();
         Ok(LoadedWorkingContext {
             found: working.is_some(),
@@ -93,24 +96,64 @@ impl Engine {
         })
     }
 
-    /// A project's saved contexts, most recently saved first.
-    pub async fn working_contexts(&self, project: &str) -> Result<WorkingContextList, EngineError> {
+    /// A page of a project's saved contexts, most recently saved first:
+    /// at most `limit`, after `cursor` (a page's `nextCursor`).
+    pub async fn working_contexts(
+        &self,
+        project: &str,
+        cursor: Option<&str>,
+        limit: u32,
+    ) -> Result<WorkingContextList, EngineError> {
         tether_protocol::validate_name("project", project)
             .map_err(|e| EngineError::InvalidParams(e.to_string()))?;
-        let sessions = self
+        let after = cursor.map(parse_cursor).transpose()?;
+        let mut saved = self
             .ctx
             .store
-            .working_contexts(project)
+            .working_contexts(project, after, limit.saturating_add(1))
             .await
-            .map_err(|e| EngineError::Unavailable(e.to_string()))?
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        let more = saved.len() > limit as usize;
+        saved.truncate(limit as usize);
+        let next_cursor = more
+            .then(|| {
+                saved
+                    .last()
+                    .map(|c| format!("{}.{}", c.saved_ms, c.session))
+            })
+            .flatten();
+        let sessions = saved
             .into_iter()
             .map(|c| WorkingContextSession {
                 session: c.session,
                 saved_at: rfc3339(c.saved_ms),
             })
             .collect();
-        Ok(WorkingContextList { sessions })
+        Ok(WorkingContextList {
+            sessions,
+            next_cursor,
+        })
     }
+}
+
+/// Most other sessions a lookup lists.
+pub const OTHER_SESSIONS: u32 = 100;
+
+/// A working-context page's cursor, `<saved_ms>.<session>`, as the last
+/// entry of the page before.
+fn parse_cursor(cursor: &str) -> Result<(i64, &str), EngineError> {
+    cursor
+        .split_once('.')
+        .and_then(|(ms, session)| {
+            let ms = ms.parse::<i64>().ok().filter(|ms| *ms >= 0)?;
+            tether_protocol::validate_name("session", session).ok()?;
+            Some((ms, session))
+        })
+        .ok_or_else(|| {
+            EngineError::InvalidParams(
+                "cursor is not one this server issued; pass nextCursor back as is.".to_owned(),
+            )
+        })
 }
 
 fn check_names(project: &str, session: &str) -> Result<(), EngineError> {

@@ -63,8 +63,9 @@ pub fn host_tools() -> Vec<Value> {
             "name": "list_working_contexts",
             "title": "List working contexts",
             "description": "The sessions of this project with a saved working context, most \
-                recently saved first.",
-            "inputSchema": {"type": "object", "properties": {}},
+                recently saved first, 100 a page; pass a page's nextCursor as cursor for the next.",
+            "inputSchema": {"type": "object", "properties": {
+                "cursor": {"type": "string", "description": "The nextCursor of the page before."}}},
         }),
         json!({
             "name": "session_context",
@@ -94,6 +95,8 @@ impl Engine {
     }
 
     async fn host_tool(&self, session: &str, name: &str, args: &Value) -> Result<Value, String> {
+        /// The page of working contexts the tool lists.
+        const CONTEXTS_PAGE: u32 = 100;
         let said = |e: EngineError| e.to_string();
         let view = self
             .session_view(&Principal::loopback_admin(), session)
@@ -135,9 +138,14 @@ impl Engine {
                     })?;
                 json(serde_json::to_value(saved))
             }
-            "list_working_contexts" => json(serde_json::to_value(
-                self.working_contexts(project).await.map_err(said)?,
-            )),
+            "list_working_contexts" => {
+                let cursor = args.get("cursor").and_then(Value::as_str);
+                json(serde_json::to_value(
+                    self.working_contexts(project, cursor, CONTEXTS_PAGE)
+                        .await
+                        .map_err(said)?,
+                ))
+            }
             _ => json(serde_json::to_value(&view)),
         }
     }

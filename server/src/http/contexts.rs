@@ -16,7 +16,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::ApiError;
-use super::extract::{ApiPath, decode_object, require_json_content_type};
+use super::extract::{ApiPath, ApiQuery, decode_object, require_json_content_type};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::engine::contexts::SaveRefusal;
@@ -148,10 +148,10 @@ fn too_large(size: usize) -> ApiError {
     get,
     path = "/v1/projects/{project}/working-contexts",
     tag = "working context",
-    params(ProjectPath),
+    params(ProjectPath, ListQuery),
     responses(
         (status = 400, description = "Malformed path.", body = Problem, content_type = "application/problem+json"),
-        (status = 200, description = "Saved sessions (empty when none).", body = WorkingContextList),
+        (status = 200, description = "A page of saved sessions (empty when none).", body = WorkingContextList),
         (status = 422, description = "Invalid project name.", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -159,10 +159,30 @@ pub async fn list(
     State(state): State<AppState>,
     caller: Principal,
     ApiPath(path): ApiPath<ProjectPath>,
+    ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<WorkingContextList>, ApiError> {
     validate_name("project", &path.project)?;
     visible_project(&caller, &path.project)?;
-    Ok(Json(state.engine.working_contexts(&path.project).await?))
+    let limit = super::extract::bounded_integer("limit", query.limit.as_deref(), 1, 1000)?
+        .map_or(100, |n| n as u32);
+    Ok(Json(
+        state
+            .engine
+            .working_contexts(&path.project, query.cursor.as_deref(), limit)
+            .await?,
+    ))
+}
+
+/// Query of `GET /v1/projects/{project}/working-contexts`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Page size, 1 to 1000 (default 100).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    limit: Option<String>,
+    /// The `nextCursor` of the previous page.
+    #[param(min_length = 3, max_length = 160)]
+    cursor: Option<String>,
 }
 
 fn visible_project(caller: &Principal, project: &str) -> Result<(), ApiError> {

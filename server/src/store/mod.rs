@@ -615,9 +615,16 @@ pub trait Store: Send + Sync + fmt::Debug {
         session: &str,
     ) -> Result<Option<SavedContext>, StoreError>;
 
-    /// A project's saved working contexts (bodies left empty), most recently
-    /// saved first, ties broken by session name.
-    async fn working_contexts(&self, project: &str) -> Result<Vec<SavedContext>, StoreError>;
+    /// A page of a project's saved working contexts (bodies left empty),
+    /// most recently saved first, ties broken by session name: at most
+    /// `limit`, after `after` (the last one of the previous page, as
+    /// `(saved_ms, session)`).
+    async fn working_contexts(
+        &self,
+        project: &str,
+        after: Option<(i64, &str)>,
+        limit: u32,
+    ) -> Result<Vec<SavedContext>, StoreError>;
 
     /// The documents that match a search, best first (see
     /// [`search::SearchRequest`]).
