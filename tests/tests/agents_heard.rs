@@ -21,6 +21,7 @@ backend_tests!(
     attachments_reach_the_agent_as_content_blocks_and_are_stored_once,
     an_agent_that_needs_a_login_is_logged_in_from_its_configuration_or_says_how,
     a_configuration_change_while_the_agent_streams_is_applied_at_once,
+    an_agent_that_does_not_answer_a_change_in_time_leaves_it_to_a_retry,
 );
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
@@ -1077,4 +1078,67 @@ async fn a_configuration_change_while_the_agent_streams_is_applied_at_once(db: T
         "mode=code model=fast thought=low",
         "the session goes on, in the new mode"
     );
+}
+
+/// An agent that does not answer `set_mode` in time: the change is refused
+/// as unavailable, not recorded as the origin's outcome, so the same
+/// dispatch retried asks the agent again (it was answered with the first
+/// refusal from then on, the agent never asked).
+async fn an_agent_that_does_not_answer_a_change_in_time_leaves_it_to_a_retry(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let server = ServerProcess::start(
+        &db,
+        &[
+            "--agent",
+            &agent(&log).replace("fake=", "fake=FAKE_ACP_SLOW_MODES=1500 "),
+            "--agent-confinement",
+            "off",
+            "--agent-init-timeout-ms",
+            "500",
+        ],
+    )
+    .await;
+    let base = server.base_url();
+    let mut ahp = Ahp::connect(&server.ws_url(), "slow-config").await;
+    ahp.call(
+        "createSession",
+        json!({"channel": "ahp-session:/slow", "provider": "fake"}),
+    )
+    .await
+    .unwrap();
+    ahp.call("subscribe", json!({"channel": "ahp-chat:/slow.main"}))
+        .await
+        .unwrap();
+    ahp.ask("ahp-chat:/slow.main", "t1", "settings", None).await;
+    let change = json!({"clientId": "slow-client", "clientSeq": 1,
+        "action": {"type": "session/configChanged", "config": {"mode": "code"}}});
+    let http = reqwest::Client::new();
+    for attempt in 1..=2 {
+        let answer = http
+            .post(format!("{base}/v1/sessions/slow/actions"))
+            .json(&change)
+            .send()
+            .await
+            .unwrap();
+        let status = answer.status().as_u16();
+        let body = answer.text().await.unwrap();
+        assert_eq!(status, 503, "attempt {attempt}: {body}");
+        assert!(body.contains("in time"), "attempt {attempt}: {body}");
+        // The agent takes its requests one at a time: the second is read
+        // once it has slept through the first.
+        let deadline = Instant::now() + WAIT;
+        while log_lines(&log)
+            .iter()
+            .filter(|l| l.as_str() == "set_mode code")
+            .count()
+            < attempt
+        {
+            assert!(
+                Instant::now() < deadline,
+                "attempt {attempt} never reached the agent"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }

@@ -235,8 +235,15 @@ pub(super) async fn check_dispatch(
                     // What it took before refusing is recorded after the
                     // refusal, as the agent's own change.
                     follow.extend(refused.moved);
+                    // No answer is not the dispatch's outcome: not recorded,
+                    // a retry may pass.
+                    let kind = if refused.transient {
+                        RefusalKind::Unavailable
+                    } else {
+                        RefusalKind::Invalid
+                    };
                     return Err(Refusal::new(
-                        RefusalKind::Invalid,
+                        kind,
                         format!(
                             "The agent did not accept the configuration: {}.",
                             refused.reason

@@ -342,6 +342,10 @@ pub struct ConfigRefused {
     pub reason: String,
     /// What moved before the refusal.
     pub moved: Moved,
+    /// Whether it is no answer rather than a refusal (the process stopped,
+    /// or did not answer in time): not the dispatch's outcome for good, a
+    /// retry may pass.
+    pub transient: bool,
 }
 
 /// What the actor asks of the agent.
@@ -435,6 +439,7 @@ impl AgentProcess {
         let stopped = || ConfigRefused {
             reason: "the agent's process has stopped".to_owned(),
             moved: Vec::new(),
+            transient: true,
         };
         let (reply, answer) = oneshot::channel();
         self.commands

@@ -380,11 +380,11 @@ impl Bridge {
         session: &str,
         values: &serde_json::Map<String, Value>,
         every: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), NotApplied> {
         let settings = match self.map.lock() {
             Ok(m) if every => m.config.every_setting(values),
             Ok(m) => m.config.settings_for(values),
-            Err(_) => return Err("the session's state is unavailable".to_owned()),
+            Err(_) => return Err(NotApplied::unanswered("the session's state is unavailable")),
         };
         let timeout = self.limits.init_timeout;
         for setting in settings {
@@ -393,8 +393,12 @@ impl Bridge {
                     let request = SetSessionModeRequest::new(session.to_owned(), mode.clone());
                     tokio::time::timeout(timeout, cx.send_request(request).block_task())
                         .await
-                        .map_err(|_| "it did not answer session/set_mode in time".to_owned())?
-                        .map_err(|e| format!("it refused mode {mode:?}: {}", said(&e)))?;
+                        .map_err(|_| {
+                            NotApplied::unanswered("it did not answer session/set_mode in time")
+                        })?
+                        .map_err(|e| {
+                            NotApplied::refused(format!("it refused mode {mode:?}: {}", said(&e)))
+                        })?;
                     if let Ok(mut m) = self.map.lock() {
                         m.config.set_mode(&mode);
                     }
@@ -404,7 +408,9 @@ impl Bridge {
                         Value::Bool(on) => SessionConfigOptionValue::boolean(*on),
                         Value::String(choice) => SessionConfigOptionValue::value_id(choice.clone()),
                         other => {
-                            return Err(format!("option {id:?} cannot take {other}"));
+                            return Err(NotApplied::refused(format!(
+                                "option {id:?} cannot take {other}"
+                            )));
                         }
                     };
                     let request =
@@ -413,9 +419,16 @@ impl Bridge {
                         tokio::time::timeout(timeout, cx.send_request(request).block_task())
                             .await
                             .map_err(|_| {
-                                "it did not answer session/set_config_option in time".to_owned()
+                                NotApplied::unanswered(
+                                    "it did not answer session/set_config_option in time",
+                                )
                             })?
-                            .map_err(|e| format!("it refused {id:?} = {value}: {}", said(&e)))?;
+                            .map_err(|e| {
+                                NotApplied::refused(format!(
+                                    "it refused {id:?} = {value}: {}",
+                                    said(&e)
+                                ))
+                            })?;
                     if let Ok(mut m) = self.map.lock() {
                         m.config.set_options(&response.config_options);
                     }
@@ -438,6 +451,7 @@ impl Bridge {
         let mut m = self.map.lock().map_err(|_| ConfigRefused {
             reason: "the session's state is unavailable".to_owned(),
             moved: Vec::new(),
+            transient: true,
         })?;
         // What clients will know once the client's action is recorded.
         if applied.is_ok()
@@ -452,7 +466,11 @@ impl Bridge {
         let moved = m.config_moved();
         match applied {
             Ok(()) => Ok(moved),
-            Err(reason) => Err(ConfigRefused { reason, moved }),
+            Err(not) => Err(ConfigRefused {
+                reason: not.reason,
+                moved,
+                transient: not.transient,
+            }),
         }
     }
 
@@ -571,5 +589,35 @@ impl Bridge {
                 let _ = done.send(());
                 Ok(())
             })
+    }
+}
+
+/// Why the agent did not take a configuration value: its refusal, or no
+/// answer (which a later try may get past).
+#[derive(Debug)]
+pub(super) struct NotApplied {
+    reason: String,
+    transient: bool,
+}
+
+impl NotApplied {
+    fn refused(reason: String) -> Self {
+        Self {
+            reason,
+            transient: false,
+        }
+    }
+
+    fn unanswered(reason: &str) -> Self {
+        Self {
+            reason: reason.to_owned(),
+            transient: true,
+        }
+    }
+}
+
+impl std::fmt::Display for NotApplied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
     }
 }
