@@ -601,6 +601,15 @@ async fn resume_refuses_what_it_must_and_sets_the_directories(db: TestDb) {
         .await;
     assert_eq!(status, 200, "{ok}");
     assert_eq!(active().await, open, "counted in again");
+    // Closed again, then a turn opens its agent again: counted in again.
+    api.delete("/v1/sessions/r").await;
+    assert_eq!(active().await, open - 1);
+    let (status, body) = api
+        .post("/v1/sessions/r/actions", json!({"clientId": "c", "clientSeq": 2, "channel": "ahp-chat:/r.main", "action": turn("t2", "again")}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    api.session_until("r", |v| v["state"] == "live").await;
+    assert_eq!(active().await, open, "a turn reopened it");
 
     // Ended sessions are not resumed.
     api.post("/v1/sessions", json!({"id": "gone"})).await;

@@ -927,7 +927,7 @@ async fn every_backend_keeps_sessions_and_agents_inside_the_allowed_roots(db: Te
             // unavailable, so a refusal naming the roots is the roots'.
             args.extend(["--webhook-url", "http://127.0.0.1:9/never"]);
         }
-        let server = ServerProcess::start(&db, &args).await;
+        let mut server = ServerProcess::start(&db, &args).await;
         let rest = Rest::new(server.base_url(), None);
         let id = |name: &str| format!("{effects}-{name}");
         let (status, answer) = rest
@@ -943,11 +943,13 @@ async fn every_backend_keeps_sessions_and_agents_inside_the_allowed_roots(db: Te
             .await;
         tether_tests::assert_refused(status, &answer, 422, "outside the allowed roots");
         if effects == "webhook" {
+            server.terminate().await;
             continue;
         }
         rest.create(json!({"id": id("in"), "provider": "fake", "workingDirectories": [inside]}))
             .await;
-        let body = json!({"clientId": "roots", "clientSeq": 1, "channel": format!("ahp-session:/{}", id("in")),
+        // A client of its own each round: one origin is one dispatch.
+        let body = json!({"clientId": format!("roots-{effects}"), "clientSeq": 1, "channel": format!("ahp-session:/{}", id("in")),
             "action": {"type": "session/workingDirectorySet", "directory": format!("file://{}", outside.path().display())}});
         let (status, answer) = rest
             .call(
@@ -987,6 +989,8 @@ async fn every_backend_keeps_sessions_and_agents_inside_the_allowed_roots(db: Te
         );
         std::fs::remove_file(&link).unwrap();
         std::os::unix::fs::symlink(inside.join("real"), &link).unwrap();
+        // Gone before the next round's server opens the same store.
+        server.terminate().await;
     }
 }
 

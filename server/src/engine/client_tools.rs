@@ -122,7 +122,8 @@ pub fn check_creation(active_client: &Value, client_id: Option<&str>) -> Result<
     let named = active_client.get("clientId").and_then(Value::as_str);
     if named.is_none() || named != client_id {
         return Err(format!(
-            "A session is created with only its creating client active, under its own clientId              ({:?}); this names {:?}.",
+            "A session is created with only its creating client active, under its own clientId \
+             ({:?}); this names {:?}.",
             client_id.unwrap_or_default(),
             named.unwrap_or_default()
         ));

@@ -63,6 +63,23 @@ pub(super) async fn round(ctx: &Arc<Ctx>) -> Result<usize, crate::store::StoreEr
         .filter(|s| ctx.begin_retiring(&s.id))
         .collect();
     let result = ctx.store.delete_sessions(&held).await;
+    // Their agents' scratch directories (HOMEs: histories, caches, logins)
+    // go too, before an id made again may start an agent in one; off the
+    // async workers, a HOME full of caches takes a while.
+    if let Ok(deleted) = &result {
+        let sandbox = ctx.config.sandbox.clone();
+        let ids = deleted.clone();
+        let removed = tokio::task::spawn_blocking(move || {
+            ids.into_iter()
+                .filter_map(|id| sandbox.remove_scratch(&id).err().map(|err| (id, err)))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        for (id, err) in removed {
+            tracing::warn!(session = %id, error = %err, "retention: the agent's scratch directory was not removed");
+        }
+    }
     for s in &held {
         ctx.end_retiring(&s.id);
     }
@@ -72,9 +89,6 @@ pub(super) async fn round(ctx: &Arc<Ctx>) -> Result<usize, crate::store::StoreEr
     ctx.chats.forget_owned_by(&deleted);
     for s in held.iter().filter(|s| deleted.contains(&s.id)) {
         tracing::info!(session = %s.id, project = %s.project, "retention: settled session deleted");
-        if let Err(err) = ctx.config.sandbox.remove_scratch(&s.id) {
-            tracing::warn!(session = %s.id, error = %err, "retention: the agent's scratch directory was not removed");
-        }
         ctx.hub.notify(ROOT, &s.project, || {
             super::notification(
                 "root/sessionRemoved",

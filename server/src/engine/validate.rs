@@ -174,7 +174,8 @@ pub(super) async fn check_dispatch(
             return Err(Refusal::new(
                 RefusalKind::Invalid,
                 format!(
-                    "Agent {} cannot forget turns (ACP has no way to take them back from its                      session); fork the chat at an earlier turn instead.",
+                    "Agent {} cannot forget turns (ACP has no way to take them back from its \
+                     session); fork the chat at an earlier turn instead.",
                     agent.provider
                 ),
             ));

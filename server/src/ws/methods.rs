@@ -356,11 +356,12 @@ impl Connection {
                 // retry of an old envelope, an envelope inside the snapshot,
                 // or a client not subscribed to the channel, gets it
                 // directly.
-                let via_hub = self
-                    .subscriptions
-                    .get(&published.channel)
-                    .is_some_and(|s| published.seq > s.from)
-                    && answered.routed_at.is_none_or(|at| published.seq > at);
+                let via_hub = self.subscriptions.get(&published.channel).is_some_and(|s| {
+                    match answered.routed_at {
+                        Some(at) => published.seq > at,
+                        None => published.seq > s.from,
+                    }
+                });
                 if via_hub || self.queue.push(published.frame.clone()) {
                     Next::Continue
                 } else {

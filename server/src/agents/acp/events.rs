@@ -15,6 +15,10 @@ use tokio::sync::mpsc;
 
 use super::AgentEvent;
 
+/// Most events set aside while an answer is awaited (each a few actions of
+/// the agent's stream).
+const HELD: usize = 4096;
+
 /// An agent's events, read by its session's actor alone.
 #[derive(Debug)]
 pub struct AgentEvents {
@@ -45,11 +49,17 @@ impl AgentEvents {
             .or_else(|| self.channel.try_lock().ok()?.try_recv().ok())
     }
 
-    /// Waits for `answer`, setting aside the events that come meanwhile.
+    /// Waits for `answer`, setting aside the events that come meanwhile,
+    /// at most [`HELD`] of them: past that the agent waits again (as it
+    /// would behind a full channel) until the answer or its time limit.
     pub(super) async fn meanwhile<T>(&self, answer: impl Future<Output = T>) -> T {
         let mut channel = self.channel.lock().await;
         let mut answer = std::pin::pin!(answer);
         loop {
+            let room = self.held.lock().is_ok_and(|held| held.len() < HELD);
+            if !room {
+                return answer.await;
+            }
             tokio::select! {
                 biased;
                 out = &mut answer => return out,

@@ -100,6 +100,12 @@ impl SessionActor {
             return;
         };
         let agent = self.ctx.agents.get(&model.session.provider).cloned();
+        // A disposed (closed) session whose agent opens again is open again.
+        // (Its settling record decides: an agent about to be told of the
+        // turn is already counted live.)
+        let was_closed = model.projection.state(false).0
+            == tether_protocol::projection::SessionLifeState::Closed;
+        let mut reopened = false;
         let mut pending = Vec::new();
         let mut records = Vec::new();
         // Retries of a dispatch of this batch, by its place in `pending`.
@@ -112,7 +118,14 @@ impl SessionActor {
                 }
                 let kind = action_type(&d.action).unwrap_or_default();
                 if retries::acts_before_commit(&self.ctx, kind, self.running.is_some()) {
-                    match self.ctx.store.origin_outcome(origin).await {
+                    let may_be_taken = self.seen_origins.may_be_taken(origin);
+                    self.seen_origins.saw(origin);
+                    let known = if may_be_taken {
+                        self.ctx.store.origin_outcome(origin).await
+                    } else {
+                        Ok(None)
+                    };
+                    match known {
                         Ok(None) => {}
                         Ok(Some(known)) => {
                             reply(d.reply, retry_outcome(&known, &d.channel, &d.action));
@@ -281,6 +294,7 @@ impl SessionActor {
                             if let Some(m) = self.model.as_mut() {
                                 m.last_seq = published.seq;
                             }
+                            reopened |= was_closed && kind == AGENT_OPENED;
                             self.since_snapshot += 1;
                             self.follow_clients(&kind, &d.action);
                             self.note_directories(&kind);
@@ -333,6 +347,10 @@ impl SessionActor {
         // Boxed: rare, and its future would make every batch's large.
         if reload && let Err(err) = Box::pin(self.reload()).await {
             tracing::error!(session = %self.id, error = %err, "cannot rebuild session state");
+        }
+        if reopened && let Some(model) = &self.model {
+            let view = self.view(model);
+            Box::pin(self.announce_open(&view)).await;
         }
         self.announce(false);
         if self.since_snapshot >= self.ctx.config.snapshot_every {

@@ -143,11 +143,12 @@ impl SessionActor {
         Ok(view)
     }
 
-    /// A session open again (created, or resumed after it was closed):
+    /// A session open again (created, or its agent opened again after it
+    /// was closed, by a resume or a turn):
     /// counted among the root's active sessions and told to root
     /// subscribers. Told here, by the session's writer: other hosts hear of
     /// it from the log (see `root`), whichever host the request came through.
-    async fn announce_open(&self, view: &SessionView) {
+    pub(super) async fn announce_open(&self, view: &SessionView) {
         self.engine().change_active_sessions(1).await;
         self.ctx.hub.notify(ROOT, &view.project, || {
             engine::notification(
@@ -201,8 +202,6 @@ impl SessionActor {
                 self.id
             )));
         }
-        // A disposed (closed) session resumed is open again.
-        let reopened = state == tether_protocol::projection::SessionLifeState::Closed;
         let primary = model.primary_directory().unwrap_or_default().to_owned();
         if primary != cwd {
             return Err(EngineError::InvalidParams(format!(
@@ -270,11 +269,7 @@ impl SessionActor {
         let model = self.model.as_ref().ok_or_else(|| {
             EngineError::Unavailable("the session could not be reloaded".to_owned())
         })?;
-        let view = self.view(model);
-        if reopened {
-            self.announce_open(&view).await;
-        }
-        Ok(view)
+        Ok(self.view(model))
     }
 
     /// The boot sweep: a session with no live agent and no settling record

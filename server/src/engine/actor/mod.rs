@@ -61,6 +61,8 @@ pub(super) struct SessionActor {
     /// Who registered each active client's tools: `clientId` → token `sub`
     /// (recorded with each `activeClientSet`, loaded with the session).
     tool_owners: std::collections::HashMap<String, String>,
+    /// Origins of actions that act before their commit, seen here.
+    seen_origins: retries::SeenOrigins,
     /// Who started the latest turn (the token's `sub`), for the usage
     /// ledger; empty until a principal starts one here.
     turn_by: String,
@@ -113,6 +115,7 @@ impl SessionActor {
             client_calls: tools::ClientCalls::new(),
             directed: std::collections::HashMap::new(),
             tool_owners: std::collections::HashMap::new(),
+            seen_origins: retries::SeenOrigins::default(),
             turn_by: String::new(),
         };
         if let Err(err) = Box::pin(actor.reload()).await {

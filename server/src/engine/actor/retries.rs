@@ -29,6 +29,47 @@ pub(super) fn acts_before_commit(ctx: &Ctx, kind: &str, agent_running: bool) -> 
         || ctx.effects.concerns(kind)
 }
 
+/// The highest `clientSeq` each client dispatched to this session's actor
+/// among actions that act before their commit, by `clientId` (with the
+/// origin's scope): one above it is new, not a retry, and needs no look-up
+/// in the store (a client types into a terminal key by key). Bounded: past
+/// [`MAX_CLIENTS`] it starts over, which only costs look-ups.
+#[derive(Debug, Default)]
+pub(super) struct SeenOrigins(std::collections::HashMap<String, (String, u64)>);
+
+/// Most clients [`SeenOrigins`] remembers.
+const MAX_CLIENTS: usize = 1024;
+
+impl SeenOrigins {
+    /// Whether `origin` may be one already used (so its outcome must be
+    /// looked up before anything acts on it).
+    pub(super) fn may_be_taken(&self, origin: &Origin) -> bool {
+        self.0
+            .get(&origin.client_id)
+            .is_none_or(|(scope, seq)| *scope != origin.scope || origin.client_seq <= *seq)
+    }
+
+    /// Notes that `origin` reached the session.
+    pub(super) fn saw(&mut self, origin: &Origin) {
+        if let Some((scope, seq)) = self.0.get_mut(&origin.client_id) {
+            if *scope == origin.scope {
+                *seq = (*seq).max(origin.client_seq);
+            } else {
+                scope.clone_from(&origin.scope);
+                *seq = origin.client_seq;
+            }
+            return;
+        }
+        if self.0.len() >= MAX_CLIENTS {
+            self.0.clear();
+        }
+        self.0.insert(
+            origin.client_id.clone(),
+            (origin.scope.clone(), origin.client_seq),
+        );
+    }
+}
+
 /// The place in the batch's accepted dispatches of one with `origin`.
 pub(super) fn twin_of(pending: &[(Dispatch, String)], origin: &Origin) -> Option<usize> {
     pending.iter().position(|(d, _)| {

@@ -573,7 +573,8 @@ impl Store for PostgresStore {
         let (saved_ms, session) = after.unwrap_or((i64::MAX, ""));
         Ok(sqlx::query_as::<_, rows::Context>(
             "SELECT project, session, '' AS body, saved_ms FROM working_contexts \
-             WHERE project = $1 AND (saved_ms < $2 OR (saved_ms = $2 AND session > $3)) \
+             WHERE project = $1 AND saved_ms <= $2 \
+               AND (saved_ms < $2 OR (saved_ms = $2 AND session > $3)) \
              ORDER BY saved_ms DESC, session LIMIT $4",
         )
         .bind(project)

@@ -545,6 +545,9 @@ impl Bridge {
                         answer,
                     };
                     if events.send(event).await.is_err() {
+                        if let (Some(url_id), Ok(mut urls)) = (&url_id, urls.lock()) {
+                            urls.remove(url_id);
+                        }
                         return responder.respond(cancel());
                     }
                     let urls = urls.clone();

@@ -8,7 +8,9 @@
 
 use std::collections::HashMap;
 
-use agent_client_protocol::v1::schema::{ContentBlock, SessionUpdate, StopReason, Usage};
+use agent_client_protocol::v1::schema::{
+    ContentBlock, SessionUpdate, StopReason, ToolCallContent, Usage,
+};
 use serde_json::{Map, Value, json};
 use tether_protocol::actions::{
     COMMANDS_META, CONFIG_CATEGORIES_META, CONFIG_SCHEMA_CHANGED, PLAN_META, USAGE_META,
@@ -36,9 +38,9 @@ enum ToolPhase {
 struct ToolCall {
     phase: ToolPhase,
     title: String,
-    /// The file edits it proposes while pending (AHP `FileEdit`s), shown
-    /// with its confirmation when the agent asks for one.
-    proposed: Vec<Value>,
+    /// The diffs it proposes while pending, shown (stored then) with its
+    /// confirmation when the agent asks for one.
+    proposed: Vec<ToolCallContent>,
 }
 
 /// The streamed text's current part.

@@ -53,11 +53,12 @@ impl TurnMap {
         }
         // The edits it will make, for the person to see before answering:
         // the request's own, else those its pending updates proposed.
-        let asked = self.proposals(fields.content.as_deref().unwrap_or_default());
-        let proposed = match self.tools.get_mut(&id) {
+        let asked = diffs_of(fields.content.as_deref().unwrap_or_default());
+        let diffs = match self.tools.get_mut(&id) {
             Some(tool) if asked.is_empty() => std::mem::take(&mut tool.proposed),
             _ => asked,
         };
+        let proposed = self.proposals(&diffs);
         if !proposed.is_empty() {
             ready["edits"] = json!({"items": proposed});
         }
@@ -171,7 +172,7 @@ impl TurnMap {
             ToolCallStatus::Pending => {
                 // Not started: its diffs are proposals, kept for the
                 // confirmation the agent may ask for.
-                let proposed = self.proposals(content);
+                let proposed = diffs_of(content);
                 if let Some(tool) = self.tools.get_mut(id)
                     && !proposed.is_empty()
                 {
@@ -284,4 +285,13 @@ impl TurnMap {
             .collect();
         (parts, changes)
     }
+}
+
+/// The diffs of a tool call's content.
+fn diffs_of(content: &[ToolCallContent]) -> Vec<ToolCallContent> {
+    content
+        .iter()
+        .filter(|c| matches!(c, ToolCallContent::Diff(_)))
+        .cloned()
+        .collect()
 }
