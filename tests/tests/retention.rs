@@ -340,6 +340,16 @@ async fn settled_sessions_past_the_limit_go_with_everything_they_own(db: TestDb)
         "UPDATE sessions SET updated_ms = updated_ms - {ago}{hour} WHERE id <> 'fresh-1'"
     ))
     .await;
+    // A subscriber of old-1 (its session and its chat), connected before
+    // the deletion: it is told nothing of a session made again with that
+    // id, which may be another project's.
+    let mut watcher = tether_tests::ahp_raw::Ahp::connect(&server.ws_url(), "watcher").await;
+    for channel in ["ahp-session:/old-1", "ahp-chat:/old-1.main"] {
+        watcher
+            .call("subscribe", json!({"channel": channel}))
+            .await
+            .unwrap();
+    }
     let (status, body) = call(
         &base,
         "PUT",
@@ -474,6 +484,26 @@ async fn settled_sessions_past_the_limit_go_with_everything_they_own(db: TestDb)
         .filter(|e| e["action"]["type"] == "session/titleChanged")
         .count();
     assert_eq!(titles, 0, "none of the deleted session's envelopes: {page}");
+    let (status, body) = call(
+        &base,
+        "POST",
+        "/v1/sessions/old-1/actions",
+        Some(json!({"clientId": "new-owner", "clientSeq": 1,
+                    "action": {"type": "session/titleChanged", "title": "the new owner's"}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    watcher.call("listSessions", json!({})).await.unwrap();
+    let leaked: Vec<&serde_json::Value> = watcher
+        .seen
+        .iter()
+        .filter(|m| m["method"] == "action" && m.to_string().contains("new owner"))
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "the deleted session's subscriber got its successor's: {leaked:?}"
+    );
 }
 
 async fn create_chat(

@@ -49,10 +49,19 @@ impl ChatOwners {
     }
 
     /// Forgets the chats of sessions that are gone.
-    pub(super) fn forget_owned_by(&self, gone: &[String]) {
+    /// Forgets the chats of sessions that are `gone`; answers them.
+    pub(super) fn forget_owned_by(&self, gone: &[String]) -> Vec<String> {
+        let mut forgotten = Vec::new();
         if let Ok(mut owners) = self.owners.lock() {
-            owners.retain(|_, session| !gone.contains(session));
+            owners.retain(|chat, session| {
+                let keep = !gone.contains(session);
+                if !keep {
+                    forgotten.push(chat.clone());
+                }
+                keep
+            });
         }
+        forgotten
     }
 }
 

@@ -72,6 +72,10 @@ pub enum HubItem {
     /// A protocol notification for a channel's subscribers (root
     /// notifications); not part of the log and never replayed.
     Notice(Arc<Notice>),
+    /// The channel is gone (retention deleted its session): its
+    /// subscriptions end, so a session made again with the same id (in
+    /// any project) is not delivered to them.
+    Gone(Arc<str>),
 }
 
 /// A notification on its way to a channel's subscribers.
@@ -248,6 +252,20 @@ impl Hub {
             drop(routes);
             wakes.wake_at_once();
         }
+    }
+
+    /// Ends every subscription here to the channels `gone` says are gone.
+    pub fn end_channels(&self, gone: impl Fn(&str) -> bool) {
+        let routes = self.routes();
+        let mut wakes = Wakes::default();
+        for (channel, inboxes) in routes.by_channel.iter().filter(|(c, _)| gone(c)) {
+            let item: Arc<str> = Arc::from(channel.as_str());
+            for inbox in inboxes {
+                wakes.add(inbox.offer(HubItem::Gone(item.clone())));
+            }
+        }
+        drop(routes);
+        wakes.wake_at_once();
     }
 
     fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {

@@ -85,8 +85,15 @@ pub(super) async fn round(ctx: &Arc<Ctx>) -> Result<usize, crate::store::StoreEr
     }
     let deleted = result?;
     // Their chats are no longer theirs (the store's rows are gone): an id
-    // made again starts afresh.
-    ctx.chats.forget_owned_by(&deleted);
+    // made again starts afresh, and no subscription here outlives them.
+    let chats = ctx.chats.forget_owned_by(&deleted);
+    ctx.hub.end_channels(|channel| {
+        chats.iter().any(|c| c == channel)
+            || Channel::parse(channel)
+                .ok()
+                .and_then(|c| c.named_session().map(|s| deleted.iter().any(|d| d == s)))
+                .unwrap_or(false)
+    });
     for s in held.iter().filter(|s| deleted.contains(&s.id)) {
         tracing::info!(session = %s.id, project = %s.project, "retention: settled session deleted");
         ctx.hub.notify(ROOT, &s.project, || {

@@ -462,6 +462,12 @@ impl Connection {
                 }
                 _ => Next::Continue,
             },
+            HubItem::Gone(channel) => {
+                if self.subscriptions.remove(&*channel).is_some() {
+                    self.routing.unroute(&channel);
+                }
+                Next::Continue
+            }
             HubItem::Notice(notice) => {
                 // Another project's session is never told of.
                 if self.subscriptions.contains_key(&notice.channel)
