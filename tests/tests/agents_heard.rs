@@ -607,14 +607,7 @@ async fn an_agents_question_waits_for_an_answer_and_times_out_as_the_agent_is_to
         "answers": {"replicas": {"state": "submitted", "value": {"kind": "number", "value": 3}},
                     "note": {"state": "skipped"}}});
     assert_eq!(other.dispatch(chat, done).await, None);
-    ahp.action("chat/turnComplete", |a| a["turnId"] == "t1")
-        .await;
-    let answer = ahp
-        .seen
-        .iter()
-        .filter(|m| m["params"]["action"]["turnId"] == "t1")
-        .filter_map(|m| m["params"]["action"]["part"]["content"].as_str())
-        .collect::<String>();
+    let answer = answer_of(&mut ahp, "t1").await;
     assert_eq!(answer, "answered: accept env=\"prod\" replicas=3");
     ahp.action("session/inputNeededRemoved", |a| {
         a["id"] == format!("{chat}#{id}").as_str()
@@ -635,14 +628,7 @@ async fn an_agents_question_waits_for_an_answer_and_times_out_as_the_agent_is_to
         .action("chat/inputCompleted", |a| a["response"] == "cancel")
         .await;
     assert_ne!(completed["requestId"], json!(id));
-    ahp.action("chat/turnComplete", |a| a["turnId"] == "t2")
-        .await;
-    let answer = ahp
-        .seen
-        .iter()
-        .filter(|m| m["params"]["action"]["turnId"] == "t2")
-        .filter_map(|m| m["params"]["action"]["part"]["content"].as_str())
-        .collect::<String>();
+    let answer = answer_of(&mut ahp, "t2").await;
     assert_eq!(answer, "answered: cancel");
 
     // A URL question the person answers at the URL: when the agent says it
@@ -665,14 +651,7 @@ async fn an_agents_question_waits_for_an_answer_and_times_out_as_the_agent_is_to
         a["id"] == format!("{chat}#{}", url_id.as_str().unwrap()).as_str()
     })
     .await;
-    ahp.action("chat/turnComplete", |a| a["turnId"] == "t3")
-        .await;
-    let answer = ahp
-        .seen
-        .iter()
-        .filter(|m| m["params"]["action"]["turnId"] == "t3")
-        .filter_map(|m| m["params"]["action"]["part"]["content"].as_str())
-        .collect::<String>();
+    let answer = answer_of(&mut ahp, "t3").await;
     assert_eq!(answer, "url: accept");
 }
 
@@ -822,18 +801,8 @@ async fn attachments_reach_the_agent_as_content_blocks_and_are_stored_once(db: T
     assert_eq!(refs.len(), 2, "{refs:?}");
     assert_eq!(refs[0]["contentType"], "image/png");
     assert_eq!(refs[1]["contentType"], "text/markdown");
-    let digest = refs[1]["uri"]
-        .as_str()
-        .unwrap()
-        .strip_prefix("tether-attachment:")
-        .unwrap();
-    let file = reqwest::get(format!("{base}/v1/sessions/plain/attachments/{digest}"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert_eq!(file, "# Notes\nfrom the agent");
+    let file = stored_bytes(&base, "plain", &refs[1]["uri"]).await;
+    assert_eq!(file, b"# Notes\nfrom the agent");
     // A tool's image result too: stored, and the result names it.
     assert_eq!(
         ahp.dispatch("ahp-chat:/plain.main", turn("s1", "screenshot", json!([])))
@@ -851,18 +820,8 @@ async fn attachments_reach_the_agent_as_content_blocks_and_are_stored_once(db: T
     );
     assert_eq!(content[1]["type"], "resource", "{complete}");
     assert_eq!(content[1]["contentType"], "image/png");
-    let digest = content[1]["uri"]
-        .as_str()
-        .unwrap()
-        .strip_prefix("tether-attachment:")
-        .unwrap();
-    let image = reqwest::get(format!("{base}/v1/sessions/plain/attachments/{digest}"))
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    assert_eq!(&image[..], b"\x89PNG\r\n\x1a\n");
+    let image = stored_bytes(&base, "plain", &content[1]["uri"]).await;
+    assert_eq!(image, b"\x89PNG\r\n\x1a\n");
 
     // The limits: one attachment, and what a session may hold in all.
     let big = json!({"type": "embeddedResource", "label": "big.txt", "contentType": "text/plain",
@@ -1019,20 +978,9 @@ async fn an_agent_that_needs_a_login_is_logged_in_from_its_configuration_or_says
 async fn a_configuration_change_while_the_agent_streams_is_applied_at_once(db: TestDb) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
-    let server = ServerProcess::start(
-        &db,
-        &[
-            "--agent",
-            // It answers set_mode after 500 ms: its stream fills what the
-            // host buffers meanwhile.
-            &agent(&log).replace("fake=", "fake=FAKE_ACP_SLOW_MODES=500 "),
-            "--agent-confinement",
-            "off",
-            "--agent-init-timeout-ms",
-            "10000",
-        ],
-    )
-    .await;
+    // It answers set_mode after 500 ms: its stream fills what the host
+    // buffers meanwhile.
+    let server = slow_to_change_modes(&db, &log, 500, 10_000).await;
     let mut ahp = Ahp::connect(&server.ws_url(), "streamer").await;
     ahp.call(
         "createSession",
@@ -1087,18 +1035,7 @@ async fn a_configuration_change_while_the_agent_streams_is_applied_at_once(db: T
 async fn an_agent_that_does_not_answer_a_change_in_time_leaves_it_to_a_retry(db: TestDb) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
-    let server = ServerProcess::start(
-        &db,
-        &[
-            "--agent",
-            &agent(&log).replace("fake=", "fake=FAKE_ACP_SLOW_MODES=1500 "),
-            "--agent-confinement",
-            "off",
-            "--agent-init-timeout-ms",
-            "500",
-        ],
-    )
-    .await;
+    let server = slow_to_change_modes(&db, &log, 1500, 500).await;
     let base = server.base_url();
     let mut ahp = Ahp::connect(&server.ws_url(), "slow-config").await;
     ahp.call(
@@ -1141,4 +1078,52 @@ async fn an_agent_that_does_not_answer_a_change_in_time_leaves_it_to_a_retry(db:
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// A server whose agent answers `set_mode` after `answer_ms`, and which
+/// waits `limit_ms` for an agent's answer.
+async fn slow_to_change_modes(
+    db: &TestDb,
+    log: &Path,
+    answer_ms: u64,
+    limit_ms: u64,
+) -> ServerProcess {
+    let agent = agent(log).replace("fake=", &format!("fake=FAKE_ACP_SLOW_MODES={answer_ms} "));
+    let limit = limit_ms.to_string();
+    ServerProcess::start(
+        db,
+        &[
+            "--agent",
+            &agent,
+            "--agent-confinement",
+            "off",
+            "--agent-init-timeout-ms",
+            &limit,
+        ],
+    )
+    .await
+}
+
+/// The bytes a session's `tether-attachment:` URI names, as served.
+async fn stored_bytes(base: &str, session: &str, uri: &Value) -> Vec<u8> {
+    let digest = uri
+        .as_str()
+        .and_then(|u| u.strip_prefix("tether-attachment:"))
+        .unwrap_or_else(|| panic!("not a stored reference: {uri}"));
+    let served = reqwest::get(format!("{base}/v1/sessions/{session}/attachments/{digest}"))
+        .await
+        .unwrap();
+    assert_eq!(served.status(), 200, "{uri}");
+    served.bytes().await.unwrap().to_vec()
+}
+
+/// What the agent answered in `turn`, once the turn has completed.
+async fn answer_of(ahp: &mut Ahp, turn: &str) -> String {
+    ahp.action("chat/turnComplete", |a| a["turnId"] == turn)
+        .await;
+    ahp.seen
+        .iter()
+        .filter(|m| m["params"]["action"]["turnId"] == turn)
+        .filter_map(|m| m["params"]["action"]["part"]["content"].as_str())
+        .collect()
 }

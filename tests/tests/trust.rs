@@ -473,54 +473,9 @@ async fn unknown_ids_start_no_actor_and_take_no_lease(db: TestDb) {
     let mut server = ServerProcess::start(&db, &[]).await;
     let base = server.base_url();
     let rest = Rest::new(base.clone(), None);
-    for (method, path, body) in [
-        ("GET", "/v1/sessions/ghost", None),
-        ("GET", "/v1/sessions/ghost/transcript", None),
-        ("GET", "/v1/sessions/ghost/export", None),
-        ("GET", "/v1/sessions/ghost/tool-context", None),
-        ("DELETE", "/v1/sessions/ghost", None),
-        (
-            "POST",
-            "/v1/sessions/ghost/actions",
-            Some(
-                json!({"clientId": "c", "clientSeq": 1, "action": {"type": "session/titleChanged", "title": "x"}}),
-            ),
-        ),
-        (
-            "POST",
-            "/v1/sessions/ghost/resume",
-            Some(json!({"sessionId": "ghost", "cwd": "/tmp", "mcpServers": []})),
-        ),
-    ] {
-        let (status, answer) = rest.call(method, path, body).await;
-        assert_eq!(status, 404, "{method} {path}: {answer}");
-    }
     let ws = server.ws_url();
     let ahp = ahp_as(&ws, "unused", "prober").await;
-    for channel in ["ahp-session:/ghost", "ahp-chat:/ghost.main"] {
-        assert!(ahp.subscribe(channel.into()).await.is_err(), "{channel}");
-        // Its refusal goes to subscribers (there are none); what matters
-        // here is that it started nothing.
-        let _ = ahp
-            .dispatch(
-                channel.into(),
-                tether_tests::action(json!({"type": "session/titleChanged", "title": "x"})),
-            )
-            .await;
-    }
-    for (method, params) in [
-        (
-            "createChat",
-            json!({"channel": "ahp-session:/ghost", "chat": "ahp-chat:/side"}),
-        ),
-        ("fetchTurns", json!({"channel": "ahp-chat:/ghost.main"})),
-        ("disposeSession", json!({"channel": "ahp-session:/ghost"})),
-    ] {
-        assert!(
-            ahp.request::<_, Value>(method, params).await.is_err(),
-            "{method}"
-        );
-    }
+    refused_everywhere(&rest, &ahp, "ghost").await;
     let reconnect: Value = ahp
         .request(
             "reconnect",
@@ -604,51 +559,8 @@ async fn another_projects_session_named_starts_no_actor(db: TestDb) {
 
     let alice = mint("alice", Role::Operator, &["a"]);
     let a_rest = Rest::new(base.clone(), Some(alice.clone()));
-    for (method, path, body) in [
-        ("GET", "/v1/sessions/b-own", None),
-        ("DELETE", "/v1/sessions/b-own", None),
-        (
-            "POST",
-            "/v1/sessions/b-own/actions",
-            Some(
-                json!({"clientId": "c", "clientSeq": 1, "action": {"type": "session/titleChanged", "title": "x"}}),
-            ),
-        ),
-        (
-            "POST",
-            "/v1/sessions/b-own/resume",
-            Some(json!({"sessionId": "b-own", "cwd": "/tmp", "mcpServers": []})),
-        ),
-    ] {
-        let (status, answer) = a_rest.call(method, path, body).await;
-        assert_eq!(status, 404, "{method} {path}: {answer}");
-    }
     let a = ahp_as(&server.ws_url(), &alice, "alice").await;
-    for channel in ["ahp-session:/b-own", "ahp-chat:/b-own.main"] {
-        assert!(a.subscribe(channel.into()).await.is_err(), "{channel}");
-        let _ = a
-            .dispatch(
-                channel.into(),
-                tether_tests::action(json!({"type": "session/titleChanged", "title": "x"})),
-            )
-            .await;
-    }
-    for (method, params) in [
-        (
-            "createChat",
-            json!({"channel": "ahp-session:/b-own", "chat": "ahp-chat:/a-side"}),
-        ),
-        ("fetchTurns", json!({"channel": "ahp-chat:/b-own.main"})),
-        (
-            "completions",
-            json!({"channel": "ahp-chat:/b-own.main", "kind": "userMessage", "text": "/", "offset": 1}),
-        ),
-    ] {
-        assert!(
-            a.request::<_, Value>(method, params).await.is_err(),
-            "{method}"
-        );
-    }
+    refused_everywhere(&a_rest, &a, "b-own").await;
     assert_eq!(
         actors().await,
         0.0,
@@ -713,35 +625,79 @@ async fn a_session_created_with_its_client_active_is_its_creators(db: TestDb) {
         )
         .await
         .expect("created with its own client active");
-    let (status, refused) = Rest::new(server.base_url(), Some(mallory_token))
-        .call(
-            "POST",
-            "/v1/sessions/made/actions",
-            Some(
-                json!({"clientId": "alice-console", "clientSeq": 1, "action":
-                {"type": "session/activeClientSet", "activeClient": {"clientId": "alice-console",
-                 "tools": []}}}),
-            ),
-        )
-        .await;
+    let register = |token: String| {
+        let rest = Rest::new(server.base_url(), Some(token));
+        async move {
+            rest.call(
+                "POST",
+                "/v1/sessions/made/actions",
+                Some(
+                    json!({"clientId": "alice-console", "clientSeq": 1, "action":
+                    {"type": "session/activeClientSet", "activeClient": {"clientId": "alice-console",
+                     "tools": []}}}),
+                ),
+            )
+            .await
+        }
+    };
+    let (status, refused) = register(mallory_token).await;
     assert_eq!(status, 422, "{refused}");
     assert!(
         refused.to_string().contains("another principal"),
         "{refused}"
     );
     // Its creator still may.
-    let (status, answer) = Rest::new(server.base_url(), Some(alice_token))
-        .call(
-            "POST",
-            "/v1/sessions/made/actions",
-            Some(
-                json!({"clientId": "alice-console", "clientSeq": 1, "action":
-                {"type": "session/activeClientSet", "activeClient": {"clientId": "alice-console",
-                 "tools": []}}}),
-            ),
-        )
-        .await;
+    let (status, answer) = register(alice_token).await;
     assert_eq!(status, 200, "{answer}");
+}
+
+/// Names session `id` every way a client can, REST and AHP, each answered
+/// as a session that does not exist (the dispatches' refusals go to
+/// subscribers, of whom there are none: what matters is what they start).
+async fn refused_everywhere(rest: &Rest, ahp: &ahp::Client, id: &str) {
+    let action = json!({"clientId": "c", "clientSeq": 1,
+                        "action": {"type": "session/titleChanged", "title": "x"}});
+    let resume = json!({"sessionId": id, "cwd": "/tmp", "mcpServers": []});
+    for (method, path, body) in [
+        ("GET", "", None),
+        ("GET", "/transcript", None),
+        ("GET", "/export", None),
+        ("GET", "/tool-context", None),
+        ("DELETE", "", None),
+        ("POST", "/actions", Some(action)),
+        ("POST", "/resume", Some(resume)),
+    ] {
+        let path = format!("/v1/sessions/{id}{path}");
+        let (status, answer) = rest.call(method, &path, body).await;
+        assert_eq!(status, 404, "{method} {path}: {answer}");
+    }
+    let (session, chat) = (format!("ahp-session:/{id}"), format!("ahp-chat:/{id}.main"));
+    for channel in [&session, &chat] {
+        assert!(ahp.subscribe(channel.clone()).await.is_err(), "{channel}");
+        let _ = ahp
+            .dispatch(
+                channel.clone(),
+                tether_tests::action(json!({"type": "session/titleChanged", "title": "x"})),
+            )
+            .await;
+    }
+    for (method, params) in [
+        (
+            "createChat",
+            json!({"channel": session, "chat": format!("ahp-chat:/{id}-side")}),
+        ),
+        ("fetchTurns", json!({"channel": chat})),
+        (
+            "completions",
+            json!({"channel": chat, "kind": "userMessage", "text": "/", "offset": 1}),
+        ),
+        ("disposeSession", json!({"channel": session})),
+    ] {
+        assert!(
+            ahp.request::<_, Value>(method, params).await.is_err(),
+            "{method}"
+        );
+    }
 }
 
 /// The SQLite database file of `db`, if it has one.

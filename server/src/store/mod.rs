@@ -748,3 +748,22 @@ pub(crate) fn seq_to_db(value: u64) -> i64 {
 pub(crate) fn clamp_limit(limit: u32) -> i64 {
     i64::from(limit.clamp(1, MAX_READ_LIMIT))
 }
+
+/// The page of a project's saved working contexts (see
+/// [`Store::working_contexts`]), its parameters rendered by the backend's
+/// `param`: the project, the previous page's last `saved_ms` and session,
+/// the limit. `saved_ms <= ` lets the recent index seek to the page.
+pub(crate) fn working_contexts_sql(param: fn(usize, &str) -> String) -> String {
+    let (project, ms, session, limit) = (
+        param(1, "text"),
+        param(2, "int"),
+        param(3, "text"),
+        param(4, "int"),
+    );
+    format!(
+        "SELECT project, session, '' AS body, saved_ms FROM working_contexts \
+         WHERE project = {project} AND saved_ms <= {ms} \
+           AND (saved_ms < {ms} OR (saved_ms = {ms} AND session > {session})) \
+         ORDER BY saved_ms DESC, session LIMIT {limit}"
+    )
+}

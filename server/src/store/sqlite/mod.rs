@@ -501,21 +501,17 @@ impl Store for SqliteStore {
         limit: u32,
     ) -> Result<Vec<SavedContext>, StoreError> {
         let (saved_ms, session) = after.unwrap_or((i64::MAX, ""));
-        Ok(sqlx::query_as::<_, rows::Context>(
-            "SELECT project, session, '' AS body, saved_ms FROM working_contexts \
-             WHERE project = ?1 AND saved_ms <= ?2 \
-               AND (saved_ms < ?2 OR (saved_ms = ?2 AND session > ?3)) \
-             ORDER BY saved_ms DESC, session LIMIT ?4",
-        )
-        .bind(project)
-        .bind(saved_ms)
-        .bind(session)
-        .bind(i64::from(limit))
-        .fetch_all(&self.readers)
-        .await?
-        .into_iter()
-        .map(Into::into)
-        .collect())
+        let sql = crate::store::working_contexts_sql(param);
+        Ok(sqlx::query_as::<_, rows::Context>(sqlx::AssertSqlSafe(sql))
+            .bind(project)
+            .bind(saved_ms)
+            .bind(session)
+            .bind(i64::from(limit))
+            .fetch_all(&self.readers)
+            .await?
+            .into_iter()
+            .map(Into::into)
+            .collect())
     }
 
     async fn search(&self, request: &SearchRequest) -> Result<Vec<SearchHit>, StoreError> {
