@@ -75,7 +75,7 @@ pub enum HubItem {
     /// The channel is gone (retention deleted its session): its
     /// subscriptions end, so a session made again with the same id (in
     /// any project) is not delivered to them.
-    Gone(Arc<str>),
+    Gone(Arc<String>),
 }
 
 /// A notification on its way to a channel's subscribers.
@@ -259,7 +259,8 @@ impl Hub {
         let routes = self.routes();
         let mut wakes = Wakes::default();
         for (channel, inboxes) in routes.by_channel.iter().filter(|(c, _)| gone(c)) {
-            let item: Arc<str> = Arc::from(channel.as_str());
+            // Thin (an `Arc<str>` would double the item's size).
+            let item = Arc::new(channel.clone());
             for inbox in inboxes {
                 wakes.add(inbox.offer(HubItem::Gone(item.clone())));
             }

@@ -463,7 +463,7 @@ impl Connection {
                 _ => Next::Continue,
             },
             HubItem::Gone(channel) => {
-                if self.subscriptions.remove(&*channel).is_some() {
+                if self.subscriptions.remove(channel.as_str()).is_some() {
                     self.routing.unroute(&channel);
                 }
                 Next::Continue
