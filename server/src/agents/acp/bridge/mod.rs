@@ -416,6 +416,10 @@ impl Bridge {
                             let _ = abort.send(());
                             return Ok(());
                         }
+                        // A load's replay of history already recorded.
+                        if map.replays(&notification.session_id.to_string()) {
+                            return Ok(());
+                        }
                         let actions = map.update(&notification.update);
                         (actions, std::mem::take(&mut map.stored))
                     };

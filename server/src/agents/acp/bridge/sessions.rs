@@ -144,14 +144,14 @@ impl Bridge {
                 // The agent replays the history as updates: it is already
                 // in the transcript, so none of it is recorded again.
                 if let Ok(mut m) = self.map.lock() {
-                    m.replaying = true;
+                    m.replaying = Some(id.clone());
                 }
                 let request = LoadSessionRequest::new(id.clone(), cwd.clone())
                     .additional_directories(additional.clone())
                     .mcp_servers(mcp_servers.clone());
                 let answer = open_request(cx, timeout, "session/load", request, &logins).await;
                 if let Ok(mut m) = self.map.lock() {
-                    m.replaying = false;
+                    m.replaying = None;
                 }
                 let response = answer?;
                 let options = response.config_options.unwrap_or_default();
@@ -237,7 +237,7 @@ impl Bridge {
             }
             Some(id) => {
                 if let Ok(mut m) = self.map.lock() {
-                    m.replaying = true;
+                    m.replaying = Some(id.clone());
                 }
                 let request = LoadSessionRequest::new(id.clone(), cwd)
                     .additional_directories(additional)
@@ -245,7 +245,7 @@ impl Bridge {
                 let answer =
                     open_request(cx, timeout, "session/load", request, &sessions.logins).await;
                 if let Ok(mut m) = self.map.lock() {
-                    m.replaying = false;
+                    m.replaying = None;
                 }
                 answer?;
                 (id.clone(), true)

@@ -71,8 +71,9 @@ pub struct TurnMap {
     tools: HashMap<String, ToolCall>,
     /// Updates seen in the current turn (bounded by the caller).
     pub updates: u64,
-    /// While a `session/load` replays history: drop every update.
-    pub replaying: bool,
+    /// While a `session/load` replays its history: that ACP session's id
+    /// (its updates are dropped; another chat's session streams on).
+    pub replaying: Option<String>,
     /// The agent's settings as it last reported them.
     pub config: AgentConfig,
     /// The session's configuration as clients know it (the AHP
@@ -151,7 +152,7 @@ impl TurnMap {
             parts: 0,
             tools: HashMap::new(),
             updates: 0,
-            replaying: false,
+            replaying: None,
             config: AgentConfig::default(),
             known_config: None,
             stored: Vec::new(),
@@ -243,11 +244,15 @@ impl TurnMap {
         self.turn = None;
     }
 
-    /// The actions one `session/update` becomes.
+    /// Whether an update of ACP session `session` is a `session/load`'s
+    /// replay of history already recorded.
+    pub fn replays(&self, session: &str) -> bool {
+        self.replaying.as_deref() == Some(session)
+    }
+
+    /// The actions one `session/update` becomes (a replay's are dropped
+    /// by the caller, see [`TurnMap::replays`]).
     pub fn update(&mut self, update: &SessionUpdate) -> Actions {
-        if self.replaying {
-            return Vec::new();
-        }
         self.updates += 1;
         match update {
             SessionUpdate::AgentMessageChunk(chunk) => self.text(Stream::Message, &chunk.content),

@@ -144,11 +144,10 @@ fn commands_and_titles_go_to_the_session_channel() {
 }
 
 #[test]
-fn a_replay_records_nothing() {
+fn only_the_loaded_sessions_updates_are_a_replay() {
     let mut map = map();
-    map.replaying = true;
-    let chunk = update(
-        json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "old"}}),
-    );
-    assert!(map.update(&chunk).is_empty());
+    assert!(!map.replays("acp-1"));
+    map.replaying = Some("acp-1".to_owned());
+    assert!(map.replays("acp-1"), "the session being loaded replays");
+    assert!(!map.replays("acp-2"), "another chat's session streams on");
 }
