@@ -72,13 +72,9 @@ impl SeenOrigins {
 
 /// The place in the batch's accepted dispatches of one with `origin`.
 pub(super) fn twin_of(pending: &[(Dispatch, String)], origin: &Origin) -> Option<usize> {
-    pending.iter().position(|(d, _)| {
-        d.origin.as_ref().is_some_and(|o| {
-            o.client_seq == origin.client_seq
-                && o.client_id == origin.client_id
-                && o.scope == origin.scope
-        })
-    })
+    pending
+        .iter()
+        .position(|(d, _)| d.origin.as_ref() == Some(origin))
 }
 
 /// The answer to `twin`, a dispatch with the origin of `original` (of the

@@ -25,8 +25,7 @@ use agent_client_protocol::v1::schema::{
 };
 use agent_client_protocol::{Agent, ByteStreams, Client};
 use serde_json::Value;
-use tokio::io::AsyncBufReadExt;
-use tokio::process::{Child, ChildStderr};
+use tokio::process::Child;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
@@ -38,16 +37,18 @@ use super::{
     OpenRequest, PermissionAnswer, ToAgent,
 };
 use crate::agents::AgentCommand;
-use crate::agents::sandbox::{Launch, Run, Sandbox, signal_group};
+use crate::agents::sandbox::{Launch, Run, Sandbox};
 use crate::agents::terminals::{NewTerminal, Terminals};
 use crate::effects::files::SessionFiles;
 use crate::store::now_ms;
 
 mod handshake;
+mod process;
 mod sessions;
 mod terminals;
 
 use handshake::{Logins, capabilities_of, initialize, open_request};
+use process::{start, stop_child};
 
 use terminals::{AgentTerminals, exit_status, unknown_terminal};
 
@@ -55,9 +56,6 @@ use terminals::{AgentTerminals, exit_status, unknown_terminal};
 /// messages wait (ACP's dispatch loop is held), so a flood is paced by what
 /// the store commits.
 const EVENTS: usize = 64;
-
-/// Stderr lines of one process copied to the log; the rest are dropped.
-const STDERR_LINES: usize = 2_000;
 
 /// Starts `command` for a session and opens it; events arrive on the
 /// returned process's `events`.
@@ -190,68 +188,6 @@ pub async fn probe(
         (None, Ok(Ok(capabilities))) => Ok(capabilities),
         (None, Ok(Err(reason))) => Err(reason),
         (None, Err(err)) => Err(format!("it did not answer initialize: {err}")),
-    }
-}
-
-/// Starts the agent's process through the sandbox (environment, directory,
-/// confinement) and copies its stderr to the log; the process and the
-/// directory it runs in.
-fn start(
-    command: &AgentCommand,
-    scratch: &str,
-    dirs: &[PathBuf],
-    sandbox: &Sandbox,
-) -> Result<(Child, PathBuf), String> {
-    let started = sandbox.launch(&Launch {
-        command,
-        scratch,
-        dirs,
-    })?;
-    let mut child = started.child;
-    if let Some(stderr) = child.stderr.take() {
-        tokio::spawn(copy_stderr(command.name.clone(), stderr));
-    }
-    Ok((child, started.cwd))
-}
-
-async fn copy_stderr(name: String, stderr: ChildStderr) {
-    let mut lines = tokio::io::BufReader::new(stderr).lines();
-    let mut copied = 0;
-    while let Ok(Some(line)) = lines.next_line().await {
-        if copied < STDERR_LINES {
-            let line: String = line.chars().take(2_000).collect();
-            tracing::info!(agent = %name, stderr = %line, "agent");
-            copied += 1;
-        }
-    }
-}
-
-/// Stops the process group (TERM, then KILL after the grace period) and
-/// reaps the child; its exit status, when it had one.
-async fn stop_child(child: &mut Child, pid: Option<u32>, limits: &AcpLimits) -> Option<String> {
-    if let Ok(Some(status)) = child.try_wait() {
-        signal_group(pid, rustix::process::Signal::KILL);
-        return Some(describe(status));
-    }
-    signal_group(pid, rustix::process::Signal::TERM);
-    let status = match tokio::time::timeout(limits.stop_grace, child.wait()).await {
-        Ok(Ok(status)) => Some(status),
-        _ => {
-            signal_group(pid, rustix::process::Signal::KILL);
-            let _ = child.kill().await;
-            child.wait().await.ok()
-        }
-    };
-    signal_group(pid, rustix::process::Signal::KILL);
-    status.map(describe)
-}
-
-fn describe(status: std::process::ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exited with status {code}"),
-        (None, Some(signal)) => format!("killed by signal {signal}"),
-        _ => "exited".to_owned(),
     }
 }
 
