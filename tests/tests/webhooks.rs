@@ -569,7 +569,7 @@ async fn a_receiver_over_https_gets_its_events(db: TestDb) {
     let url = format!("https://localhost:{}/hook", port.trim());
 
     let ca = pki.join("ca.pem");
-    let server = ServerProcess::start_with_env(
+    let mut server = ServerProcess::start_with_env(
         &db,
         &[
             "--webhook-retry-base-ms",
@@ -599,7 +599,8 @@ async fn a_receiver_over_https_gets_its_events(db: TestDb) {
 
     // A server that does not trust the receiver's authority sends nothing
     // to it, and says why.
-    drop(server);
+    // Stopped and waited for: SQLite serves one process at a time.
+    server.terminate().await;
     std::fs::remove_file(&events).ok();
     let untrusting = ServerProcess::start_with_env(
         &db,
