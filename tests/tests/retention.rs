@@ -711,3 +711,105 @@ async fn a_chat_whose_old_owner_is_only_read_on_this_host_is_routed_to_its_new_o
         1
     );
 }
+
+/// Two hosts on one Postgres: a subscriber on A of a session that B's
+/// retention deletes is told nothing of a session made again with its id
+/// (here in another project), while a subscriber of the new one on A gets
+/// it: B tells A what it deleted.
+#[tokio::test]
+async fn another_hosts_retention_ends_the_subscriptions_here() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (a, b) = two_hosts(&db).await;
+    let (on_a, on_b) = (a.base_url(), b.base_url());
+    created_in_keep(&on_b, "reborn").await;
+    let mut watcher = tether_tests::ahp_raw::Ahp::connect(&a.ws_url(), "watcher-a").await;
+    for channel in ["ahp-session:/reborn", "ahp-chat:/reborn.main"] {
+        watcher
+            .call("subscribe", json!({"channel": channel}))
+            .await
+            .unwrap();
+    }
+    // A keeps its copy of the session in memory throughout, by reads.
+    let client_a = initialized_at(&a.ws_url(), "reader-a").await;
+    let reader = tokio::spawn(async move {
+        let channel = json!({"channel": "ahp-session:/reborn"});
+        loop {
+            let _: Result<serde_json::Value, _> =
+                client_a.request("subscribe", channel.clone()).await;
+            let _: Result<serde_json::Value, _> =
+                client_a.request("unsubscribe", channel.clone()).await;
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    });
+    // B lets the session go idle, then its retention deletes it (A's copy
+    // holds no lease).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(&on_b, "tether_session_actors").await > 0 {
+        assert!(Instant::now() < deadline, "B kept the session in memory");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    deleted_by_retention(&db, &on_b, "reborn", deadline).await;
+    // Made again on B, in another project, and written to.
+    let (status, body) = call(
+        &on_b,
+        "POST",
+        "/v1/sessions",
+        Some(json!({"id": "reborn", "project": "other", "provider": "echo"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let mut fresh = tether_tests::ahp_raw::Ahp::connect(&a.ws_url(), "fresh-a").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // A's copy, kept in memory, folds the new session's log from its
+    // start: a subscriber sees the new session, not the deleted one with
+    // the new one's actions folded in.
+    loop {
+        let snapshot = fresh
+            .call("subscribe", json!({"channel": "ahp-session:/reborn"}))
+            .await;
+        if snapshot
+            .as_ref()
+            .is_ok_and(|s| s.to_string().contains("\"other\""))
+        {
+            break;
+        }
+        let _ = fresh
+            .call("unsubscribe", json!({"channel": "ahp-session:/reborn"}))
+            .await;
+        assert!(
+            Instant::now() < deadline,
+            "A never saw the new session: {snapshot:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, body) = call(
+        &on_b,
+        "POST",
+        "/v1/sessions/reborn/actions",
+        Some(json!({"clientId": "new-owner", "clientSeq": 1,
+                    "action": {"type": "session/titleChanged", "title": "the new owner's"}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let told = |seen: &[serde_json::Value]| {
+        seen.iter()
+            .filter(|m| m["method"] == "action" && m.to_string().contains("new owner"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while told(&fresh.seen) == 0 {
+        assert!(Instant::now() < deadline, "A's new subscriber got nothing");
+        fresh.call("listSessions", json!({})).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    reader.abort();
+    watcher.call("listSessions", json!({})).await.unwrap();
+    assert_eq!(
+        told(&watcher.seen),
+        0,
+        "the deleted session's subscriber on A got its successor's: {:?}",
+        watcher.seen
+    );
+}

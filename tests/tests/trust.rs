@@ -32,6 +32,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 backend_tests!(
     a_chat_named_first_by_another_project_leaks_nothing,
+    a_projects_root_is_kept_for_it,
     unknown_ids_start_no_actor_and_take_no_lease,
     an_agent_sees_none_of_the_servers_secrets_and_reaches_only_its_own_directories,
     every_backend_keeps_sessions_and_agents_inside_the_allowed_roots,
@@ -1143,4 +1144,97 @@ async fn the_served_openapi_document_states_the_security_the_server_enforces() {
         "the committed document is the authenticated server's"
     );
     secured.stop().await;
+}
+
+/// A root kept for one project (`PROJECT=PATH` in `--allowed-roots`) is
+/// that project's alone, even inside a root open to all: another
+/// project's session cannot be made there, moved there or resumed there.
+async fn a_projects_root_is_kept_for_it(db: TestDb) {
+    let (_secret_dir, secret) = secret_file();
+    let top = tempfile::tempdir().unwrap();
+    let open = std::fs::canonicalize(top.path()).unwrap().join("open");
+    for dir in ["alpha/work", "beta/work", "shared"] {
+        std::fs::create_dir_all(open.join(dir)).unwrap();
+    }
+    let roots = format!(
+        "{},alpha={},beta={}",
+        open.display(),
+        open.join("alpha").display(),
+        open.join("beta").display()
+    );
+    let mut server = ServerProcess::start(
+        &db,
+        &[
+            "--auth-secret-file",
+            secret.to_str().unwrap(),
+            "--allowed-roots",
+            &roots,
+        ],
+    )
+    .await;
+    let alice = Rest::new(
+        server.base_url(),
+        Some(mint("alice", Role::Operator, &["alpha"])),
+    );
+    let bob = Rest::new(
+        server.base_url(),
+        Some(mint("bob", Role::Operator, &["beta"])),
+    );
+    let session = |id: &str, project: &str, dir: PathBuf| json!({"id": id, "project": project, "workingDirectories": [dir]});
+    // Each project its own root and the open one's.
+    alice
+        .create(session("a-own", "alpha", open.join("alpha/work")))
+        .await;
+    alice
+        .create(session("a-shared", "alpha", open.join("shared")))
+        .await;
+    bob.create(session("b-own", "beta", open.join("beta/work")))
+        .await;
+    // Never another project's: its root or anything in it.
+    for dir in [open.join("beta"), open.join("beta/work")] {
+        let (status, answer) = alice
+            .call(
+                "POST",
+                "/v1/sessions",
+                Some(session("a-theirs", "alpha", dir)),
+            )
+            .await;
+        tether_tests::assert_refused(status, &answer, 422, "kept for another project");
+        // Nor is beta's root offered to alpha.
+        let offered = answer["detail"].as_str().unwrap().split("may use").nth(1);
+        assert!(
+            offered.is_some_and(|roots| !roots.contains("beta")),
+            "{answer}"
+        );
+    }
+    let beta_work = format!("file://{}", open.join("beta/work").display());
+    let body = json!({"clientId": "alice-1", "clientSeq": 1, "channel": "ahp-session:/a-own",
+        "action": {"type": "session/workingDirectorySet", "directory": beta_work}});
+    let (status, answer) = alice
+        .call("POST", "/v1/sessions/a-own/actions", Some(body))
+        .await;
+    assert_eq!(status, 422, "{answer}");
+    assert!(
+        answer.to_string().contains("kept for another project"),
+        "{answer}"
+    );
+    let (status, answer) = alice
+        .call(
+            "POST",
+            "/v1/sessions/a-own/resume",
+            Some(json!({"sessionId": "a-own", "cwd": open.join("alpha/work"),
+                "additionalDirectories": [open.join("beta/work")], "mcpServers": []})),
+        )
+        .await;
+    tether_tests::assert_refused(status, &answer, 422, "kept for another project");
+    // Nothing refused was recorded.
+    let directories: Vec<String> = alice
+        .transcript("a-own")
+        .await
+        .iter()
+        .filter(|a| a["type"] == "session/workingDirectorySet")
+        .map(|a| a["directory"].to_string())
+        .collect();
+    assert!(directories.is_empty(), "{directories:?}");
+    server.terminate().await;
 }

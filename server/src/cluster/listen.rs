@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgListener, PgPoolOptions};
 
-use super::{ANSWER_CHANNEL, Cluster, FORWARD_CHANNEL, LOG_CHANNEL};
+use super::{ANSWER_CHANNEL, Cluster, FORWARD_CHANNEL, GONE_CHANNEL, LOG_CHANNEL};
 use crate::store::StoreError;
 
 /// Connects the listener and starts its task.
@@ -23,7 +23,7 @@ pub(super) async fn start(cluster: &Arc<Cluster>) -> Result<(), StoreError> {
         .connect_lazy_with((*cluster.pool().connect_options()).clone());
     let mut listener = PgListener::connect_with(&own).await?;
     listener
-        .listen_all([LOG_CHANNEL, FORWARD_CHANNEL, ANSWER_CHANNEL])
+        .listen_all([LOG_CHANNEL, FORWARD_CHANNEL, ANSWER_CHANNEL, GONE_CHANNEL])
         .await?;
     tokio::spawn(
         cluster
@@ -57,6 +57,7 @@ async fn run(mut listener: PgListener, weak: Weak<Cluster>) {
                 ANSWER_CHANNEL if notification.payload() == cluster.host() => {
                     cluster.wake.answer.notify_one();
                 }
+                GONE_CHANNEL => cluster.heard_gone(notification.payload()),
                 _ => {}
             },
             // Lost and connected again (sqlx reconnects before it says so).

@@ -35,6 +35,12 @@ pub const LOG_CHANNEL: &str = "tether_log";
 pub const FORWARD_CHANNEL: &str = "tether_forward";
 /// The channel that wakes a host whose forwarded writes were answered.
 pub const ANSWER_CHANNEL: &str = "tether_answer";
+/// The channel that tells every host which sessions retention deleted
+/// (payload: the deleting host's id, then the session ids, space-separated).
+pub const GONE_CHANNEL: &str = "tether_gone";
+
+/// Largest `tether_gone` payload (Postgres refuses one of 8,000 bytes).
+const GONE_PAYLOAD: usize = 7_000;
 
 /// When a lease row is held: not released, and either renewed by its
 /// holder's row in `cluster_hosts` (expiry 'infinity', this version) or
@@ -68,6 +74,8 @@ pub struct Wakeups {
     pub forward: Notify,
     /// A write this host forwarded was answered.
     pub answer: Notify,
+    /// Another host's retention deleted sessions ([`Cluster::take_gone`]).
+    pub gone: Notify,
 }
 
 /// This host's view of the cluster.
@@ -94,6 +102,8 @@ pub struct Cluster {
     announced: std::sync::atomic::AtomicU64,
     /// Stops every task of the cluster (and the engine's that use it).
     pub stop: CancellationToken,
+    /// Sessions other hosts said they deleted, not yet taken.
+    gone: Mutex<Vec<String>>,
 }
 
 impl Cluster {
@@ -121,6 +131,7 @@ impl Cluster {
             committed,
             announced: std::sync::atomic::AtomicU64::new(0),
             stop: CancellationToken::new(),
+            gone: Mutex::new(Vec::new()),
         });
         cluster.renew().await?;
         listen::start(&cluster).await?;
@@ -167,6 +178,54 @@ impl Cluster {
     /// The highest seq a `tether_log` notification announced.
     pub fn announced(&self) -> u64 {
         self.announced.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Tells the other hosts that this host deleted sessions `ids`, so
+    /// that they end their subscriptions to them and forget their chats
+    /// (a session made again with one of the ids, in any project, is not
+    /// delivered to a subscriber of the deleted one). Sent after the
+    /// delete committed; a host whose `LISTEN` connection was down then
+    /// does not hear it (see DESIGN.md).
+    pub async fn announce_gone(&self, ids: &[String]) -> Result<(), StoreError> {
+        let mut payload = String::new();
+        for (i, id) in ids.iter().enumerate() {
+            if payload.is_empty() {
+                payload.push_str(&self.host);
+            }
+            payload.push(' ');
+            payload.push_str(id);
+            let next = ids.get(i + 1).map_or(0, |next| next.len() + 1);
+            if next == 0 || payload.len() + next > GONE_PAYLOAD {
+                sqlx::query("SELECT pg_notify($1, $2)")
+                    .bind(GONE_CHANNEL)
+                    .bind(std::mem::take(&mut payload))
+                    .execute(&self.pool)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A `tether_gone` payload heard: another host's ids are kept for
+    /// [`Cluster::take_gone`] (this host's own were handled when it
+    /// deleted them).
+    fn heard_gone(&self, payload: &str) {
+        let mut words = payload.split(' ');
+        if words.next().is_none_or(|host| host == self.host) {
+            return;
+        }
+        if let Ok(mut gone) = self.gone.lock() {
+            gone.extend(words.filter(|id| !id.is_empty()).map(str::to_owned));
+        }
+        self.wake.gone.notify_one();
+    }
+
+    /// The sessions other hosts deleted since the last call.
+    pub fn take_gone(&self) -> Vec<String> {
+        self.gone
+            .lock()
+            .map(|mut gone| std::mem::take(&mut *gone))
+            .unwrap_or_default()
     }
 
     fn heard_of(&self, seq: u64) {

@@ -264,7 +264,9 @@ pub struct ServeArgs {
     pub client_grace_ms: u64,
 
     /// Directories working directories must lie in (comma-separated; symlinks
-    /// are resolved first). Empty: no restriction.
+    /// are resolved first). `PROJECT=PATH` keeps a root for one project:
+    /// the root nearest a directory decides who may use it. Empty: no
+    /// restriction.
     #[arg(long, env = "TETHER_ALLOWED_ROOTS", value_delimiter = ',')]
     pub allowed_roots: Vec<PathBuf>,
 

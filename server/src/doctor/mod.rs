@@ -243,15 +243,9 @@ fn check_roots(config: &ServeConfig, report: &mut Report) {
         return;
     }
     for root in roots {
-        match std::fs::read_dir(root) {
-            Ok(_) => report.ok(
-                "allowed root",
-                format!("{} is a readable directory", root.display()),
-            ),
-            Err(err) => report.fail(
-                "allowed root",
-                format!("{} cannot be used: {err}", root.display()),
-            ),
+        match std::fs::read_dir(&root.path) {
+            Ok(_) => report.ok("allowed root", format!("{root} is a readable directory")),
+            Err(err) => report.fail("allowed root", format!("{root} cannot be used: {err}")),
         }
     }
 }

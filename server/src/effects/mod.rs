@@ -123,7 +123,7 @@ pub struct LocalEffects;
 
 impl LocalEffects {
     async fn check(&self, uri: &str) -> Result<(), String> {
-        Roots::default().check_uri(uri).await.map(|_| ())
+        Roots::default().check_uri("", uri).await.map(|_| ())
     }
 }
 

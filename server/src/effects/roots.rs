@@ -1,29 +1,71 @@
 //! The allowed roots (`--allowed-roots`): where working directories may
 //! be. One rule for every side-effect backend and for agent starts: a
 //! directory is resolved (symlinks followed) and must exist, be a
-//! directory and lie inside a root. With no roots set, only the `local`
-//! backend asks that it exist.
+//! directory and lie inside a root its session's project may use. With no
+//! roots set, only the `local` backend asks that it exist.
+//!
+//! A root is open to every project (`/srv/work`) or one project's
+//! (`alpha=/srv/alpha`). The root nearest a directory decides: a project's
+//! root inside an open one is that project's alone, so another project's
+//! session cannot name it (nor anything under it) and have its agent read
+//! and write there.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tether_protocol::workdir::file_uri_path;
 
+/// One allowed root: its directory, resolved, and the project it is kept
+/// for (`None`: open to every project).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Root {
+    pub project: Option<String>,
+    pub path: PathBuf,
+}
+
+impl Root {
+    /// `PROJECT=PATH` or `PATH`. A word before `=` is a project only when
+    /// it is a valid project name (so a path holding `=` is a path).
+    pub fn parse(text: &Path) -> Self {
+        let kept = text.to_str().and_then(|text| {
+            let (project, path) = text.split_once('=')?;
+            tether_protocol::validate_name("project", project).ok()?;
+            Some((project.to_owned(), PathBuf::from(path)))
+        });
+        let (project, path) = match kept {
+            Some((project, path)) => (Some(project), path),
+            None => (None, text.to_path_buf()),
+        };
+        Self {
+            project,
+            // A root that does not exist is kept as given and matches
+            // nothing real.
+            path: std::fs::canonicalize(&path).unwrap_or(path),
+        }
+    }
+}
+
+impl std::fmt::Display for Root {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.project {
+            Some(project) => write!(f, "{project}={}", self.path.display()),
+            None => write!(f, "{}", self.path.display()),
+        }
+    }
+}
+
 /// The allowed roots, resolved; cheap to clone.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Roots {
-    roots: Arc<[PathBuf]>,
+    roots: Arc<[Root]>,
 }
 
 impl Roots {
-    /// Roots resolved now (a root that does not exist is kept as given
-    /// and matches nothing real).
+    /// Roots from the command line's words (see [`Root::parse`]), resolved
+    /// now.
     pub fn new(roots: &[PathBuf]) -> Self {
         Self {
-            roots: roots
-                .iter()
-                .map(|root| std::fs::canonicalize(root).unwrap_or_else(|_| root.clone()))
-                .collect(),
+            roots: roots.iter().map(|root| Root::parse(root)).collect(),
         }
     }
 
@@ -33,19 +75,20 @@ impl Roots {
     }
 
     /// The roots, resolved.
-    pub fn list(&self) -> &[PathBuf] {
+    pub fn list(&self) -> &[Root] {
         &self.roots
     }
 
-    /// A working directory's `file:` URI resolved: it must exist and be a
-    /// directory, and lie inside a root when roots are set.
-    pub fn resolve_uri(&self, uri: &str) -> Result<PathBuf, String> {
+    /// A working directory's `file:` URI resolved for a session of
+    /// `project`: it must exist and be a directory, and lie inside a root
+    /// that project may use when roots are set.
+    pub fn resolve_uri(&self, project: &str, uri: &str) -> Result<PathBuf, String> {
         let path = file_uri_path(uri).map_err(|e| e.to_string())?;
-        self.resolve(Path::new(&path))
+        self.resolve(project, Path::new(&path))
     }
 
     /// A working directory resolved (see [`Roots::resolve_uri`]).
-    pub fn resolve(&self, path: &Path) -> Result<PathBuf, String> {
+    pub fn resolve(&self, project: &str, path: &Path) -> Result<PathBuf, String> {
         let shown = path.display();
         let resolved = std::fs::canonicalize(path)
             .map_err(|_| format!("Working directory {shown} does not exist on this host."))?;
@@ -54,30 +97,118 @@ impl Roots {
         if !metadata.is_dir() {
             return Err(format!("Working directory {shown} is not a directory."));
         }
-        if !self.roots.is_empty() && !self.roots.iter().any(|root| resolved.starts_with(root)) {
-            return Err(format!(
+        if self.roots.is_empty() {
+            return Ok(resolved);
+        }
+        // The nearest root holding the directory decides.
+        let nearest = self
+            .roots
+            .iter()
+            .filter(|root| resolved.starts_with(&root.path))
+            .max_by_key(|root| root.path.components().count());
+        match nearest {
+            Some(root) if root.project.as_deref().is_none_or(|p| p == project) => Ok(resolved),
+            Some(_) => Err(format!(
+                "Working directory {shown} is kept for another project; sessions of project \
+                 {project} may use {}.",
+                self.display_for(project)
+            )),
+            None => Err(format!(
                 "Working directory {shown} is outside the allowed roots ({}); ask the operator \
                  to add it to TETHER_ALLOWED_ROOTS.",
-                self.display()
-            ));
+                self.display_for(project)
+            )),
         }
-        Ok(resolved)
     }
 
     /// [`Roots::resolve_uri`] off the async threads (it touches the disk).
-    pub async fn check_uri(&self, uri: &str) -> Result<PathBuf, String> {
-        let (roots, uri) = (self.clone(), uri.to_owned());
-        tokio::task::spawn_blocking(move || roots.resolve_uri(&uri))
+    pub async fn check_uri(&self, project: &str, uri: &str) -> Result<PathBuf, String> {
+        let (roots, project, uri) = (self.clone(), project.to_owned(), uri.to_owned());
+        tokio::task::spawn_blocking(move || roots.resolve_uri(&project, &uri))
             .await
             .unwrap_or_else(|_| Err("The working directory could not be checked.".to_owned()))
     }
 
-    /// The roots, comma-separated, for messages.
-    pub fn display(&self) -> String {
-        self.roots
+    /// The roots `project` may use, comma-separated, for messages (another
+    /// project's roots are not named to it).
+    pub fn display_for(&self, project: &str) -> String {
+        let shown: Vec<String> = self
+            .roots
             .iter()
-            .map(|r| r.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
+            .filter(|root| root.project.as_deref().is_none_or(|p| p == project))
+            .map(|root| root.path.display().to_string())
+            .collect();
+        if shown.is_empty() {
+            "none".to_owned()
+        } else {
+            shown.join(", ")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dirs() -> (tempfile::TempDir, PathBuf) {
+        let top = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(top.path()).unwrap();
+        for dir in ["open/alpha/x", "open/beta/y", "open/shared", "elsewhere"] {
+            std::fs::create_dir_all(base.join(dir)).unwrap();
+        }
+        (top, base)
+    }
+
+    #[test]
+    fn the_nearest_root_decides_which_project_may_use_a_directory() {
+        let (_top, base) = dirs();
+        let roots = Roots::new(&[
+            base.join("open"),
+            PathBuf::from(format!("alpha={}", base.join("open/alpha").display())),
+            PathBuf::from(format!("beta={}", base.join("open/beta").display())),
+        ]);
+        assert_eq!(roots.list()[1].project.as_deref(), Some("alpha"));
+        // Each project its own and the open root's.
+        assert!(roots.resolve("alpha", &base.join("open/alpha/x")).is_ok());
+        assert!(roots.resolve("alpha", &base.join("open/shared")).is_ok());
+        assert!(roots.resolve("gamma", &base.join("open/shared")).is_ok());
+        // Never another's, by its own path or a parent's.
+        let refused = roots
+            .resolve("alpha", &base.join("open/beta/y"))
+            .unwrap_err();
+        assert!(refused.contains("another project"), "{refused}");
+        let offered = refused.split("may use").nth(1).unwrap();
+        assert!(!offered.contains("beta"), "offers beta's root: {refused}");
+        assert!(roots.resolve("gamma", &base.join("open/alpha")).is_err());
+        // Nothing outside the roots.
+        let outside = roots.resolve("alpha", &base.join("elsewhere")).unwrap_err();
+        assert!(outside.contains("outside the allowed roots"), "{outside}");
+    }
+
+    #[test]
+    fn a_symlink_into_another_projects_root_is_refused() {
+        let (_top, base) = dirs();
+        std::os::unix::fs::symlink(base.join("open/beta"), base.join("open/shared/link")).unwrap();
+        let roots = Roots::new(&[
+            base.join("open"),
+            PathBuf::from(format!("beta={}", base.join("open/beta").display())),
+        ]);
+        assert!(
+            roots
+                .resolve("alpha", &base.join("open/shared/link"))
+                .is_err()
+        );
+        assert!(
+            roots
+                .resolve("beta", &base.join("open/shared/link"))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_path_with_an_equals_sign_is_a_path() {
+        let root = Root::parse(Path::new("/srv/a=b/c"));
+        assert_eq!(root.project, None);
+        assert_eq!(root.path, PathBuf::from("/srv/a=b/c"));
     }
 }

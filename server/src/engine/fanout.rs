@@ -125,6 +125,13 @@ impl Inbox {
             None
         }
     }
+
+    /// Queues `item` even when the inbox is full (a channel's end, which a
+    /// catch-up from the store could not tell); returns the receiver's
+    /// waker as [`Inbox::offer`] does.
+    fn offer_always(&self, item: HubItem) -> Option<Waker> {
+        self.state().items.push(item)
+    }
 }
 
 /// The connections a publish gave something to, woken once the hub's lock
@@ -262,7 +269,7 @@ impl Hub {
             // Thin (an `Arc<str>` would double the item's size).
             let item = Arc::new(channel.clone());
             for inbox in inboxes {
-                wakes.add(inbox.offer(HubItem::Gone(item.clone())));
+                wakes.add(inbox.offer_always(HubItem::Gone(item.clone())));
             }
         }
         drop(routes);

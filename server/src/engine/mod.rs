@@ -358,6 +358,7 @@ impl Engine {
             .map_err(|e| StoreError::Corrupt(format!("boot sweep failed: {e}")))?;
         indexing::start(engine.ctx.store.clone());
         retention::start(engine.ctx.clone(), engine.ctx.config.retention_interval);
+        retention::start_hearing(engine.ctx.clone());
         crate::webhooks::start(
             engine.ctx.store.clone(),
             engine.ctx.metrics.clone(),

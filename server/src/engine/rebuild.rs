@@ -68,16 +68,21 @@ pub async fn fold_each(
         for envelope in page {
             let action: Value = serde_json::from_str(&envelope.action)
                 .map_err(|e| format!("envelope {} is unreadable: {e}", envelope.seq))?;
+            // None yet, or the session was deleted (retention) and made
+            // again with its id since `model` was folded (a copy on another
+            // host): the log begins anew there.
+            let first = tether_protocol::actions::action_type(&action)
+                == Some(tether_protocol::actions::SESSION_CREATED);
             match &mut model {
-                None => {
+                Some(m) if !first => {
+                    m.apply(&envelope.channel, &action, &typed_action(&action));
+                    m.last_seq = envelope.seq;
+                }
+                _ => {
                     model = Some(
                         SessionModel::from_first_record(id, &action, envelope.seq)
                             .map_err(|e| e.to_string())?,
                     );
-                }
-                Some(m) => {
-                    m.apply(&envelope.channel, &action, &typed_action(&action));
-                    m.last_seq = envelope.seq;
                 }
             }
             if let Some(m) = &model {

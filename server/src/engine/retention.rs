@@ -39,6 +39,41 @@ pub(super) fn start(ctx: Arc<Ctx>, every: Duration) {
     });
 }
 
+/// Forgets sessions deleted (here, or by another host's retention): their
+/// chats are no longer theirs (the store's rows are gone), so an id made
+/// again starts afresh, and no subscription here outlives them.
+fn forget_deleted(ctx: &Ctx, deleted: &[String]) {
+    let chats = ctx.chats.forget_owned_by(deleted);
+    ctx.hub.end_channels(|channel| {
+        chats.iter().any(|c| c == channel)
+            || Channel::parse(channel)
+                .ok()
+                .and_then(|c| c.named_session().map(|s| deleted.iter().any(|d| d == s)))
+                .unwrap_or(false)
+    });
+}
+
+/// With several hosts: forgets what the other hosts' retention deleted.
+pub(super) fn start_hearing(ctx: Arc<Ctx>) {
+    let Some(cluster) = ctx.cluster.clone() else {
+        return;
+    };
+    let stop = cluster.stop.clone();
+    tokio::spawn(stop.run_until_cancelled_owned(async move {
+        loop {
+            cluster.wake.gone.notified().await;
+            let deleted = cluster.take_gone();
+            if !deleted.is_empty() {
+                tracing::debug!(
+                    sessions = deleted.len(),
+                    "another host's retention deleted sessions"
+                );
+                forget_deleted(&ctx, &deleted);
+            }
+        }
+    }));
+}
+
 /// One round: finds the expired sessions and deletes those not in use;
 /// returns how many were deleted.
 pub(super) async fn round(ctx: &Arc<Ctx>) -> Result<usize, crate::store::StoreError> {
@@ -84,16 +119,13 @@ pub(super) async fn round(ctx: &Arc<Ctx>) -> Result<usize, crate::store::StoreEr
         ctx.end_retiring(&s.id);
     }
     let deleted = result?;
-    // Their chats are no longer theirs (the store's rows are gone): an id
-    // made again starts afresh, and no subscription here outlives them.
-    let chats = ctx.chats.forget_owned_by(&deleted);
-    ctx.hub.end_channels(|channel| {
-        chats.iter().any(|c| c == channel)
-            || Channel::parse(channel)
-                .ok()
-                .and_then(|c| c.named_session().map(|s| deleted.iter().any(|d| d == s)))
-                .unwrap_or(false)
-    });
+    forget_deleted(ctx, &deleted);
+    if let Some(cluster) = ctx.cluster.as_ref().filter(|_| !deleted.is_empty()) {
+        // The other hosts do the same.
+        if let Err(err) = cluster.announce_gone(&deleted).await {
+            tracing::warn!(error = %err, "retention: the other hosts were not told of the deleted sessions");
+        }
+    }
     for s in held.iter().filter(|s| deleted.contains(&s.id)) {
         tracing::info!(session = %s.id, project = %s.project, "retention: settled session deleted");
         ctx.hub.notify(ROOT, &s.project, || {

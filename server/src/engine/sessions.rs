@@ -64,10 +64,11 @@ impl Engine {
             return Err(EngineError::InvalidParams(format!(
                 "This host keeps sessions inside its allowed roots ({}); give the session a \
                  working directory there.",
-                roots.display()
+                roots.display_for(&request.project)
             )));
         }
-        self.check_directories(&directories).await?;
+        self.check_directories(&request.project, &directories)
+            .await?;
         let default_chat = Channel::default_chat_uri(&request.id);
         // Its default chat is its own from the start: no chat takes that
         // name before the session (see `create_chat`), and a chat a store
@@ -183,10 +184,10 @@ impl Engine {
                 "Viewers cannot resume sessions.".into(),
             ));
         }
-        self.session_view(principal, id).await?;
+        let view = self.session_view(principal, id).await?;
         let mut added = additional.clone();
         added.retain(|d| d != &cwd);
-        self.check_directories(&added).await?;
+        self.check_directories(&view.project, &added).await?;
         self.ask(id, |reply| Command::Resume {
             cwd,
             additional,
@@ -257,13 +258,17 @@ impl Engine {
 
     /// Asks the side-effect backend whether `directories` may be used,
     /// bounded by the effect timeout: 422 for a refusal, 503 otherwise.
-    async fn check_directories(&self, directories: &[String]) -> Result<(), EngineError> {
+    async fn check_directories(
+        &self,
+        project: &str,
+        directories: &[String],
+    ) -> Result<(), EngineError> {
         let roots = &self.ctx.config.roots;
         if !roots.is_empty() {
             // Every backend keeps to the roots.
             for directory in directories {
                 roots
-                    .check_uri(directory)
+                    .check_uri(project, directory)
                     .await
                     .map_err(EngineError::InvalidParams)?;
             }

@@ -217,7 +217,7 @@ pub(super) async fn check_dispatch(
         for directory in crate::effects::added_directories(&d.action) {
             ctx.config
                 .roots
-                .check_uri(directory)
+                .check_uri(&model.created.project, directory)
                 .await
                 .map_err(|reason| Refusal::new(RefusalKind::Invalid, reason))?;
         }

@@ -107,7 +107,12 @@ impl SessionActor {
         let dirs: Vec<PathBuf> = dirs
             .unwrap_or(current)
             .iter()
-            .map(|uri| self.ctx.config.roots.resolve_uri(uri))
+            .map(|uri| {
+                self.ctx
+                    .config
+                    .roots
+                    .resolve_uri(&model.created.project, uri)
+            })
             .collect::<Result<_, _>>()
             .map_err(|reason| reason.trim_end_matches('.').to_owned())?;
         let mode = match &model.projection.acp_session_ref {
@@ -180,7 +185,7 @@ impl SessionActor {
                 self.ctx
                     .config
                     .roots
-                    .resolve_uri(uri)
+                    .resolve_uri(&model.created.project, uri)
                     .is_ok_and(|dir| running.dirs.iter().any(|d| dir.starts_with(d)))
             });
         if !covered {

@@ -76,7 +76,13 @@ impl SessionActor {
             .working_directories
             .iter()
             .flatten()
-            .filter_map(|uri| self.ctx.config.roots.resolve_uri(uri).ok())
+            .filter_map(|uri| {
+                self.ctx
+                    .config
+                    .roots
+                    .resolve_uri(&model.created.project, uri)
+                    .ok()
+            })
             .collect();
         let reverted = tokio::task::spawn_blocking(move || {
             let files = SessionFiles::new(&dirs);

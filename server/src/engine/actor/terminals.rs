@@ -41,7 +41,13 @@ impl SessionActor {
             .working_directories
             .iter()
             .flatten()
-            .filter_map(|u| self.ctx.config.roots.resolve_uri(u).ok())
+            .filter_map(|u| {
+                self.ctx
+                    .config
+                    .roots
+                    .resolve_uri(&model.created.project, u)
+                    .ok()
+            })
             .collect();
         let cwd = cwd
             .map(|u| file_uri_path(u).map(PathBuf::from))
