@@ -156,10 +156,16 @@ pub struct UsageTotals {
     /// The agent's context window at its latest report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_size: Option<u64>,
-    /// The session's cost so far, as the agent last reported it (ACP's
-    /// cost is cumulative).
+    /// The session's cost so far: the sum of each agent session's latest
+    /// report (ACP's cost is cumulative per ACP session, and each chat has
+    /// its own), in the currency of the latest report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<Cost>,
+    /// Each agent session's latest cost report, by its ACP session id
+    /// (`""`: a report that names none). At most [`COST_SOURCES`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schema(ignore)]
+    pub costs: BTreeMap<String, Cost>,
     /// The turn of the latest token report and its figures, so a turn's
     /// later report replaces its earlier one in the sums.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -208,11 +214,49 @@ impl UsageTotals {
             self.context_size = Some(size);
         }
         let cost = meta.get("tether/cost").or_else(|| meta.get("cost"));
-        if let Some(cost) = cost.cloned().and_then(|c| serde_json::from_value(c).ok()) {
-            self.cost = Some(cost);
+        if let Some(cost) = cost
+            .cloned()
+            .and_then(|c| serde_json::from_value::<Cost>(c).ok())
+        {
+            let of = meta
+                .get("tether/costOf")
+                .or_else(|| meta.get("costOf"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            self.cost_reported(of, cost);
         }
     }
+
+    /// Keeps `cost` as agent session `of`'s latest report; the session's
+    /// cost becomes the sum of them all in its currency.
+    fn cost_reported(&mut self, of: &str, cost: Cost) {
+        if !self.costs.contains_key(of) && self.costs.len() >= COST_SOURCES {
+            // Bounded: the oldest-named source's amount is carried under
+            // `""` (it reports no more, nearly always).
+            if let Some((_, first)) = self.costs.pop_first() {
+                let carried = self.costs.entry(String::new()).or_insert(Cost {
+                    amount: 0.0,
+                    currency: first.currency.clone(),
+                });
+                if carried.currency == first.currency {
+                    carried.amount += first.amount;
+                }
+            }
+        }
+        let currency = cost.currency.clone();
+        self.costs.insert(of.to_owned(), cost);
+        let amount = self
+            .costs
+            .values()
+            .filter(|c| c.currency == currency)
+            .map(|c| c.amount)
+            .sum();
+        self.cost = Some(Cost { amount, currency });
+    }
 }
+
+/// Agent sessions whose cost reports a session keeps apart at most.
+pub const COST_SOURCES: usize = 256;
 
 /// A settling record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -423,6 +423,13 @@ async fn commands_answer_completions_and_usage_keeps_its_cost(db: TestDb) {
             a["turnId"] == "t2" && a["usage"]["inputTokens"].is_u64()
         })
         .await;
+    let mut tokens = tokens;
+    // The agent session the cost is of (each chat has its own).
+    let of = tokens["usage"]["_meta"]
+        .as_object_mut()
+        .unwrap()
+        .remove("tether/costOf");
+    assert!(of.as_ref().is_some_and(Value::is_string), "{of:?}");
     assert_eq!(
         tokens["usage"],
         json!({"inputTokens": 1000, "outputTokens": 500, "cacheReadTokens": 250,

@@ -14,7 +14,10 @@ use tether_server::auth::token::Authenticator;
 use tether_tests::ahp_raw::Ahp;
 use tether_tests::{ServerProcess, TestDb, backend_tests, metric_value, tether_bin};
 
-backend_tests!(usage_is_summed_per_project_principal_agent_and_model,);
+backend_tests!(
+    usage_is_summed_per_project_principal_agent_and_model,
+    cost_is_summed_over_a_sessions_chats,
+);
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
 const SECRET: &[u8] = b"a usage test secret that is long enough, 256 bits";
@@ -255,4 +258,68 @@ async fn usage_is_summed_per_project_principal_agent_and_model(db: TestDb) {
         r#"tether_usage_cost_total{project="farm",agent="fake",currency="USD"}"#,
     );
     assert!((cost.unwrap_or_default() - 0.042).abs() < 1e-9, "{metrics}");
+}
+
+/// ACP's cost is each agent session's so far, and each chat has its own:
+/// a session's cost is the sum of its chats', and the ledger counts what
+/// each chat spent since its own last report (not since another chat's).
+async fn cost_is_summed_over_a_sessions_chats(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let mut server = ServerProcess::start(
+        &db,
+        &[
+            "--auth-secret-file",
+            secret.to_str().unwrap(),
+            "--agent",
+            &format!("fake={FAKE}"),
+            "--agent-confinement",
+            "off",
+        ],
+    )
+    .await;
+    let base = server.base_url();
+    let alice = mint("alice", Role::Operator, &["books"]);
+    let admin = mint("root", Role::Admin, &[]);
+    let mut ahp = session_of(&server, &alice, "chats", "books").await;
+    let side = "ahp-chat:/chats-side";
+    ahp.call(
+        "createChat",
+        json!({"channel": "ahp-session:/chats", "chat": side}),
+    )
+    .await
+    .unwrap();
+    ahp.call("subscribe", json!({"channel": side}))
+        .await
+        .unwrap();
+    // Main spends 0.25, the side chat 0.25, main 0.25 more (0.50 so far).
+    let main = "ahp-chat:/chats.main";
+    for (chat, turn, said) in [
+        (main, "t1", "spent 25"),
+        (side, "s1", "spent 25"),
+        (main, "t2", "spent 50"),
+    ] {
+        let answer = ahp.ask(chat, turn, "spend", None).await;
+        assert!(answer.contains(said), "{chat} {turn}: {answer}");
+    }
+    let (status, body) = get(&base, "/v1/sessions/chats", &admin).await;
+    assert_eq!(status, 200, "{body}");
+    let view: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        view["projection"]["usage"]["cost"],
+        json!({"amount": 0.75, "currency": "USD"}),
+        "{view}"
+    );
+    let total = report(&base, "?by=", &admin).await;
+    let cost = total["rows"][0]["cost"].as_f64().unwrap();
+    assert!((cost - 0.75).abs() < 1e-9, "the ledger: {total}");
+    // A restarted host folds the same.
+    server.restart().await;
+    let (_, body) = get(&server.base_url(), "/v1/sessions/chats", &admin).await;
+    let view: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        view["projection"]["usage"]["cost"]["amount"], 0.75,
+        "{view}"
+    );
 }

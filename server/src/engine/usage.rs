@@ -4,7 +4,7 @@
 //! that started the turn (DESIGN.md, "Finding, notifying, keeping").
 
 use tether_protocol::model::SessionModel;
-use tether_protocol::projection::UsageTotals;
+use tether_protocol::projection::{Cost, UsageTotals};
 
 use crate::store::usage::UsageRow;
 
@@ -23,22 +23,44 @@ fn micros(amount: f64) -> i64 {
     (amount * 1e6).round() as i64
 }
 
+/// What was spent between two totals, and in which currency. ACP's cost
+/// is each agent session's so far (each chat has one): per agent session,
+/// the difference is what was spent, unless the currency changed or the
+/// figure went down (counting from zero again): then all of it is new.
+fn spent(then: &UsageTotals, now: &UsageTotals) -> (i64, String) {
+    let Some(currency) = now.cost.as_ref().map(|c| c.currency.clone()) else {
+        return (0, String::new());
+    };
+    let since = |before: Option<&Cost>, after: &Cost| match before {
+        Some(a) if a.currency == after.currency && after.amount >= a.amount => {
+            micros(after.amount) - micros(a.amount)
+        }
+        _ => micros(after.amount),
+    };
+    if let (true, Some(after)) = (
+        then.costs.is_empty() && then.cost.is_some() && now.costs.len() == 1,
+        now.costs.values().next(),
+    ) {
+        // Totals folded before costs were kept per agent session (an
+        // older snapshot's): its one figure was that session's.
+        return (since(then.cost.as_ref(), after), currency);
+    }
+    let micros = now
+        .costs
+        .iter()
+        .filter(|(of, after)| after.currency == currency && then.costs.get(*of) != Some(after))
+        .map(|(of, after)| since(then.costs.get(of), after))
+        .sum();
+    (micros, currency)
+}
+
 /// The ledger row for what the action added, `None` when it added nothing.
 /// `sub` started the turn (empty when not known).
 pub(super) fn row(model: &SessionModel, before: Before, sub: &str) -> Option<UsageRow> {
     let (then, now) = (&before.0, &model.projection.usage);
     let input = now.input_tokens as i64 - then.input_tokens as i64;
     let output = now.output_tokens as i64 - then.output_tokens as i64;
-    // ACP's cost is the session's so far: the difference is what was
-    // spent, unless the currency changed or the figure went down (a new
-    // agent session counting from zero): then all of it is new.
-    let (cost_micros, currency) = match (&then.cost, &now.cost) {
-        (_, None) => (0, String::new()),
-        (Some(a), Some(b)) if a.currency == b.currency && b.amount >= a.amount => {
-            (micros(b.amount) - micros(a.amount), b.currency.clone())
-        }
-        (_, Some(b)) => (micros(b.amount), b.currency.clone()),
-    };
+    let (cost_micros, currency) = spent(then, now);
     if input == 0 && output == 0 && cost_micros == 0 {
         return None;
     }

@@ -22,7 +22,8 @@
 //!   MCP servers it was given: list their tools, or call one and say the
 //!   result), `env` (its environment), `cwd`, `read PATH`, `write PATH`,
 //!   `settings` (its mode and options now), `switch MODE` (it changes its
-//!   own mode), `usage` (a usage update with a cost), `ask` (a form
+//!   own mode), `usage` (a usage update with a cost), `spend` (its
+//!   session's cost so far grown by 0.25 USD, reported), `ask` (a form
 //!   elicitation: where to deploy, how many replicas, a note; it says the
 //!   answer it got),
 //!   `child-read PATH` (`cat` in a child process; each says `ok` or the
@@ -138,6 +139,8 @@ struct State {
     /// The prompts each session was given, in order (a fork starts with
     /// its source's).
     history: HashMap<String, Vec<String>>,
+    /// What each session spent so far (`spend`), in cents.
+    spent: HashMap<String, u64>,
     next: u32,
 }
 
@@ -1013,6 +1016,22 @@ async fn run(
                        "cost": {"amount": 0.042, "currency": "USD"}}),
             ))?;
             say("counted")?;
+        }
+        "spend" => {
+            // A quarter more than this session spent before, reported as
+            // ACP does: the session's cost so far.
+            let spent = {
+                let mut state = state.lock().expect("state");
+                let spent = state.spent.entry(session.to_owned()).or_default();
+                *spent += 25;
+                *spent
+            };
+            cx.send_notification(update(
+                session,
+                json!({"sessionUpdate": "usage_update", "used": 1200, "size": 200000,
+                       "cost": {"amount": spent as f64 / 100.0, "currency": "USD"}}),
+            ))?;
+            say(&format!("spent {spent}"))?;
         }
         "env" => {
             let mut vars: Vec<String> = std::env::vars().map(|(k, v)| format!("{k}={v}")).collect();

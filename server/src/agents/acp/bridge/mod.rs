@@ -353,10 +353,11 @@ impl Bridge {
                             return Ok(());
                         }
                         // A load's replay of history already recorded.
-                        if map.replays(&notification.session_id.to_string()) {
+                        let acp_session = notification.session_id.to_string();
+                        if map.replays(&acp_session) {
                             return Ok(());
                         }
-                        let actions = map.update(&notification.update);
+                        let actions = map.update(&acp_session, &notification.update);
                         (actions, std::mem::take(&mut map.stored))
                     };
                     // The bytes of the agent's images and files, before the

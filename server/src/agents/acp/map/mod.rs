@@ -252,7 +252,10 @@ impl TurnMap {
 
     /// The actions one `session/update` becomes (a replay's are dropped
     /// by the caller, see [`TurnMap::replays`]).
-    pub fn update(&mut self, update: &SessionUpdate) -> Actions {
+    /// Maps one `session/update` of ACP session `acp_session` (the id a
+    /// cost report is kept under: ACP's cost is per ACP session, and each
+    /// chat has its own).
+    pub fn update(&mut self, acp_session: &str, update: &SessionUpdate) -> Actions {
         self.updates += 1;
         match update {
             SessionUpdate::AgentMessageChunk(chunk) => self.text(Stream::Message, &chunk.content),
@@ -370,6 +373,7 @@ impl TurnMap {
                     let mut reported = json!({"used": usage.used, "size": usage.size});
                     if let Some(cost) = cost {
                         reported["cost"] = cost;
+                        reported["costOf"] = json!(acp_session);
                     }
                     return vec![(
                         self.session_uri.clone(),
@@ -380,6 +384,7 @@ impl TurnMap {
                     json!({"tether/contextUsed": usage.used, "tether/contextWindow": usage.size});
                 if let Some(cost) = cost {
                     meta["tether/cost"] = cost;
+                    meta["tether/costOf"] = json!(acp_session);
                 }
                 if let Value::Object(figures) = &meta {
                     self.reported.clone_from(figures);

@@ -30,11 +30,11 @@ fn streamed_text_opens_a_part_then_appends_deltas_and_a_thought_opens_its_own() 
     let chunk = |kind: &str, text: &str| {
         update(json!({"sessionUpdate": kind, "content": {"type": "text", "text": text}}))
     };
-    let mut all = map.update(&chunk("agent_message_chunk", "Hel"));
-    all.extend(map.update(&chunk("agent_message_chunk", "lo")));
-    all.extend(map.update(&chunk("agent_thought_chunk", "hmm")));
-    all.extend(map.update(&chunk("agent_thought_chunk", "...")));
-    all.extend(map.update(&chunk("agent_message_chunk", "!")));
+    let mut all = map.update("acp-1", &chunk("agent_message_chunk", "Hel"));
+    all.extend(map.update("acp-1", &chunk("agent_message_chunk", "lo")));
+    all.extend(map.update("acp-1", &chunk("agent_thought_chunk", "hmm")));
+    all.extend(map.update("acp-1", &chunk("agent_thought_chunk", "...")));
+    all.extend(map.update("acp-1", &chunk("agent_message_chunk", "!")));
     assert_eq!(
         kinds(&all),
         [
@@ -54,11 +54,12 @@ fn streamed_text_opens_a_part_then_appends_deltas_and_a_thought_opens_its_own() 
 #[test]
 fn a_tool_call_without_permission_runs_and_completes() {
     let mut map = map();
-    let mut all = map.update(&update(
-        json!({"sessionUpdate": "tool_call", "toolCallId": "c1",
-        "title": "Reading", "kind": "read", "status": "pending", "rawInput": {"path": "/a"}}),
-    ));
-    all.extend(map.update(&update(json!({"sessionUpdate": "tool_call_update", "toolCallId": "c1",
+    let mut all = map.update(
+        "acp-1",
+        &update(json!({"sessionUpdate": "tool_call", "toolCallId": "c1",
+        "title": "Reading", "kind": "read", "status": "pending", "rawInput": {"path": "/a"}})),
+    );
+    all.extend(map.update("acp-1", &update(json!({"sessionUpdate": "tool_call_update", "toolCallId": "c1",
         "status": "completed", "content": [{"type": "content", "content": {"type": "text", "text": "body"}}]}))));
     assert_eq!(
         kinds(&all),
@@ -99,9 +100,12 @@ fn a_permission_request_puts_the_call_in_pending_confirmation_with_the_agent_opt
     let done = update(
         json!({"sessionUpdate": "tool_call_update", "toolCallId": "c2", "status": "completed"}),
     );
-    assert!(map.update(&done).is_empty());
+    assert!(map.update("acp-1", &done).is_empty());
     map.confirmed("c2", true);
-    assert_eq!(kinds(&map.update(&done)), ["chat/toolCallComplete"]);
+    assert_eq!(
+        kinds(&map.update("acp-1", &done)),
+        ["chat/toolCallComplete"]
+    );
 }
 
 #[test]
@@ -113,7 +117,7 @@ fn the_stop_reason_completes_the_turn_and_later_updates_are_dropped() {
     let late = update(
         json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}),
     );
-    assert!(map.update(&late).is_empty());
+    assert!(map.update("acp-1", &late).is_empty());
 
     let mut map = self::map();
     let refused = map.finish(Ok(StopReason::Refusal), 1_000);
@@ -126,7 +130,7 @@ fn the_stop_reason_completes_the_turn_and_later_updates_are_dropped() {
 #[test]
 fn commands_and_titles_go_to_the_session_channel() {
     let mut map = map();
-    let commands = map.update(&update(json!({"sessionUpdate": "available_commands_update",
+    let commands = map.update("acp-1", &update(json!({"sessionUpdate": "available_commands_update",
         "availableCommands": [{"name": "web", "description": "Search", "input": {"hint": "query"}}]})));
     assert_eq!(commands[0].0, "ahp-session://s");
     assert_eq!(commands[0].1["type"], "session/metaChanged");
@@ -134,9 +138,10 @@ fn commands_and_titles_go_to_the_session_channel() {
         commands[0].1["_meta"]["tether/commands"][0]["inputHint"],
         "query"
     );
-    let title = map.update(&update(
-        json!({"sessionUpdate": "session_info_update", "title": "Fixing"}),
-    ));
+    let title = map.update(
+        "acp-1",
+        &update(json!({"sessionUpdate": "session_info_update", "title": "Fixing"})),
+    );
     assert_eq!(
         title[0].1,
         json!({"type": "session/titleChanged", "title": "Fixing"})
