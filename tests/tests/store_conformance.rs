@@ -31,6 +31,7 @@ backend_tests!(
     a_killed_writer_loses_no_acknowledged_append,
     the_turn_archive_upserts_and_reads_ranges,
     a_batch_of_many_search_documents_is_all_found,
+    a_long_answer_is_found_across_its_pieces_however_busy_other_projects_are,
 );
 
 fn record(id: &str, project: &str, state: &str) -> SessionRecord {
@@ -1162,5 +1163,51 @@ async fn a_batch_of_many_search_documents_is_all_found(db: TestDb) {
     );
     assert_eq!(found(&store, "fresh77").await, vec!["zephyr fresh77"]);
     assert_eq!(found(&store, "zephyr").await.len(), 56);
+    store.close().await;
+}
+
+/// A query's terms match across the pieces of one long answer among each
+/// term's newest matches: those of the caller's projects and filters, so
+/// another project's newer documents (more than the window) do not push a
+/// project's answer out of its own search.
+async fn a_long_answer_is_found_across_its_pieces_however_busy_other_projects_are(db: TestDb) {
+    let store = db.open().await;
+    let piece = |n: u64, text: &str| tether_protocol::search::SearchDoc {
+        key: format!("answer:t1:{n}"),
+        chat: Some("ahp-chat:/mine.main".to_owned()),
+        turn_id: Some("t1".to_owned()),
+        kind: "answer",
+        text: text.to_owned(),
+    };
+    let mut create = envelope("ahp-session:/mine", 0);
+    create.session = Some(record("mine", "a", "live"));
+    let mut first = envelope("ahp-session:/mine", 1);
+    first.search = vec![piece(0, "quokka begins"), piece(1, "and ends with wombat")];
+    committed(&store.append(vec![create, first]).await.unwrap());
+    // Another project's, newer and more than the window.
+    let mut create = envelope("ahp-session:/theirs", 0);
+    create.session = Some(record("theirs", "b", "live"));
+    let mut batch = vec![create];
+    for n in 0..=u64::from(tether_server::store::search::RANKED_WINDOW) {
+        let mut e = envelope("ahp-session:/theirs", n + 1);
+        e.search = vec![doc(&format!("k{n}"), "quokka and wombat")];
+        batch.push(e);
+    }
+    committed(&store.append(batch).await.unwrap());
+    let request = tether_server::store::search::SearchRequest {
+        query: tether_protocol::search::Query::parse("quokka wombat").unwrap(),
+        projects: Some(vec!["a".to_owned()]),
+        project: Some("a".to_owned()),
+        agent: None,
+        state: None,
+        since_ms: None,
+        until_ms: None,
+        offset: 0,
+        limit: 10,
+    };
+    let hits = store.search(&request).await.unwrap();
+    assert_eq!(hits.len(), 1, "{hits:?}");
+    assert_eq!(hits[0].session_id, "mine");
+    assert_eq!(hits[0].turn_id.as_deref(), Some("t1"));
     store.close().await;
 }

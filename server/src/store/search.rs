@@ -135,10 +135,12 @@ pub(super) struct TextIndex<'a> {
     pub score: &'a str,
     /// Orders the newest match first (the window of [`RANKED_WINDOW`]).
     pub newest: &'a str,
-    /// The newest [`RANKED_WINDOW`] documents matching the query text of
-    /// parameter n, as `session_id, doc, chat, turn_id, kind` (`doc`
-    /// names the document within its session): `term_docs(n)`.
-    pub term_docs: fn(usize) -> String,
+    /// The newest [`RANKED_WINDOW`] documents `d` (of sessions `s`)
+    /// matching the query text of parameter n and meeting `filters` (the
+    /// caller's scope and filters, as `AND …`), as `session_id, doc, chat,
+    /// turn_id, kind` (`doc` names the document within its session):
+    /// `term_docs(n, filters)`.
+    pub term_docs: fn(usize, &str) -> String,
     /// `d` is the piece `p` (of `pieces`: `session_id, doc`).
     pub is_piece: &'a str,
 }
@@ -154,7 +156,8 @@ pub(super) struct TextIndex<'a> {
 /// Every term must match one document, except in an answer: a long answer
 /// is indexed in pieces (`search::pieces`), so a query's terms also match
 /// across the pieces of one turn's answer, however far apart (among the
-/// newest [`RANKED_WINDOW`] matches of each term).
+/// newest [`RANKED_WINDOW`] matches of each term within the caller's
+/// scope and filters).
 pub(super) fn search_sql(
     index: &TextIndex<'_>,
     terms: usize,
@@ -199,7 +202,7 @@ pub(super) fn search_sql(
             .map(|t| {
                 format!(
                     "SELECT {t} AS i, h.* FROM ({}) h",
-                    (index.term_docs)(10 + t)
+                    (index.term_docs)(10 + t, &filters)
                 )
             })
             .collect::<Vec<_>>()

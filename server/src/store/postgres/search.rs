@@ -20,11 +20,12 @@ pub(super) async fn search(
             matches: |_| "d.words @@ q".into(),
             score: "ts_rank(d.words, q)",
             newest: "d.seq DESC",
-            term_docs: |n| {
+            term_docs: |n, filters| {
                 format!(
-                    "SELECT session_id, key AS doc, chat, turn_id, kind FROM search_docs \
-                     WHERE words @@ to_tsquery('simple', ${n}::text) \
-                     ORDER BY seq DESC LIMIT {}",
+                    "SELECT d.session_id, d.key AS doc, d.chat, d.turn_id, d.kind \
+                     FROM search_docs d JOIN sessions s ON s.id = d.session_id \
+                     WHERE d.words @@ to_tsquery('simple', ${n}::text) {filters} \
+                     ORDER BY d.seq DESC LIMIT {}",
                     search::RANKED_WINDOW
                 )
             },

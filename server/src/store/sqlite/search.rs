@@ -21,12 +21,13 @@ pub(super) async fn search(
             score: "-bm25(search_fts)",
             // The index's rowids grow with each new document.
             newest: "search_fts.rowid DESC",
-            term_docs: |n| {
+            term_docs: |n, filters| {
                 format!(
                     "SELECT d.session_id, d.id AS doc, d.chat, d.turn_id, d.kind \
-                     FROM (SELECT rowid FROM search_fts WHERE search_fts MATCH ?{n} \
-                           ORDER BY rowid DESC LIMIT {}) f \
-                     JOIN search_docs d ON d.id = f.rowid",
+                     FROM search_fts JOIN search_docs d ON d.id = search_fts.rowid \
+                     JOIN sessions s ON s.id = d.session_id \
+                     WHERE search_fts MATCH ?{n} {filters} \
+                     ORDER BY search_fts.rowid DESC LIMIT {}",
                     search::RANKED_WINDOW
                 )
             },
