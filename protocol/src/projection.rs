@@ -162,10 +162,16 @@ pub struct UsageTotals {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<Cost>,
     /// Each agent session's latest cost report, by its ACP session id
-    /// (`""`: a report that names none). At most [`COST_SOURCES`].
+    /// (`""`: reports that name none, as before sessions were told apart).
+    /// At most [`COST_SOURCES`]: past them, the one that spent least goes
+    /// to `carried`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schema(ignore)]
     pub costs: BTreeMap<String, Cost>,
+    /// What agent sessions no longer kept apart had spent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(ignore)]
+    pub carried: Option<Cost>,
     /// The turn of the latest token report and its figures, so a turn's
     /// later report replaces its earlier one in the sums.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -228,30 +234,60 @@ impl UsageTotals {
     }
 
     /// Keeps `cost` as agent session `of`'s latest report; the session's
-    /// cost becomes the sum of them all in its currency.
+    /// cost becomes the sum of them all (and what was carried) in its
+    /// currency.
     fn cost_reported(&mut self, of: &str, cost: Cost) {
+        self.costs_from_before();
+        if !of.is_empty() {
+            // Reports that named no session came before sessions were
+            // told apart: a named one takes over from them.
+            self.costs.remove("");
+        }
         if !self.costs.contains_key(of) && self.costs.len() >= COST_SOURCES {
-            // Bounded: the oldest-named source's amount is carried under
-            // `""` (it reports no more, nearly always).
-            if let Some((_, first)) = self.costs.pop_first() {
-                let carried = self.costs.entry(String::new()).or_insert(Cost {
-                    amount: 0.0,
-                    currency: first.currency.clone(),
-                });
-                if carried.currency == first.currency {
-                    carried.amount += first.amount;
+            // The one that spent least (the same in every fold of the same
+            // reports), its amount carried.
+            let least = self
+                .costs
+                .iter()
+                .min_by(|a, b| a.1.amount.total_cmp(&b.1.amount))
+                .map(|(of, _)| of.clone());
+            if let Some(gone) = least.and_then(|of| self.costs.remove(&of)) {
+                match &mut self.carried {
+                    Some(carried) if carried.currency == gone.currency => {
+                        carried.amount += gone.amount;
+                    }
+                    Some(_) => {}
+                    None => self.carried = Some(gone),
                 }
             }
         }
         let currency = cost.currency.clone();
         self.costs.insert(of.to_owned(), cost);
+        let carried = self
+            .carried
+            .as_ref()
+            .filter(|c| c.currency == currency)
+            .map_or(0.0, |c| c.amount);
         let amount = self
             .costs
             .values()
             .filter(|c| c.currency == currency)
             .map(|c| c.amount)
-            .sum();
+            .sum::<f64>()
+            + carried;
         self.cost = Some(Cost { amount, currency });
+    }
+
+    /// Totals folded before costs were kept per agent session (an older
+    /// snapshot's) hold one figure: it becomes the unnamed source's, as a
+    /// fresh fold of the same reports files it.
+    pub fn costs_from_before(&mut self) {
+        if self.costs.is_empty()
+            && self.carried.is_none()
+            && let Some(cost) = self.cost.clone()
+        {
+            self.costs.insert(String::new(), cost);
+        }
     }
 }
 
@@ -449,6 +485,54 @@ mod tests {
         assert_eq!(p.usage.context_size, Some(2000));
         assert_eq!(p.usage.cost.as_ref().map(|c| c.amount), Some(0.5));
         assert_eq!(p.commands[0].name, "plan");
+    }
+
+    fn cost_of(of: Option<&str>, amount: f64) -> Value {
+        let mut meta = json!({"tether/cost": {"amount": amount, "currency": "USD"}});
+        if let Some(of) = of {
+            meta["tether/costOf"] = json!(of);
+        }
+        json!({"type": "chat/usage", "turnId": "t", "usage": {"_meta": meta}})
+    }
+
+    /// Each agent session's cost is its own; unnamed reports (from before
+    /// sessions were told apart) are taken over by the first named one,
+    /// the same way whether folded afresh or from a snapshot of that time.
+    #[test]
+    fn costs_are_summed_per_agent_session_and_legacy_reports_fold_alike() {
+        let p = fold(&[
+            cost_of(Some("a"), 0.25),
+            cost_of(Some("b"), 0.25),
+            cost_of(Some("a"), 0.5),
+        ]);
+        assert_eq!(p.usage.cost.as_ref().map(|c| c.amount), Some(0.75));
+
+        let legacy = [cost_of(None, 0.5)];
+        let fresh = fold(&[legacy[0].clone(), cost_of(Some("a"), 0.75)]);
+        // A snapshot from before costs were kept apart: the figure alone.
+        let mut old = fold(&legacy);
+        old.usage.costs.clear();
+        old.observe(&cost_of(Some("a"), 0.75));
+        assert_eq!(fresh.usage, old.usage);
+        assert_eq!(fresh.usage.cost.as_ref().map(|c| c.amount), Some(0.75));
+    }
+
+    /// Past the bound, the agent session that spent least is carried: the
+    /// total stays whole and the map bounded.
+    #[test]
+    fn costs_past_the_bound_are_carried() {
+        let reports: Vec<Value> = (0..=COST_SOURCES)
+            .map(|n| cost_of(Some(&format!("s{n:04}")), 1.0 + n as f64))
+            .collect();
+        let p = fold(&reports);
+        assert_eq!(p.usage.costs.len(), COST_SOURCES);
+        assert!(!p.usage.costs.contains_key("s0000"), "the least is carried");
+        assert_eq!(p.usage.carried.as_ref().map(|c| c.amount), Some(1.0));
+        let n = COST_SOURCES as f64 + 1.0;
+        assert_eq!(
+            p.usage.cost.as_ref().map(|c| c.amount),
+            Some(n * (n + 1.0) / 2.0)
+        );
     }
 
     #[test]

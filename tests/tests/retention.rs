@@ -722,7 +722,7 @@ async fn another_hosts_retention_ends_the_subscriptions_here() {
         return;
     };
     let (a, b) = two_hosts(&db).await;
-    let (on_a, on_b) = (a.base_url(), b.base_url());
+    let on_b = b.base_url();
     created_in_keep(&on_b, "reborn").await;
     let mut watcher = tether_tests::ahp_raw::Ahp::connect(&a.ws_url(), "watcher-a").await;
     for channel in ["ahp-session:/reborn", "ahp-chat:/reborn.main"] {

@@ -188,6 +188,7 @@ impl Cluster {
     /// does not hear it (see DESIGN.md).
     pub async fn announce_gone(&self, ids: &[String]) -> Result<(), StoreError> {
         let mut payload = String::new();
+        let mut failed = None;
         for (i, id) in ids.iter().enumerate() {
             if payload.is_empty() {
                 payload.push_str(&self.host);
@@ -196,14 +197,18 @@ impl Cluster {
             payload.push_str(id);
             let next = ids.get(i + 1).map_or(0, |next| next.len() + 1);
             if next == 0 || payload.len() + next > GONE_PAYLOAD {
-                sqlx::query("SELECT pg_notify($1, $2)")
+                // Every chunk is tried: one that fails leaves the others.
+                let sent = sqlx::query("SELECT pg_notify($1, $2)")
                     .bind(GONE_CHANNEL)
                     .bind(std::mem::take(&mut payload))
                     .execute(&self.pool)
-                    .await?;
+                    .await;
+                if let Err(err) = sent {
+                    failed = Some(err);
+                }
             }
         }
-        Ok(())
+        failed.map_or(Ok(()), |err| Err(err.into()))
     }
 
     /// A `tether_gone` payload heard: another host's ids are kept for

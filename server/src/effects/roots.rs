@@ -38,9 +38,7 @@ impl Root {
         };
         Self {
             project,
-            // A root that does not exist is kept as given and matches
-            // nothing real.
-            path: std::fs::canonicalize(&path).unwrap_or(path),
+            path: resolved(&path),
         }
     }
 }
@@ -52,6 +50,43 @@ impl std::fmt::Display for Root {
             None => write!(f, "{}", self.path.display()),
         }
     }
+}
+
+/// `path` with its symlinks resolved; one that does not exist (yet) is
+/// resolved as far as it does, the rest kept as written (a project's root
+/// made later is still its own).
+fn resolved(path: &Path) -> PathBuf {
+    if let Ok(real) = std::fs::canonicalize(path) {
+        return real;
+    }
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => resolved(parent).join(name),
+        _ => lexical(path),
+    }
+}
+
+/// `path` with `.` and `..` folded away, without touching the disk.
+fn lexical(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Why a directory may not be used, and the message that says so.
+enum Refused {
+    /// Inside another project's root.
+    Kept(String),
+    /// Inside no root.
+    Outside(String),
 }
 
 /// The allowed roots, resolved; cheap to clone.
@@ -90,6 +125,14 @@ impl Roots {
     /// A working directory resolved (see [`Roots::resolve_uri`]).
     pub fn resolve(&self, project: &str, path: &Path) -> Result<PathBuf, String> {
         let shown = path.display();
+        // As written first, before the disk is asked: whether something
+        // exists inside another project's root is not told. (Only that
+        // refusal: a path written through a symlink may lie outside the
+        // roots as written and inside them resolved.)
+        match self.check(project, &lexical(path), path) {
+            Err(Refused::Kept(reason)) => return Err(reason),
+            Err(Refused::Outside(_)) | Ok(()) => {}
+        }
         let resolved = std::fs::canonicalize(path)
             .map_err(|_| format!("Working directory {shown} does not exist on this host."))?;
         let metadata = std::fs::metadata(&resolved)
@@ -97,28 +140,45 @@ impl Roots {
         if !metadata.is_dir() {
             return Err(format!("Working directory {shown} is not a directory."));
         }
+        // Resolved: a symlink does not lead elsewhere.
+        match self.check(project, &resolved, path) {
+            Err(Refused::Kept(reason) | Refused::Outside(reason)) => Err(reason),
+            Ok(()) => Ok(resolved),
+        }
+    }
+
+    /// Whether `project` may use `path` (`shown` as the caller wrote it):
+    /// the nearest roots holding it decide (one of them open, or the
+    /// project's own).
+    fn check(&self, project: &str, path: &Path, shown: &Path) -> Result<(), Refused> {
         if self.roots.is_empty() {
-            return Ok(resolved);
+            return Ok(());
         }
-        // The nearest root holding the directory decides.
-        let nearest = self
-            .roots
-            .iter()
-            .filter(|root| resolved.starts_with(&root.path))
-            .max_by_key(|root| root.path.components().count());
-        match nearest {
-            Some(root) if root.project.as_deref().is_none_or(|p| p == project) => Ok(resolved),
-            Some(_) => Err(format!(
-                "Working directory {shown} is kept for another project; sessions of project \
-                 {project} may use {}.",
+        let holding = || {
+            self.roots
+                .iter()
+                .filter(|root| path.starts_with(&root.path))
+        };
+        let Some(depth) = holding().map(|root| root.path.components().count()).max() else {
+            return Err(Refused::Outside(format!(
+                "Working directory {} is outside the allowed roots ({}); ask the operator to \
+                 add it to TETHER_ALLOWED_ROOTS.",
+                shown.display(),
                 self.display_for(project)
-            )),
-            None => Err(format!(
-                "Working directory {shown} is outside the allowed roots ({}); ask the operator \
-                 to add it to TETHER_ALLOWED_ROOTS.",
-                self.display_for(project)
-            )),
+            )));
+        };
+        if holding()
+            .filter(|root| root.path.components().count() == depth)
+            .any(|root| root.project.as_deref().is_none_or(|p| p == project))
+        {
+            return Ok(());
         }
+        Err(Refused::Kept(format!(
+            "Working directory {} is kept for another project; sessions of project {project} \
+             may use {}.",
+            shown.display(),
+            self.display_for(project)
+        )))
     }
 
     /// [`Roots::resolve_uri`] off the async threads (it touches the disk).
@@ -203,6 +263,30 @@ mod tests {
                 .resolve("beta", &base.join("open/shared/link"))
                 .is_ok()
         );
+    }
+
+    /// Nothing is told of what exists inside another project's root, even
+    /// through `..`; a project's root made after the server started is
+    /// still its own.
+    #[test]
+    fn another_projects_root_says_nothing_of_what_is_in_it() {
+        let (_top, base) = dirs();
+        let roots = Roots::new(&[
+            base.join("open"),
+            PathBuf::from(format!("beta={}", base.join("open/beta").display())),
+            PathBuf::from(format!("gamma={}", base.join("open/gamma").display())),
+        ]);
+        let there = roots
+            .resolve("alpha", &base.join("open/beta/y"))
+            .unwrap_err();
+        let absent = roots
+            .resolve("alpha", &base.join("open/shared/../beta/nothing"))
+            .unwrap_err();
+        assert!(there.contains("another project"), "{there}");
+        assert!(absent.contains("another project"), "{absent}");
+        std::fs::create_dir_all(base.join("open/gamma")).unwrap();
+        assert!(roots.resolve("alpha", &base.join("open/gamma")).is_err());
+        assert!(roots.resolve("gamma", &base.join("open/gamma")).is_ok());
     }
 
     #[test]

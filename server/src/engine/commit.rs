@@ -298,6 +298,10 @@ async fn publish(
                             });
                             let published = Arc::new(Published {
                                 seq,
+                                creates: super::fanout::creates_session(
+                                    &envelope.channel,
+                                    &envelope.action,
+                                ),
                                 channel: envelope.channel,
                                 frame: frame.into(),
                                 directed,

@@ -35,6 +35,16 @@ pub struct Published {
     pub directed: Option<DirectedFrame>,
     /// When this host learnt it was committed (for the delivery latency).
     pub committed: std::time::Instant,
+    /// It begins a session ([`creates_session`]): a subscription of its
+    /// channel from before it was of a session deleted since, and ends.
+    pub creates: bool,
+}
+
+/// Whether an envelope of `channel` with `action` (JSON text) begins a
+/// session: the session's first record, on its own channel.
+pub fn creates_session(channel: &str, action: &str) -> bool {
+    channel.starts_with("ahp-session:/")
+        && action.contains(tether_protocol::actions::SESSION_CREATED)
 }
 
 /// The frame of a `Directed` copy, and who receives it.
@@ -72,10 +82,21 @@ pub enum HubItem {
     /// A protocol notification for a channel's subscribers (root
     /// notifications); not part of the log and never replayed.
     Notice(Arc<Notice>),
-    /// The channel is gone (retention deleted its session): its
-    /// subscriptions end, so a session made again with the same id (in
-    /// any project) is not delivered to them.
-    Gone(Arc<String>),
+    /// The channel's session was deleted (retention): its subscriptions
+    /// from before `before` end, so a session made again with the same id
+    /// (in any project) is not delivered to them. Given to a connection
+    /// before anything queued, and never dropped by a full inbox.
+    Gone(Arc<Ended>),
+}
+
+/// A channel whose subscriptions end ([`HubItem::Gone`]).
+#[derive(Debug)]
+pub struct Ended {
+    /// The channel.
+    pub channel: String,
+    /// Subscriptions whose snapshot is older than this seq end (`u64::MAX`:
+    /// every one).
+    pub before: u64,
 }
 
 /// A notification on its way to a channel's subscribers.
@@ -104,6 +125,10 @@ struct InboxState {
     items: Waiting<HubItem>,
     /// An item was dropped since the receiver last heard so.
     lagged: bool,
+    /// Channels whose subscriptions end, taken before anything else (a
+    /// catch-up after a lag would otherwise read a deleted session's
+    /// channel from the store, its successor's envelopes included).
+    ended: Vec<Arc<Ended>>,
 }
 
 impl Inbox {
@@ -126,11 +151,13 @@ impl Inbox {
         }
     }
 
-    /// Queues `item` even when the inbox is full (a channel's end, which a
-    /// catch-up from the store could not tell); returns the receiver's
+    /// Tells the receiver, ahead of what is queued and whether or not the
+    /// inbox is full, that a channel's subscriptions end; returns its
     /// waker as [`Inbox::offer`] does.
-    fn offer_always(&self, item: HubItem) -> Option<Waker> {
-        self.state().items.push(item)
+    fn end(&self, ended: Arc<Ended>) -> Option<Waker> {
+        let mut state = self.state();
+        state.ended.push(ended);
+        state.items.unpark()
     }
 }
 
@@ -229,6 +256,16 @@ impl Hub {
         // Under the lock, so a route taken concurrently either sees this seq
         // as published (and bridges it from the store) or receives it.
         self.published.fetch_max(item.seq, Ordering::AcqRel);
+        if item.creates {
+            // A session made again with a deleted one's id: whoever still
+            // subscribes to the deleted one's channels is told they ended
+            // (this host may not have heard of the deletion yet).
+            let id = item.channel.trim_start_matches("ahp-session:/");
+            let chat = tether_protocol::channel::Channel::default_chat_uri(id);
+            for channel in [item.channel.as_str(), chat.as_str()] {
+                end_routes(&routes, channel, item.seq, wakes);
+            }
+        }
         if let Some(inboxes) = routes.by_channel.get(&item.channel) {
             for inbox in inboxes {
                 wakes.add(inbox.offer(HubItem::Envelope(item.clone())));
@@ -265,12 +302,8 @@ impl Hub {
     pub fn end_channels(&self, gone: impl Fn(&str) -> bool) {
         let routes = self.routes();
         let mut wakes = Wakes::default();
-        for (channel, inboxes) in routes.by_channel.iter().filter(|(c, _)| gone(c)) {
-            // Thin (an `Arc<str>` would double the item's size).
-            let item = Arc::new(channel.clone());
-            for inbox in inboxes {
-                wakes.add(inbox.offer_always(HubItem::Gone(item.clone())));
-            }
+        for channel in routes.by_channel.keys().filter(|c| gone(c)) {
+            end_routes(&routes, channel, u64::MAX, &mut wakes);
         }
         drop(routes);
         wakes.wake_at_once();
@@ -363,7 +396,24 @@ impl InboxReceiver {
     }
 }
 
+/// Tells every inbox routed `channel` that its subscriptions from before
+/// `before` end.
+fn end_routes(routes: &Routes, channel: &str, before: u64, wakes: &mut Wakes) {
+    if let Some(inboxes) = routes.by_channel.get(channel) {
+        let ended = Arc::new(Ended {
+            channel: channel.to_owned(),
+            before,
+        });
+        for inbox in inboxes {
+            wakes.add(inbox.end(ended.clone()));
+        }
+    }
+}
+
 fn take_next(state: &mut InboxState) -> Option<Inbound> {
+    if let Some(ended) = state.ended.pop() {
+        return Some(Inbound::Item(HubItem::Gone(ended)));
+    }
     if std::mem::take(&mut state.lagged) {
         return Some(Inbound::Lagged);
     }
@@ -492,6 +542,7 @@ pub fn published_from_store(envelope: &StoredEnvelope) -> Published {
             None,
         )
         .into(),
+        creates: creates_session(&envelope.channel, &envelope.action),
     }
 }
 
@@ -542,6 +593,7 @@ mod tests {
             frame: format!("frame {seq}").into(),
             directed: None,
             committed: std::time::Instant::now(),
+            creates: false,
         })
     }
 
@@ -581,6 +633,75 @@ mod tests {
         assert_eq!(hub.routes().by_channel.len(), 0);
     }
 
+    fn ended_of(inbound: Option<Inbound>) -> Option<(String, u64)> {
+        match inbound {
+            Some(Inbound::Item(HubItem::Gone(ended))) => {
+                Some((ended.channel.clone(), ended.before))
+            }
+            _ => None,
+        }
+    }
+
+    /// A channel's end reaches a full, lagged inbox, and before the lag
+    /// and what is queued: the catch-up a lag starts would otherwise read
+    /// the deleted session's channel, its successor's envelopes included.
+    #[test]
+    fn a_channels_end_comes_before_a_lag_and_anything_queued() {
+        let hub = Arc::new(Hub::new(16, 0));
+        let (mut routing, mut inbox) = hub.subscribe();
+        routing.route("ahp://session/s1");
+        let mut wakes = Wakes::default();
+        for seq in 1..=20 {
+            hub.publish(published(seq), &mut wakes);
+        }
+        hub.end_channels(|channel| channel == "ahp://session/s1");
+        assert_eq!(
+            ended_of(inbox.try_next()),
+            Some(("ahp://session/s1".to_owned(), u64::MAX))
+        );
+        assert!(matches!(inbox.try_next(), Some(Inbound::Lagged)));
+        assert_eq!(inbox.try_next().and_then(seq_of), Some(1));
+    }
+
+    /// A session made again with a deleted one's id ends the older
+    /// subscriptions of its channel and its default chat, from its seq.
+    #[test]
+    fn a_session_made_again_ends_the_older_subscriptions() {
+        let hub = Arc::new(Hub::new(16, 0));
+        let (mut routing, mut inbox) = hub.subscribe();
+        routing.route("ahp-session:/s2");
+        routing.route("ahp-chat:/s2.main");
+        let created = Arc::new(Published {
+            seq: 30,
+            channel: "ahp-session:/s2".into(),
+            frame: "created".into(),
+            directed: None,
+            committed: std::time::Instant::now(),
+            creates: creates_session(
+                "ahp-session:/s2",
+                r#"{"type":"x-tether/sessionCreated","project":"p"}"#,
+            ),
+        });
+        assert!(created.creates);
+        hub.publish(created, &mut Wakes::default());
+        let mut ended = vec![
+            ended_of(inbox.try_next()).unwrap(),
+            ended_of(inbox.try_next()).unwrap(),
+        ];
+        ended.sort();
+        assert_eq!(
+            ended,
+            [
+                ("ahp-chat:/s2.main".to_owned(), 30),
+                ("ahp-session:/s2".to_owned(), 30)
+            ]
+        );
+        assert_eq!(inbox.try_next().and_then(seq_of), Some(30));
+        assert!(!creates_session(
+            "ahp-chat:/s2.main",
+            r#"{"type":"x-tether/sessionCreated"}"#
+        ));
+    }
     /// Every waiting connection is woken, however many chunks its wakes
     /// take, and none before the publisher wakes them.
     #[tokio::test]

@@ -26,30 +26,28 @@ fn micros(amount: f64) -> i64 {
 /// What was spent between two totals, and in which currency. ACP's cost
 /// is each agent session's so far (each chat has one): per agent session,
 /// the difference is what was spent, unless the currency changed or the
-/// figure went down (counting from zero again): then all of it is new.
+/// figure went down (counting from zero again): then all of it is new. A
+/// session's first named report continues the unnamed ones before it
+/// (reports from before sessions were told apart). What is carried (agent
+/// sessions no longer kept apart) was counted when it was reported.
 fn spent(then: &UsageTotals, now: &UsageTotals) -> (i64, String) {
     let Some(currency) = now.cost.as_ref().map(|c| c.currency.clone()) else {
         return (0, String::new());
     };
+    let mut then = then.clone();
+    then.costs_from_before();
+    let unnamed = then.costs.get("").filter(|_| !now.costs.contains_key(""));
     let since = |before: Option<&Cost>, after: &Cost| match before {
         Some(a) if a.currency == after.currency && after.amount >= a.amount => {
             micros(after.amount) - micros(a.amount)
         }
         _ => micros(after.amount),
     };
-    if let (true, Some(after)) = (
-        then.costs.is_empty() && then.cost.is_some() && now.costs.len() == 1,
-        now.costs.values().next(),
-    ) {
-        // Totals folded before costs were kept per agent session (an
-        // older snapshot's): its one figure was that session's.
-        return (since(then.cost.as_ref(), after), currency);
-    }
     let micros = now
         .costs
         .iter()
         .filter(|(of, after)| after.currency == currency && then.costs.get(*of) != Some(after))
-        .map(|(of, after)| since(then.costs.get(of), after))
+        .map(|(of, after)| since(then.costs.get(of).or(unnamed), after))
         .sum();
     (micros, currency)
 }

@@ -31,7 +31,7 @@ use super::{
 use crate::AppState;
 use crate::auth::Principal;
 use crate::auth::limits::{ConnectionSlot, PrincipalLimits};
-use crate::engine::fanout::{HubItem, Inbound, Routing, action_frame};
+use crate::engine::fanout::{HubItem, Inbound, Routing, action_frame, creates_session};
 use crate::engine::{DispatchOutcome, Engine, Metrics};
 use crate::store::Origin;
 
@@ -462,10 +462,8 @@ impl Connection {
                 }
                 _ => Next::Continue,
             },
-            HubItem::Gone(channel) => {
-                if self.subscriptions.remove(channel.as_str()).is_some() {
-                    self.routing.unroute(&channel);
-                }
+            HubItem::Gone(ended) => {
+                self.end_subscription(&ended.channel, ended.before);
                 Next::Continue
             }
             HubItem::Notice(notice) => {
@@ -503,6 +501,19 @@ impl Connection {
 
     /// Sends stored envelopes of `channels` in `(after, upto]` that their
     /// subscriptions do not have yet.
+    /// Ends the subscription of `channel` if its snapshot is older than
+    /// seq `before` (a session deleted since; see [`HubItem::Gone`]).
+    fn end_subscription(&mut self, channel: &str, before: u64) {
+        if self
+            .subscriptions
+            .get(channel)
+            .is_some_and(|have| have.from < before)
+        {
+            self.subscriptions.remove(channel);
+            self.routing.unroute(channel);
+        }
+    }
+
     pub(super) async fn deliver_from_store(
         &mut self,
         channels: &[String],
@@ -523,6 +534,18 @@ impl Connection {
             let Some(last) = page.last() else { break };
             after = last.seq;
             for envelope in page.iter().filter(|e| e.seq <= upto) {
+                if creates_session(&envelope.channel, &envelope.action) {
+                    // The session was deleted and made again since this
+                    // subscription's snapshot: it ends (the hub says so
+                    // too, unless this host had not heard of it yet).
+                    let id = envelope.channel.trim_start_matches("ahp-session:/");
+                    for channel in [
+                        envelope.channel.clone(),
+                        tether_protocol::channel::Channel::default_chat_uri(id),
+                    ] {
+                        self.end_subscription(&channel, envelope.seq);
+                    }
+                }
                 let wanted = self
                     .subscriptions
                     .get(&envelope.channel)

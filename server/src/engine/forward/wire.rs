@@ -251,6 +251,8 @@ impl ReplyTo {
                         frame: frame.into(),
                         directed: None,
                         committed: std::time::Instant::now(),
+                        // An answer, never published to the hub.
+                        creates: false,
                     })),
                     Answer::Rejected { refusal, reason } => {
                         DispatchOutcome::Rejected(Refusal::new(refusal_kind(&refusal), reason))
