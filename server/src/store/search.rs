@@ -135,7 +135,8 @@ pub(super) struct TextIndex<'a> {
     pub score: &'a str,
     /// Orders the newest match first (the window of [`RANKED_WINDOW`]).
     pub newest: &'a str,
-    /// The newest [`RANKED_WINDOW`] documents `d` (of sessions `s`)
+    /// The newest [`RANKED_WINDOW`] documents `d` (of sessions `s`, a
+    /// left join, which the planner drops when no filter is given)
     /// matching the query text of parameter n and meeting `filters` (the
     /// caller's scope and filters, as `AND …`), as `session_id, doc, chat,
     /// turn_id, kind` (`doc` names the document within its session):

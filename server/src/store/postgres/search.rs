@@ -23,7 +23,7 @@ pub(super) async fn search(
             term_docs: |n, filters| {
                 format!(
                     "SELECT d.session_id, d.key AS doc, d.chat, d.turn_id, d.kind \
-                     FROM search_docs d JOIN sessions s ON s.id = d.session_id \
+                     FROM search_docs d LEFT JOIN sessions s ON s.id = d.session_id \
                      WHERE d.words @@ to_tsquery('simple', ${n}::text) {filters} \
                      ORDER BY d.seq DESC LIMIT {}",
                     search::RANKED_WINDOW

@@ -25,7 +25,7 @@ pub(super) async fn search(
                 format!(
                     "SELECT d.session_id, d.id AS doc, d.chat, d.turn_id, d.kind \
                      FROM search_fts JOIN search_docs d ON d.id = search_fts.rowid \
-                     JOIN sessions s ON s.id = d.session_id \
+                     LEFT JOIN sessions s ON s.id = d.session_id \
                      WHERE search_fts MATCH ?{n} {filters} \
                      ORDER BY search_fts.rowid DESC LIMIT {}",
                     search::RANKED_WINDOW
