@@ -585,6 +585,37 @@ async fn deleted_by_retention(db: &TestDb, host: &str, id: &str, deadline: Insta
     }
 }
 
+/// A task that reads session `id` through host `a` (a subscription's
+/// snapshot, answered by its copy) often enough to keep the copy in memory.
+async fn keep_copy_in_memory(
+    a: &ServerProcess,
+    client: &str,
+    id: &str,
+) -> tokio::task::JoinHandle<()> {
+    let reader = initialized_at(&a.ws_url(), client).await;
+    let channel = json!({"channel": format!("ahp-session:/{id}")});
+    tokio::spawn(async move {
+        loop {
+            let _: Result<serde_json::Value, _> =
+                reader.request("subscribe", channel.clone()).await;
+            let _: Result<serde_json::Value, _> =
+                reader.request("unsubscribe", channel.clone()).await;
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    })
+}
+
+/// Waits until `host` (named `name`) holds no session actor.
+async fn idle_on(host: &str, name: &str, deadline: Instant) {
+    while metric(host, "tether_session_actors").await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{name} kept the session in memory"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Two hosts on one Postgres: host A remembers which session owns a chat;
 /// host B's retention deletes that session and the chat's id is taken by
 /// another session. A routes the chat to its new owner and lets it be
@@ -606,10 +637,7 @@ async fn a_chat_id_freed_by_another_hosts_retention_is_routed_to_its_new_owner()
     // A's actor goes idle and lets the session go; B's retention, which
     // leaves alone only what is leased or in memory on B, deletes it.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while metric(&on_a, "tether_session_actors").await > 0 {
-        assert!(Instant::now() < deadline, "A kept the session in memory");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    idle_on(&on_a, "A", deadline).await;
     deleted_by_retention(&db, &on_b, "gone", deadline).await;
     assert_eq!(
         db.count("SELECT count(*) FROM chats WHERE chat LIKE 'ahp-chat:/reused%'")
@@ -675,24 +703,11 @@ async fn a_chat_whose_old_owner_is_only_read_on_this_host_is_routed_to_its_new_o
     assert_eq!(status, 200, "{body}");
     // From now on A only reads the session (a subscription's snapshot, which
     // its copy answers), often enough to keep the copy in memory.
-    let client_a = initialized_at(&a.ws_url(), "watch-a").await;
-    let reader = tokio::spawn(async move {
-        let channel = json!({"channel": "ahp-session:/watched"});
-        loop {
-            let _: Result<serde_json::Value, _> =
-                client_a.request("subscribe", channel.clone()).await;
-            let _: Result<serde_json::Value, _> =
-                client_a.request("unsubscribe", channel.clone()).await;
-            tokio::time::sleep(Duration::from_millis(150)).await;
-        }
-    });
+    let reader = keep_copy_in_memory(&a, "watch-a", "watched").await;
     let (status, body) = call(&on_b, "DELETE", "/v1/sessions/watched", None).await;
     assert!(status == 200 || status == 204, "{status} {body}");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while metric(&on_b, "tether_session_actors").await > 0 {
-        assert!(Instant::now() < deadline, "B kept the session in memory");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    idle_on(&on_b, "B", deadline).await;
     deleted_by_retention(&db, &on_b, "watched", deadline).await;
     created_in_keep(&on_b, "taker").await;
     create_chat(&client_b, "taker", "ahp-chat:/watched-chat")
@@ -732,24 +747,11 @@ async fn another_hosts_retention_ends_the_subscriptions_here() {
             .unwrap();
     }
     // A keeps its copy of the session in memory throughout, by reads.
-    let client_a = initialized_at(&a.ws_url(), "reader-a").await;
-    let reader = tokio::spawn(async move {
-        let channel = json!({"channel": "ahp-session:/reborn"});
-        loop {
-            let _: Result<serde_json::Value, _> =
-                client_a.request("subscribe", channel.clone()).await;
-            let _: Result<serde_json::Value, _> =
-                client_a.request("unsubscribe", channel.clone()).await;
-            tokio::time::sleep(Duration::from_millis(150)).await;
-        }
-    });
+    let reader = keep_copy_in_memory(&a, "reader-a", "reborn").await;
     // B lets the session go idle, then its retention deletes it (A's copy
     // holds no lease).
     let deadline = Instant::now() + Duration::from_secs(20);
-    while metric(&on_b, "tether_session_actors").await > 0 {
-        assert!(Instant::now() < deadline, "B kept the session in memory");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    idle_on(&on_b, "B", deadline).await;
     deleted_by_retention(&db, &on_b, "reborn", deadline).await;
     // Made again on B, in another project, and written to.
     let (status, body) = call(

@@ -604,18 +604,25 @@ mod tests {
         }
     }
 
-    /// A full inbox drops what does not fit and says so before anything
-    /// else; what it kept follows in publish order, and a waiting receiver
-    /// is woken by the next offer.
-    #[tokio::test]
-    async fn an_inbox_keeps_order_and_reports_what_it_dropped() {
+    /// A hub with one inbox of 16 routed `ahp://session/s1`, and 20 of its
+    /// envelopes published: the inbox is full and lagged.
+    fn overfilled() -> (Arc<Hub>, Routing, InboxReceiver, Wakes) {
         let hub = Arc::new(Hub::new(16, 0));
-        let (mut routing, mut inbox) = hub.subscribe();
+        let (mut routing, inbox) = hub.subscribe();
         routing.route("ahp://session/s1");
         let mut wakes = Wakes::default();
         for seq in 1..=20 {
             hub.publish(published(seq), &mut wakes);
         }
+        (hub, routing, inbox, wakes)
+    }
+
+    /// A full inbox drops what does not fit and says so before anything
+    /// else; what it kept follows in publish order, and a waiting receiver
+    /// is woken by the next offer.
+    #[tokio::test]
+    async fn an_inbox_keeps_order_and_reports_what_it_dropped() {
+        let (hub, routing, mut inbox, wakes) = overfilled();
         wakes.wake().await;
         assert!(matches!(inbox.next().await, Inbound::Lagged));
         for seq in 1..=16 {
@@ -647,13 +654,7 @@ mod tests {
     /// the deleted session's channel, its successor's envelopes included.
     #[test]
     fn a_channels_end_comes_before_a_lag_and_anything_queued() {
-        let hub = Arc::new(Hub::new(16, 0));
-        let (mut routing, mut inbox) = hub.subscribe();
-        routing.route("ahp://session/s1");
-        let mut wakes = Wakes::default();
-        for seq in 1..=20 {
-            hub.publish(published(seq), &mut wakes);
-        }
+        let (hub, _routing, mut inbox, _) = overfilled();
         hub.end_channels(|channel| channel == "ahp://session/s1");
         assert_eq!(
             ended_of(inbox.try_next()),
