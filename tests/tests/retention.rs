@@ -10,7 +10,10 @@ use serde_json::json;
 use sqlx::Row as _;
 use tether_tests::{Backend, ServerProcess, TestDb, backend_tests, call, metric};
 
-backend_tests!(settled_sessions_past_the_limit_go_with_everything_they_own,);
+backend_tests!(
+    settled_sessions_past_the_limit_go_with_everything_they_own,
+    a_text_naming_a_sessions_creation_ends_no_subscription,
+);
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -504,4 +507,45 @@ async fn settled_sessions_past_the_limit_go_with_everything_they_own(db: TestDb)
         leaked.is_empty(),
         "the deleted session's subscriber got its successor's: {leaked:?}"
     );
+}
+
+/// A session made again with a deleted one's id ends the older
+/// subscriptions of its channel (the creation's type read exactly): a
+/// writer's title, or anything else, that names that type ends nobody's.
+async fn a_text_naming_a_sessions_creation_ends_no_subscription(db: TestDb) {
+    let mut server = ServerProcess::start(&db, &[]).await;
+    let base = server.base_url();
+    tether_tests::create_session(&base, "named", "echo").await;
+    let mut watcher = tether_tests::ahp_raw::Ahp::connect(&server.ws_url(), "watcher").await;
+    for channel in ["ahp-session:/named", "ahp-chat:/named.main"] {
+        watcher
+            .call("subscribe", json!({"channel": channel}))
+            .await
+            .unwrap();
+    }
+    let mut writer = tether_tests::ahp_raw::Ahp::connect(&server.ws_url(), "writer").await;
+    for title in [
+        "x-tether/sessionCreated",
+        "\"type\":\"x-tether/sessionCreated\"",
+    ] {
+        let refused = writer
+            .dispatch(
+                "ahp-session:/named",
+                json!({"type": "session/titleChanged", "title": title}),
+            )
+            .await;
+        assert_eq!(refused, None);
+    }
+    let refused = writer
+        .dispatch(
+            "ahp-session:/named",
+            json!({"type": "session/titleChanged", "title": "still heard"}),
+        )
+        .await;
+    assert_eq!(refused, None);
+    let heard = watcher
+        .action("session/titleChanged", |a| a["title"] == "still heard")
+        .await;
+    assert_eq!(heard["title"], "still heard");
+    server.terminate().await;
 }

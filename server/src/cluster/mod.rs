@@ -36,7 +36,9 @@ pub const FORWARD_CHANNEL: &str = "tether_forward";
 /// The channel that wakes a host whose forwarded writes were answered.
 pub const ANSWER_CHANNEL: &str = "tether_answer";
 /// The channel that tells every host which sessions retention deleted
-/// (payload: the deleting host's id, then the session ids, space-separated).
+/// (payload: the deleting host's id, a seq above all their envelopes and
+/// below any of a session made again since, then the session ids,
+/// space-separated).
 pub const GONE_CHANNEL: &str = "tether_gone";
 
 /// Largest `tether_gone` payload (Postgres refuses one of 8,000 bytes).
@@ -103,7 +105,7 @@ pub struct Cluster {
     /// Stops every task of the cluster (and the engine's that use it).
     pub stop: CancellationToken,
     /// Sessions other hosts said they deleted, not yet taken.
-    gone: Mutex<Vec<String>>,
+    gone: Mutex<Vec<(u64, Vec<String>)>>,
 }
 
 impl Cluster {
@@ -186,12 +188,12 @@ impl Cluster {
     /// delivered to a subscriber of the deleted one). Sent after the
     /// delete committed; a host whose `LISTEN` connection was down then
     /// does not hear it (see DESIGN.md).
-    pub async fn announce_gone(&self, ids: &[String]) -> Result<(), StoreError> {
+    pub async fn announce_gone(&self, ids: &[String], before: u64) -> Result<(), StoreError> {
         let mut payload = String::new();
         let mut failed = None;
         for (i, id) in ids.iter().enumerate() {
             if payload.is_empty() {
-                payload.push_str(&self.host);
+                payload = format!("{} {before}", self.host);
             }
             payload.push(' ');
             payload.push_str(id);
@@ -219,14 +221,26 @@ impl Cluster {
         if words.next().is_none_or(|host| host == self.host) {
             return;
         }
+        let Some(before) = words.next().and_then(|seq| seq.parse().ok()) else {
+            tracing::warn!(
+                payload,
+                "a tether_gone notification without its seq; ignored"
+            );
+            return;
+        };
+        let ids: Vec<String> = words
+            .filter(|id| !id.is_empty())
+            .map(str::to_owned)
+            .collect();
         if let Ok(mut gone) = self.gone.lock() {
-            gone.extend(words.filter(|id| !id.is_empty()).map(str::to_owned));
+            gone.push((before, ids));
         }
         self.wake.gone.notify_one();
     }
 
-    /// The sessions other hosts deleted since the last call.
-    pub fn take_gone(&self) -> Vec<String> {
+    /// The sessions other hosts deleted since the last call, each batch
+    /// with its seq (see [`GONE_CHANNEL`]).
+    pub fn take_gone(&self) -> Vec<(u64, Vec<String>)> {
         self.gone
             .lock()
             .map(|mut gone| std::mem::take(&mut *gone))

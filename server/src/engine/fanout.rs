@@ -40,11 +40,52 @@ pub struct Published {
     pub creates: bool,
 }
 
+/// `channels` and, for each default chat among them, its session's channel
+/// (where a session made again would say so first; see
+/// [`creates_session`]), each once, and how many of them were added.
+pub fn with_their_sessions(channels: &[String]) -> (Vec<String>, usize) {
+    use tether_protocol::channel::Channel;
+    let mut read = channels.to_vec();
+    for chat in channels {
+        let session = chat
+            .strip_prefix("ahp-chat:/")
+            .and_then(|id| id.strip_suffix(Channel::DEFAULT_CHAT_SUFFIX))
+            .map(Channel::session_uri);
+        if let Some(session) = session.filter(|s| !read.contains(s)) {
+            read.push(session);
+        }
+    }
+    let added = read.len() - channels.len();
+    (read, added)
+}
+
+/// The channels whose subscriptions end when `session_channel`'s session is
+/// made again: its own and its default chat's.
+pub fn ended_by_creation(session_channel: &str) -> [String; 2] {
+    let id = session_channel
+        .strip_prefix("ahp-session:/")
+        .unwrap_or_default();
+    [
+        session_channel.to_owned(),
+        tether_protocol::channel::Channel::default_chat_uri(id),
+    ]
+}
+
 /// Whether an envelope of `channel` with `action` (JSON text) begins a
-/// session: the session's first record, on its own channel.
+/// session: the session's first record, on its own channel. Its type is
+/// read exactly (a title or any other text holding the type's name is not
+/// one), the text parsed only when it holds that name at all.
 pub fn creates_session(channel: &str, action: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Typed<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: Option<std::borrow::Cow<'a, str>>,
+    }
+    use tether_protocol::actions::SESSION_CREATED;
     channel.starts_with("ahp-session:/")
-        && action.contains(tether_protocol::actions::SESSION_CREATED)
+        && action.contains(SESSION_CREATED)
+        && serde_json::from_str::<Typed<'_>>(action)
+            .is_ok_and(|typed| typed.kind.as_deref() == Some(SESSION_CREATED))
 }
 
 /// The frame of a `Directed` copy, and who receives it.
@@ -156,7 +197,13 @@ impl Inbox {
     /// waker as [`Inbox::offer`] does.
     fn end(&self, ended: Arc<Ended>) -> Option<Waker> {
         let mut state = self.state();
-        state.ended.push(ended);
+        // One per channel (bounded by the connection's subscriptions),
+        // the later end kept.
+        match state.ended.iter_mut().find(|e| e.channel == ended.channel) {
+            Some(kept) if kept.before >= ended.before => {}
+            Some(kept) => *kept = ended,
+            None => state.ended.push(ended),
+        }
         state.items.unpark()
     }
 }
@@ -260,10 +307,8 @@ impl Hub {
             // A session made again with a deleted one's id: whoever still
             // subscribes to the deleted one's channels is told they ended
             // (this host may not have heard of the deletion yet).
-            let id = item.channel.trim_start_matches("ahp-session:/");
-            let chat = tether_protocol::channel::Channel::default_chat_uri(id);
-            for channel in [item.channel.as_str(), chat.as_str()] {
-                end_routes(&routes, channel, item.seq, wakes);
+            for channel in ended_by_creation(&item.channel) {
+                end_routes(&routes, &channel, item.seq, wakes);
             }
         }
         if let Some(inboxes) = routes.by_channel.get(&item.channel) {
@@ -298,12 +343,14 @@ impl Hub {
         }
     }
 
-    /// Ends every subscription here to the channels `gone` says are gone.
-    pub fn end_channels(&self, gone: impl Fn(&str) -> bool) {
+    /// Ends every subscription here to the channels `gone` says are gone
+    /// whose snapshot is older than seq `before` (a session made again
+    /// with a deleted one's id since is newer).
+    pub fn end_channels(&self, gone: impl Fn(&str) -> bool, before: u64) {
         let routes = self.routes();
         let mut wakes = Wakes::default();
         for channel in routes.by_channel.keys().filter(|c| gone(c)) {
-            end_routes(&routes, channel, u64::MAX, &mut wakes);
+            end_routes(&routes, channel, before, &mut wakes);
         }
         drop(routes);
         wakes.wake_at_once();
@@ -655,10 +702,12 @@ mod tests {
     #[test]
     fn a_channels_end_comes_before_a_lag_and_anything_queued() {
         let (hub, _routing, mut inbox, _) = overfilled();
-        hub.end_channels(|channel| channel == "ahp://session/s1");
+        hub.end_channels(|channel| channel == "ahp://session/s1", 21);
+        hub.end_channels(|channel| channel == "ahp://session/s1", 7);
         assert_eq!(
             ended_of(inbox.try_next()),
-            Some(("ahp://session/s1".to_owned(), u64::MAX))
+            Some(("ahp://session/s1".to_owned(), 21)),
+            "one end a channel, the later kept"
         );
         assert!(matches!(inbox.try_next(), Some(Inbound::Lagged)));
         assert_eq!(inbox.try_next().and_then(seq_of), Some(1));
@@ -702,7 +751,20 @@ mod tests {
             "ahp-chat:/s2.main",
             r#"{"type":"x-tether/sessionCreated"}"#
         ));
+        // Text that names the type is not the type.
+        for action in [
+            r#"{"type":"session/titleChanged","title":"x-tether/sessionCreated"}"#,
+            r#"{"type":"session/metaChanged","_meta":{"type":"x-tether/sessionCreated"}}"#,
+            r#"{"_meta":{"type":"x-tether/sessionCreated"},"type":"session/metaChanged"}"#,
+        ] {
+            assert!(!creates_session("ahp-session:/s2", action), "{action}");
+        }
+        assert!(creates_session(
+            "ahp-session:/s2",
+            r#"{"_meta":{"type":"x"},"project":"p","type":"x-tether/sessionCreated"}"#
+        ));
     }
+
     /// Every waiting connection is woken, however many chunks its wakes
     /// take, and none before the publisher wakes them.
     #[tokio::test]

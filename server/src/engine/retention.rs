@@ -42,15 +42,21 @@ pub(super) fn start(ctx: Arc<Ctx>, every: Duration) {
 /// Forgets sessions deleted (here, or by another host's retention): their
 /// chats are no longer theirs (the store's rows are gone), so an id made
 /// again starts afresh, and no subscription here outlives them.
-fn forget_deleted(ctx: &Ctx, deleted: &[String]) {
+/// Subscriptions whose snapshot is older than seq `before` (a seq issued
+/// after the sessions' last envelope and before their deletion) are of the
+/// deleted sessions; a session made again since is newer.
+fn forget_deleted(ctx: &Ctx, deleted: &[String], before: u64) {
     let chats = ctx.chats.forget_owned_by(deleted);
-    ctx.hub.end_channels(|channel| {
-        chats.iter().any(|c| c == channel)
-            || Channel::parse(channel)
-                .ok()
-                .and_then(|c| c.named_session().map(|s| deleted.iter().any(|d| d == s)))
-                .unwrap_or(false)
-    });
+    ctx.hub.end_channels(
+        |channel| {
+            chats.iter().any(|c| c == channel)
+                || Channel::parse(channel)
+                    .ok()
+                    .and_then(|c| c.named_session().map(|s| deleted.iter().any(|d| d == s)))
+                    .unwrap_or(false)
+        },
+        before,
+    );
 }
 
 /// With several hosts: forgets what the other hosts' retention deleted.
@@ -62,13 +68,12 @@ pub(super) fn start_hearing(ctx: Arc<Ctx>) {
     tokio::spawn(stop.run_until_cancelled_owned(async move {
         loop {
             cluster.wake.gone.notified().await;
-            let deleted = cluster.take_gone();
-            if !deleted.is_empty() {
+            for (before, deleted) in cluster.take_gone() {
                 tracing::debug!(
                     sessions = deleted.len(),
                     "another host's retention deleted sessions"
                 );
-                forget_deleted(&ctx, &deleted);
+                forget_deleted(&ctx, &deleted, before);
             }
         }
     }));
@@ -97,6 +102,9 @@ pub(super) async fn round(ctx: &Arc<Ctx>) -> Result<usize, crate::store::StoreEr
         .into_iter()
         .filter(|s| ctx.begin_retiring(&s.id))
         .collect();
+    // Above every envelope of theirs (long published: they are settled
+    // and not in memory), below any of a session made again with an id.
+    let before = ctx.hub.published() + 1;
     let result = ctx.store.delete_sessions(&held).await;
     // Their agents' scratch directories (HOMEs: histories, caches, logins)
     // go too, before an id made again may start an agent in one; off the
@@ -119,10 +127,10 @@ pub(super) async fn round(ctx: &Arc<Ctx>) -> Result<usize, crate::store::StoreEr
         ctx.end_retiring(&s.id);
     }
     let deleted = result?;
-    forget_deleted(ctx, &deleted);
+    forget_deleted(ctx, &deleted, before);
     if let Some(cluster) = ctx.cluster.as_ref().filter(|_| !deleted.is_empty()) {
         // The other hosts do the same.
-        if let Err(err) = cluster.announce_gone(&deleted).await {
+        if let Err(err) = cluster.announce_gone(&deleted, before).await {
             tracing::warn!(error = %err, "retention: the other hosts were not told of the deleted sessions");
         }
     }

@@ -34,9 +34,16 @@ fn spent(then: &UsageTotals, now: &UsageTotals) -> (i64, String) {
     let Some(currency) = now.cost.as_ref().map(|c| c.currency.clone()) else {
         return (0, String::new());
     };
-    let mut then = then.clone();
-    then.costs_from_before();
-    let unnamed = then.costs.get("").filter(|_| !now.costs.contains_key(""));
+    // Totals folded before costs were kept per agent session hold one
+    // figure, the unnamed source's (`UsageTotals::costs_from_before`).
+    let before = |of: &str| {
+        then.costs.get(of).or_else(|| {
+            (of.is_empty() && then.costs.is_empty() && then.carried.is_none())
+                .then_some(then.cost.as_ref())
+                .flatten()
+        })
+    };
+    let unnamed = before("").filter(|_| !now.costs.contains_key(""));
     let since = |before: Option<&Cost>, after: &Cost| match before {
         Some(a) if a.currency == after.currency && after.amount >= a.amount => {
             micros(after.amount) - micros(a.amount)
@@ -46,8 +53,8 @@ fn spent(then: &UsageTotals, now: &UsageTotals) -> (i64, String) {
     let micros = now
         .costs
         .iter()
-        .filter(|(of, after)| after.currency == currency && then.costs.get(*of) != Some(after))
-        .map(|(of, after)| since(then.costs.get(of).or(unnamed), after))
+        .filter(|(of, after)| after.currency == currency && before(of) != Some(after))
+        .map(|(of, after)| since(before(of).or(unnamed), after))
         .sum();
     (micros, currency)
 }

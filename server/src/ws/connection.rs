@@ -31,7 +31,10 @@ use super::{
 use crate::AppState;
 use crate::auth::Principal;
 use crate::auth::limits::{ConnectionSlot, PrincipalLimits};
-use crate::engine::fanout::{HubItem, Inbound, Routing, action_frame, creates_session};
+use crate::engine::fanout::{
+    HubItem, Inbound, Routing, action_frame, creates_session, ended_by_creation,
+    with_their_sessions,
+};
 use crate::engine::{DispatchOutcome, Engine, Metrics};
 use crate::store::Origin;
 
@@ -499,8 +502,6 @@ impl Connection {
             .await
     }
 
-    /// Sends stored envelopes of `channels` in `(after, upto]` that their
-    /// subscriptions do not have yet.
     /// Ends the subscription of `channel` if its snapshot is older than
     /// seq `before` (a session deleted since; see [`HubItem::Gone`]).
     fn end_subscription(&mut self, channel: &str, before: u64) {
@@ -514,6 +515,8 @@ impl Connection {
         }
     }
 
+    /// Sends stored envelopes of `channels` in `(after, upto]` that their
+    /// subscriptions do not have yet.
     pub(super) async fn deliver_from_store(
         &mut self,
         channels: &[String],
@@ -521,11 +524,14 @@ impl Connection {
         upto: u64,
     ) -> Next {
         let mut after = after;
+        // A default chat's session channel too: its session made again says
+        // so there.
+        let (read, _) = with_their_sessions(channels);
         while after < upto && !channels.is_empty() {
             let page = match self
                 .engine
                 .store()
-                .read_after(after, Some(channels), CATCH_UP_PAGE)
+                .read_after(after, Some(&read), CATCH_UP_PAGE)
                 .await
             {
                 Ok(page) => page,
@@ -538,11 +544,7 @@ impl Connection {
                     // The session was deleted and made again since this
                     // subscription's snapshot: it ends (the hub says so
                     // too, unless this host had not heard of it yet).
-                    let id = envelope.channel.trim_start_matches("ahp-session:/");
-                    for channel in [
-                        envelope.channel.clone(),
-                        tether_protocol::channel::Channel::default_chat_uri(id),
-                    ] {
+                    for channel in ended_by_creation(&envelope.channel) {
                         self.end_subscription(&channel, envelope.seq);
                     }
                 }
