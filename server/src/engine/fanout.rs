@@ -42,8 +42,8 @@ pub struct Published {
 
 /// `channels` and, for each default chat among them, its session's channel
 /// (where a session made again would say so first; see
-/// [`creates_session`]), each once, and how many of them were added.
-pub fn with_their_sessions(channels: &[String]) -> (Vec<String>, usize) {
+/// [`creates_session`]), each once.
+pub fn with_their_sessions(channels: &[String]) -> Vec<String> {
     use tether_protocol::channel::Channel;
     let mut read = channels.to_vec();
     for chat in channels {
@@ -55,8 +55,7 @@ pub fn with_their_sessions(channels: &[String]) -> (Vec<String>, usize) {
             read.push(session);
         }
     }
-    let added = read.len() - channels.len();
-    (read, added)
+    read
 }
 
 /// The channels whose subscriptions end when `session_channel`'s session is

@@ -526,7 +526,7 @@ impl Connection {
         let mut after = after;
         // A default chat's session channel too: its session made again says
         // so there.
-        let (read, _) = with_their_sessions(channels);
+        let read = with_their_sessions(channels);
         while after < upto && !channels.is_empty() {
             let page = match self
                 .engine

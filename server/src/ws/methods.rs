@@ -11,7 +11,7 @@ use super::frame::Dispatched;
 use super::rpc::{
     RpcError, channel_param, client_id_param, session_param, strings_param, u64_param,
 };
-use crate::engine::fanout::{action_frame, creates_session, with_their_sessions, write_envelope};
+use crate::engine::fanout::{action_frame, write_envelope};
 use crate::engine::{CreateSession, DispatchOutcome, EngineError, RefusalKind, summary};
 use crate::store::MAX_READ_LIMIT;
 use crate::store::{Origin, SessionFilter};
@@ -202,22 +202,13 @@ impl Connection {
         let mut too_many = last_seen > horizon;
         let mut rows = CATCH_UP_PAGE.min(limit.saturating_add(1));
         let most = self.engine.store().replay_page_rows();
-        // A default chat's session channel is read too (not replayed): a
-        // session made again since the client's seq says so there, and the
-        // client then starts over from snapshots.
-        let (read, added) = with_their_sessions(&present);
-        let asked: std::collections::HashSet<&str> = if added > 0 {
-            present.iter().map(String::as_str).collect()
-        } else {
-            std::collections::HashSet::new()
-        };
-        'pages: while after < horizon && !present.is_empty() {
+        while after < horizon && !present.is_empty() {
             let page = self
                 .engine
                 .store()
                 .read_after_within(
                     after,
-                    Some(&read),
+                    Some(&present),
                     rows,
                     self.limits
                         .max_replay_bytes
@@ -232,13 +223,6 @@ impl Connection {
                 .filter(|e| e.seq <= horizon)
                 .filter(|e| !hidden_from(&self.principal, &e.channel, &e.action))
             {
-                if creates_session(&envelope.channel, &envelope.action) {
-                    too_many = true;
-                    break 'pages;
-                }
-                if added > 0 && !asked.contains(envelope.channel.as_str()) {
-                    continue;
-                }
                 if count > 0 {
                     reply.push(',');
                 }
