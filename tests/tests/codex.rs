@@ -215,7 +215,7 @@ async fn codex_logs_in_shows_its_settings_and_runs_real_turns(db: TestDb) {
         ),
     )
     .unwrap();
-    let server = ServerProcess::start(
+    let mut server = ServerProcess::start(
         &db,
         &[
             "--agents-file",
@@ -476,4 +476,7 @@ async fn codex_logs_in_shows_its_settings_and_runs_real_turns(db: TestDb) {
         .find(|i| i["type"] == "function_call_output" && i["call_id"] == "call_exec_command")
         .expect("codex sent the command's output back");
     assert!(output.to_string().contains("tether-exec"), "{output}");
+    // Stopped as a host is: its agent goes with it (a test that only
+    // dropped the server killed it, and left codex-acp running).
+    server.terminate().await;
 }
