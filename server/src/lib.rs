@@ -68,6 +68,13 @@ impl AppState {
         let epoch = store.host().await?.epoch.to_string();
         config.engine.sandbox = config.sandbox.sandbox(&epoch);
         config.engine.sandbox.log_start();
+        let stopped = config.engine.sandbox.stop_left_running();
+        if stopped > 0 {
+            tracing::warn!(
+                agents = stopped,
+                "stopped agent processes the last run left running (it was killed)"
+            );
+        }
         let effects: Arc<dyn Effects> = match &config.effects {
             EffectsConfig::Local => Arc::new(LocalEffects),
             EffectsConfig::Webhook { url } => Arc::new(

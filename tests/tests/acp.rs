@@ -22,6 +22,7 @@ backend_tests!(
     working_directories_change_through_the_agent,
     the_boot_sweep_settles_a_session_whose_agent_was_mid_turn,
     processes_are_killed_on_dispose_and_shutdown_even_when_they_ignore_eof,
+    an_agent_a_killed_server_left_running_is_stopped_at_its_next_start,
     the_cli_lists_agents_and_streams_a_turn_approving_with_yes,
 );
 
@@ -870,6 +871,31 @@ async fn gone(pid: u32) -> bool {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     false
+}
+
+/// A server killed with SIGKILL cannot stop its agents, and one that
+/// ignores EOF and SIGTERM keeps running; the next start on the same store
+/// stops it (it was noted in its scratch directory with its server).
+async fn an_agent_a_killed_server_left_running_is_stopped_at_its_next_start(db: TestDb) {
+    let spec = agent("fake", "FAKE_ACP_MODE=stubborn");
+    let mut server = ServerProcess::start(&db, &["--agent", &spec]).await;
+    let api = Api::new(server.base_url());
+    api.create("k1", "fake", &[]).await;
+    api.turn("k1", "t1", "hang").await;
+    let pid = agent_pid(
+        &api.until("k1", "k1 at work", |a| kind(a) == "chat/responsePart")
+            .await,
+    );
+    server.kill().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(alive(pid), "a killed server left its agent running");
+    server.restart().await;
+    assert!(
+        gone(pid).await,
+        "the next start stopped the agent the killed server left"
+    );
+    assert!(server.log().contains("left running"), "and said so");
+    server.terminate().await;
 }
 
 async fn processes_are_killed_on_dispose_and_shutdown_even_when_they_ignore_eof(db: TestDb) {

@@ -337,7 +337,51 @@ impl Sandbox {
                 command.display()
             )
         })?;
+        if let Some(pid) = child.id() {
+            note_running(&scratch, pid);
+        }
         Ok(Started { child, cwd })
+    }
+
+    /// Stops the agents a server that is gone left running (it was killed,
+    /// so it could not stop them): each agent notes its process and its
+    /// server's in its scratch directory ([`RUNNING`]); a note whose server
+    /// is gone and whose agent still runs (the same process: its start time
+    /// matches, so a reused pid is left alone) has its process group
+    /// killed. Returns how many were stopped.
+    pub fn stop_left_running(&self) -> usize {
+        let Ok(dirs) = std::fs::read_dir(&self.scratch_root) else {
+            return 0;
+        };
+        let mut stopped = 0;
+        for note in dirs.flatten().map(|dir| dir.path().join(RUNNING)) {
+            let Ok(text) = std::fs::read_to_string(&note) else {
+                continue;
+            };
+            let numbers: Vec<u64> = text
+                .split_whitespace()
+                .filter_map(|n| n.parse().ok())
+                .collect();
+            let [agent, agent_start, server, server_start] = numbers[..] else {
+                let _ = std::fs::remove_file(&note);
+                continue;
+            };
+            if started_at(server) == Some(server_start) {
+                // Its server still runs (another host on this machine).
+                continue;
+            }
+            if started_at(agent) == Some(agent_start) {
+                signal_group(u32::try_from(agent).ok(), rustix::process::Signal::KILL);
+                tracing::warn!(
+                    pid = agent,
+                    note = %note.display(),
+                    "stopped an agent process a server that is gone left running"
+                );
+                stopped += 1;
+            }
+            let _ = std::fs::remove_file(&note);
+        }
+        stopped
     }
 
     /// Starts a command on an agent's behalf (a terminal): with the
@@ -603,6 +647,34 @@ fn own_files(path: &Path) -> PathBuf {
         .last()
         .and_then(Path::parent)
         .map_or(resolved.clone(), Path::to_path_buf)
+}
+
+/// The note in an agent's scratch directory naming its process and its
+/// server's: `AGENT_PID AGENT_START SERVER_PID SERVER_START` (start times
+/// in clock ticks since boot, `/proc/PID/stat`'s 22nd field).
+pub const RUNNING: &str = "agent.running";
+
+/// Notes agent `pid`, started in `scratch`, with this server (see
+/// [`RUNNING`]). Best effort: without it, only a crash leaves it behind.
+fn note_running(scratch: &Path, pid: u32) {
+    let server = std::process::id();
+    if let (Some(agent_start), Some(server_start)) =
+        (started_at(u64::from(pid)), started_at(u64::from(server)))
+    {
+        let note = format!("{pid} {agent_start} {server} {server_start}\n");
+        if let Err(err) = std::fs::write(scratch.join(RUNNING), note) {
+            tracing::debug!(error = %err, "the agent's process was not noted");
+        }
+    }
+}
+
+/// When process `pid` started (clock ticks since boot), if it runs.
+fn started_at(pid: u64) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's name, which may hold spaces and parentheses:
+    // the state is the 3rd field, the start time the 22nd.
+    let (_, fields) = stat.rsplit_once(')')?;
+    fields.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// Sends `signal` to the process group `pid` leads (every process started
