@@ -45,13 +45,20 @@ pub struct Published {
 /// [`creates_session`]), each once.
 pub fn with_their_sessions(channels: &[String]) -> Vec<String> {
     use tether_protocol::channel::Channel;
+    // A set, not a scan of the list for each chat: a catch-up may cover a
+    // connection's every subscription (a thousand).
+    let given: HashSet<&str> = channels.iter().map(String::as_str).collect();
+    let mut ids = HashSet::new();
     let mut read = channels.to_vec();
     for chat in channels {
-        let session = chat
+        let Some(id) = chat
             .strip_prefix("ahp-chat:/")
             .and_then(|id| id.strip_suffix(Channel::DEFAULT_CHAT_SUFFIX))
-            .map(Channel::session_uri);
-        if let Some(session) = session.filter(|s| !read.contains(s)) {
+        else {
+            continue;
+        };
+        let session = Channel::session_uri(id);
+        if ids.insert(id) && !given.contains(session.as_str()) {
             read.push(session);
         }
     }
@@ -684,6 +691,24 @@ mod tests {
         assert_eq!(waiting.await.unwrap(), Some(21));
         drop(routing);
         assert_eq!(hub.routes().by_channel.len(), 0);
+    }
+
+    #[test]
+    fn a_default_chats_session_is_read_once_beside_it() {
+        let channels: Vec<String> = [
+            "ahp-chat:/a.main",
+            "ahp-chat:/b.main",
+            "ahp-session:/b",
+            "ahp-chat:/a-side",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let mut read = with_their_sessions(&channels);
+        assert_eq!(read.len(), 5, "{read:?}");
+        read.sort();
+        read.dedup();
+        assert_eq!(read.len(), 5, "each once: {read:?}");
+        assert!(read.contains(&"ahp-session:/a".to_owned()));
     }
 
     fn ended_of(inbound: Option<Inbound>) -> Option<(String, u64)> {
