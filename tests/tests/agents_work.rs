@@ -16,6 +16,7 @@ backend_tests!(
     file_edits_are_changesets_with_both_sides_and_clients_revert_them,
     the_hosts_file_access_stays_in_the_sessions_directories,
     terminals_run_confined_stream_their_output_and_end_at_their_limit,
+    a_command_a_killed_server_left_running_is_stopped_at_its_next_start,
 );
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
@@ -361,4 +362,64 @@ async fn terminals_run_confined_stream_their_output_and_end_at_their_limit(db: T
         .await;
     assert!(refused.is_some_and(|r| r.contains("not running")));
     drop(server);
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// A server killed with SIGKILL cannot stop the commands its terminals
+/// run; the next start on the same store stops them (each was noted with
+/// its server, outside every agent's reach).
+async fn a_command_a_killed_server_left_running_is_stopped_at_its_next_start(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().canonicalize().unwrap();
+    let (mut server, mut ahp) = start(&db, "ops", "tk", &work).await;
+    let shell = "ahp-terminal:/tk/console-1";
+    ahp.call(
+        "createTerminal",
+        json!({"channel": shell, "claim": {"kind": "client", "clientId": "ops"}}),
+    )
+    .await
+    .unwrap();
+    ahp.call("subscribe", json!({"channel": shell}))
+        .await
+        .unwrap();
+    // A command in the background, which outlives its shell's input.
+    let typed = json!({"type": "terminal/input", "data": "sleep 600 & echo pid=$!\n"});
+    assert_eq!(ahp.dispatch(shell, typed).await, None);
+    let mut seen = String::new();
+    let pid = loop {
+        if let Some(pid) = seen
+            .split_once("pid=")
+            .and_then(|(_, rest)| rest.split_once('\n'))
+            .and_then(|(pid, _)| pid.trim().parse::<u32>().ok())
+        {
+            break pid;
+        }
+        let data = ahp.action("terminal/data", |_| true).await;
+        seen.push_str(data["data"].as_str().unwrap());
+        ahp.seen.retain(|m| m["params"]["action"] != data);
+    };
+    assert!(alive(pid), "the command runs: {seen}");
+    drop(ahp);
+    server.kill().await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(alive(pid), "a killed server left its command running");
+    server.restart().await;
+    let mut stopped = false;
+    for _ in 0..200 {
+        if !alive(pid) {
+            stopped = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(stopped, "the next start stopped the command the killed server left");
+    assert!(server.log().contains("left running"), "and said so");
+    server.terminate().await;
 }

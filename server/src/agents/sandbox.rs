@@ -337,51 +337,80 @@ impl Sandbox {
                 command.display()
             )
         })?;
-        if let Some(pid) = child.id() {
-            note_running(&scratch, pid);
-        }
         Ok(Started { child, cwd })
     }
 
-    /// Stops the agents a server that is gone left running (it was killed,
-    /// so it could not stop them): each agent notes its process and its
-    /// server's in its scratch directory ([`RUNNING`]); a note whose server
-    /// is gone and whose agent still runs (the same process: its start time
-    /// matches, so a reused pid is left alone) has its process group
-    /// killed. Returns how many were stopped.
+    /// Stops the processes a server that is gone left running (it was
+    /// killed, so it could not stop them): every process the sandbox
+    /// starts, and what those start, carries its server in [`STARTED_BY`];
+    /// each process of this scratch root's whose server no longer runs
+    /// (the same process: its start time must match, so a reused pid does
+    /// not count as it) is killed. Returns how many were stopped.
+    ///
+    /// A process that clears its environment escapes this; one that
+    /// claims another server's variable only makes itself stoppable.
     pub fn stop_left_running(&self) -> usize {
-        let Ok(dirs) = std::fs::read_dir(&self.scratch_root) else {
-            return 0;
-        };
-        let mut stopped = 0;
-        for note in dirs.flatten().map(|dir| dir.path().join(RUNNING)) {
-            let Ok(text) = std::fs::read_to_string(&note) else {
-                continue;
+        let me = std::process::id();
+        let mut stopped = std::collections::HashSet::new();
+        // A process may start another between the scan and the kill: scan
+        // again until a pass finds none (a few passes at most).
+        for _ in 0..5 {
+            let Ok(processes) = std::fs::read_dir("/proc") else {
+                break;
             };
-            let numbers: Vec<u64> = text
-                .split_whitespace()
-                .filter_map(|n| n.parse().ok())
-                .collect();
-            let [agent, agent_start, server, server_start] = numbers[..] else {
-                let _ = std::fs::remove_file(&note);
-                continue;
-            };
-            if started_at(server) == Some(server_start) {
-                // Its server still runs (another host on this machine).
-                continue;
-            }
-            if started_at(agent) == Some(agent_start) {
-                signal_group(u32::try_from(agent).ok(), rustix::process::Signal::KILL);
+            let mut found = 0;
+            for pid in processes.flatten().filter_map(|entry| {
+                entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|name| name.parse::<u32>().ok())
+            }) {
+                if pid == me || stopped.contains(&pid) || !self.left_by_a_server_gone(pid) {
+                    continue;
+                }
+                if let Some(raw) = i32::try_from(pid)
+                    .ok()
+                    .and_then(rustix::process::Pid::from_raw)
+                {
+                    let _ = rustix::process::kill_process(raw, rustix::process::Signal::KILL);
+                }
                 tracing::warn!(
-                    pid = agent,
-                    note = %note.display(),
-                    "stopped an agent process a server that is gone left running"
+                    pid,
+                    "stopped a process (an agent, or what it ran) a server that is gone left running"
                 );
-                stopped += 1;
+                stopped.insert(pid);
+                found += 1;
             }
-            let _ = std::fs::remove_file(&note);
+            if found == 0 {
+                break;
+            }
         }
-        stopped
+        stopped.len()
+    }
+
+    /// Whether process `pid` was started (directly or not) by a server
+    /// of this scratch root's that no longer runs.
+    fn left_by_a_server_gone(&self, pid: u32) -> bool {
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            return false;
+        };
+        let prefix = format!("{STARTED_BY}=");
+        let Some(value) = environ
+            .split(|b| *b == 0)
+            .find_map(|var| var.strip_prefix(prefix.as_bytes()))
+            .and_then(|value| std::str::from_utf8(value).ok())
+        else {
+            return false;
+        };
+        let mut parts = value.splitn(3, ' ');
+        let (Some(server), Some(start), Some(root)) = (
+            parts.next().and_then(|p| p.parse::<u64>().ok()),
+            parts.next().and_then(|p| p.parse::<u64>().ok()),
+            parts.next(),
+        ) else {
+            return false;
+        };
+        Path::new(root) == self.scratch_root && started_at(server) != Some(start)
     }
 
     /// Starts a command on an agent's behalf (a terminal): with the
@@ -448,6 +477,18 @@ impl Sandbox {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .process_group(0);
+        if let Some(server) = started_at(u64::from(std::process::id())) {
+            // Last, so neither the agent's nor a command's own variables
+            // replace it.
+            process.env(
+                STARTED_BY,
+                format!(
+                    "{} {server} {}",
+                    std::process::id(),
+                    self.scratch_root.display()
+                ),
+            );
+        }
         let confined = self.confines().then_some(policy);
         spawn_on_confined_thread(process, confined)
     }
@@ -649,24 +690,12 @@ fn own_files(path: &Path) -> PathBuf {
         .map_or(resolved.clone(), Path::to_path_buf)
 }
 
-/// The note in an agent's scratch directory naming its process and its
-/// server's: `AGENT_PID AGENT_START SERVER_PID SERVER_START` (start times
-/// in clock ticks since boot, `/proc/PID/stat`'s 22nd field).
-pub const RUNNING: &str = "agent.running";
-
-/// Notes agent `pid`, started in `scratch`, with this server (see
-/// [`RUNNING`]). Best effort: without it, only a crash leaves it behind.
-fn note_running(scratch: &Path, pid: u32) {
-    let server = std::process::id();
-    if let (Some(agent_start), Some(server_start)) =
-        (started_at(u64::from(pid)), started_at(u64::from(server)))
-    {
-        let note = format!("{pid} {agent_start} {server} {server_start}\n");
-        if let Err(err) = std::fs::write(scratch.join(RUNNING), note) {
-            tracing::debug!(error = %err, "the agent's process was not noted");
-        }
-    }
-}
+/// The variable naming the server that started a process, which what it
+/// starts inherits: `SERVER_PID SERVER_START SCRATCH_ROOT` (the start time
+/// in clock ticks since boot, `/proc/PID/stat`'s 22nd field), so a server
+/// on the same scratch root stops what a killed one left running
+/// ([`Sandbox::stop_left_running`]).
+pub const STARTED_BY: &str = "TETHER_STARTED_BY";
 
 /// When process `pid` started (clock ticks since boot), if it runs.
 fn started_at(pid: u64) -> Option<u64> {
@@ -718,6 +747,36 @@ fn spawn_on_confined_thread(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_start_stops_what_a_gone_server_of_its_scratch_root_left_running() {
+        let root = tempfile::tempdir().unwrap();
+        let sandbox = Sandbox::new(ConfinementMode::Off, root.path().to_path_buf(), Vec::new());
+        let me = std::process::id();
+        let start = started_at(u64::from(me)).unwrap();
+        let here = root.path().display().to_string();
+        let spawn = |value: String| {
+            std::process::Command::new("sleep")
+                .arg("60")
+                .env(STARTED_BY, value)
+                .spawn()
+                .unwrap()
+        };
+        // A server that is gone: this pid, but not this start.
+        let mut left = spawn(format!("{me} {} {here}", start + 1));
+        // A server that runs (this one), and another root's gone server.
+        let mut running = spawn(format!("{me} {start} {here}"));
+        let mut elsewhere = spawn(format!("{me} {} {here}/other", start + 1));
+        let alive = |child: &mut std::process::Child| child.try_wait().unwrap().is_none();
+        assert_eq!(sandbox.stop_left_running(), 1);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(left.wait().unwrap().signal(), Some(9));
+        assert!(alive(&mut running) && alive(&mut elsewhere));
+        for mut child in [running, elsewhere] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 
     #[test]
     fn the_environment_is_the_allow_list_the_scratch_and_the_agents_own() {
