@@ -52,6 +52,10 @@ pub(super) fn start(store: Arc<dyn Store>) {
                 sessions = indexed,
                 "search index built for existing sessions"
             );
+            // Written in bulk: the planner's statistics would lag behind.
+            if let Err(err) = store.analyze().await {
+                tracing::warn!(error = %err, "cannot refresh the planner's statistics");
+            }
         }
     });
 }

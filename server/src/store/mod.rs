@@ -714,6 +714,15 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Marks a session indexed.
     async fn search_indexed(&self, session: &str) -> Result<(), StoreError>;
 
+    /// Refreshes the query planner's statistics after a bulk write (the
+    /// search index built for a whole store): Postgres runs `ANALYZE`,
+    /// without which a store written in bulk plans common-word searches
+    /// badly until autovacuum gets to it; SQLite's plans are chosen
+    /// without statistics, so it does nothing.
+    async fn analyze(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Closes every connection after in-flight work finishes.
     async fn close(&self);
 }

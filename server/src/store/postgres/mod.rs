@@ -715,6 +715,11 @@ impl Store for PostgresStore {
         )
     }
 
+    async fn analyze(&self) -> Result<(), StoreError> {
+        sqlx::query("ANALYZE").execute(&self.pool).await?;
+        Ok(())
+    }
+
     async fn search_indexed(&self, session: &str) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM search_pending WHERE session_id = $1")
             .bind(session)
