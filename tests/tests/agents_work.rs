@@ -214,6 +214,38 @@ async fn file_edits_are_changesets_with_both_sides_and_clients_revert_them(db: T
         .call("subscribe", json!({"channel": "ahp-changeset:/nobody/t1"}))
         .await;
     assert!(other.is_err(), "{other:?}");
+
+    // The export takes the changesets out with the conversation.
+    let exported = exported(&server.base_url(), "ed").await;
+    for turn in ["t1", "t2"] {
+        let channel = format!("ahp-changeset:/ed/{turn}");
+        assert!(
+            exported.iter().any(|e| e["channel"] == channel.as_str()
+                && e["action"]["type"] == "changeset/fileRemoved"),
+            "{channel}'s revert is exported"
+        );
+    }
+}
+
+/// A session's JSON Lines export, checked to be in seq order, each
+/// envelope once.
+async fn exported(base: &str, session: &str) -> Vec<Value> {
+    let body = reqwest::get(format!("{base}/v1/sessions/{session}/export"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let exported: Vec<Value> = body
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let seqs: Vec<u64> = exported
+        .iter()
+        .map(|e| e["serverSeq"].as_u64().unwrap())
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    exported
 }
 
 async fn the_hosts_file_access_stays_in_the_sessions_directories(db: TestDb) {
@@ -361,6 +393,30 @@ async fn terminals_run_confined_stream_their_output_and_end_at_their_limit(db: T
         .dispatch(shell, json!({"type": "terminal/input", "data": "ls\n"}))
         .await;
     assert!(refused.is_some_and(|r| r.contains("not running")));
+
+    // The export takes the terminals out: the agent's and the operator's,
+    // their output and their end.
+    let exported = exported(&server.base_url(), "tm").await;
+    let output: String = exported
+        .iter()
+        .filter(|e| e["channel"] == shell && e["action"]["type"] == "terminal/data")
+        .filter_map(|e| e["action"]["data"].as_str())
+        .collect();
+    assert!(output.starts_with("from-the-console\n"), "{output}");
+    assert!(
+        exported
+            .iter()
+            .any(|e| e["channel"] == shell && e["action"]["type"] == "terminal/exited")
+    );
+    let agents = exported
+        .iter()
+        .filter(|e| {
+            e["channel"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("ahp-terminal:/tm/t-"))
+        })
+        .count();
+    assert!(agents > 0, "the agent's terminals are exported");
     drop(server);
 }
 

@@ -35,16 +35,23 @@ pub struct ExportQuery {
     format: Option<String>,
 }
 
-/// A session's transcript page by page, oldest first; it ends after the
+/// A session's envelopes page by page, oldest first: its transcript's, and
+/// with `work` its changesets' and terminals' too; it ends after the
 /// first short page or a store failure.
 fn pages(
     store: Arc<dyn Store>,
     id: String,
+    work: bool,
 ) -> impl Stream<Item = Result<Vec<StoredEnvelope>, StoreError>> {
     futures_util::stream::unfold(Some(0u64), move |after| {
         let (store, id) = (store.clone(), id.clone());
         async move {
-            match store.transcript(&id, after?, PAGE).await {
+            let page = if work {
+                store.session_log(&id, after?, PAGE).await
+            } else {
+                store.transcript(&id, after?, PAGE).await
+            };
+            match page {
                 Ok(page) => {
                     let next = (page.len() == PAGE as usize)
                         .then(|| page.last().map(|e| e.seq))
@@ -64,15 +71,16 @@ enum Format {
     Markdown,
 }
 
-/// A session's whole transcript (the session and its chats), as JSON Lines
-/// or Markdown, for download.
+/// A session taken out, for download: as JSON Lines, every envelope of it
+/// (its transcript's, and its changesets' and terminals'); as Markdown,
+/// its conversation.
 #[utoipa::path(
     get,
     path = "/v1/sessions/{id}/export",
     tag = "sessions",
     params(SessionPath, ExportQuery),
     responses(
-        (status = 200, description = "JSON Lines (`application/jsonl`: every envelope, oldest first) or Markdown (`text/markdown`).",
+        (status = 200, description = "JSON Lines (`application/jsonl`: every envelope of the session, its chats, changesets and terminals, oldest first) or Markdown (`text/markdown`).",
          content((String = "application/jsonl"), (String = "text/markdown"))),
         (status = 400, description = "Malformed query or path, or an unknown format.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such session.", body = Problem, content_type = "application/problem+json"),
@@ -102,7 +110,9 @@ pub async fn export(
         HeaderValue::from_str(&format!("attachment; filename=\"{id}.{extension}\""))
             .unwrap_or_else(|_| HeaderValue::from_static("attachment"))
     };
-    let pages = pages(state.store.clone(), id.clone());
+    // Markdown is the conversation; JSON Lines every envelope, the file
+    // edits' changesets and the terminals' output with it.
+    let pages = pages(state.store.clone(), id.clone(), format == Format::Jsonl);
     if format == Format::Markdown {
         let mut markdown = Markdown::new(&id);
         let mut pages = std::pin::pin!(pages);

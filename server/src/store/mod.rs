@@ -42,7 +42,9 @@ pub use open::{StoreOptions, backup, data_files, has_writer_thread, open, redact
 pub(crate) use open::{Target, parse_url};
 pub use postgres::PostgresStore;
 pub use retention::Expired;
-pub(crate) use retention::{Prefixes, owned_rows_sql, session_channels, session_rows_sql};
+pub(crate) use retention::{
+    Prefixes, owned_rows_sql, session_channels, session_rows_sql, under_session,
+};
 pub use rfc3339::rfc3339;
 pub use sqlite::SqliteStore;
 pub use sqlite::backup::BackupReport;
@@ -524,6 +526,17 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// recorded for it by the envelopes that named them), seq above `after`,
     /// oldest first.
     async fn transcript(
+        &self,
+        session_id: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredEnvelope>, StoreError>;
+
+    /// A page of every envelope of one session: its transcript's, and its
+    /// changesets' and terminals' (`ahp-changeset:/<id>/…`,
+    /// `ahp-terminal:/<id>/…`), seq above `after`, oldest first. What an
+    /// export takes out.
+    async fn session_log(
         &self,
         session_id: &str,
         after: u64,

@@ -74,6 +74,15 @@ fn session_channel_kinds(column: &str, p: &str, prefixes: Prefixes) -> [String; 
     ]
 }
 
+/// The conditions on `column` that hold for the channels under the
+/// session whose id is `p`: its changesets', and its terminals'. On
+/// Postgres each is a range of a partial index only alone: joined by `OR`,
+/// its planner scans every session's.
+pub(crate) fn under_session(column: &str, p: &str, prefixes: Prefixes) -> [String; 2] {
+    let [.., changesets, terminals] = session_channel_kinds(column, p, prefixes);
+    [changesets, terminals]
+}
+
 /// The condition on `column` that holds for every channel of the session
 /// whose id is `p`: [`session_channel_kinds`]' conditions, any of them.
 pub(crate) fn session_channels(column: &str, p: &str, prefixes: Prefixes) -> String {

@@ -59,7 +59,64 @@ pub struct PostgresStore {
     probing: Arc<super::plan::Probing>,
 }
 
+/// A page of a session's envelopes on the channels `channels` lists (`$1`:
+/// the session's channel, `$2`: its id): one ordered range of
+/// `log_channel` per channel, merged by seq (the log has no session index:
+/// see migration 0006).
+fn session_page_sql(channels: &str) -> String {
+    format!(
+        "SELECT l.seq, l.channel, l.session_id, l.action, l.client_id, l.client_seq, \
+                l.origin_scope, l.at_ms \
+         FROM ({channels}) AS c \
+         CROSS JOIN LATERAL (SELECT * FROM log \
+                             WHERE log.channel = c.channel AND log.seq > $3 \
+                               AND log.session_id = $2 \
+                             ORDER BY log.seq LIMIT $4) AS l \
+         ORDER BY l.seq LIMIT $4"
+    )
+}
+
+/// A transcript's channels: the session's and its chats'.
+const TRANSCRIPT_CHANNELS: &str =
+    "SELECT $1::text AS channel UNION SELECT chat FROM chats WHERE session_id = $2";
+
+/// [`Store::transcript`]'s page.
+static TRANSCRIPT: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| session_page_sql(TRANSCRIPT_CHANNELS));
+
+/// [`Store::session_log`]'s page: the transcript's channels, and those
+/// under the session, found through their partial index (migration 0017).
+static SESSION_LOG: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let [changesets, terminals] =
+        crate::store::under_session("channel", "$2", crate::store::Prefixes::Collated);
+    session_page_sql(&format!(
+        "{TRANSCRIPT_CHANNELS} UNION SELECT channel FROM log WHERE {changesets} \
+         UNION SELECT channel FROM log WHERE {terminals}"
+    ))
+});
+
 impl PostgresStore {
+    /// A page of a session's envelopes, read with `sql` (see
+    /// [`session_page_sql`]).
+    async fn session_page(
+        &self,
+        sql: &str,
+        session_id: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredEnvelope>, StoreError> {
+        let mut tx = self.begin_channel_read().await?;
+        let found: Vec<rows::Envelope> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(Channel::session_uri(session_id))
+            .bind(session_id)
+            .bind(seq_to_db(after))
+            .bind(clamp_limit(limit))
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        found.into_iter().map(TryInto::try_into).collect()
+    }
+
     /// Connects to the database at `url` and migrates it.
     pub async fn open(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
         let fail = |reason: String| StoreError::Open {
@@ -315,29 +372,18 @@ impl Store for PostgresStore {
         after: u64,
         limit: u32,
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
-        // A session's rows are on its channel and its chats' (the log has
-        // no session index: see migration 0006): one ordered range of
-        // log_channel per channel, merged by seq.
-        let mut tx = self.begin_channel_read().await?;
-        let found: Vec<rows::Envelope> = sqlx::query_as(
-            "SELECT l.seq, l.channel, l.session_id, l.action, l.client_id, l.client_seq, \
-                    l.origin_scope, l.at_ms \
-             FROM (SELECT $1::text AS channel \
-                   UNION SELECT chat FROM chats WHERE session_id = $2) AS c \
-             CROSS JOIN LATERAL (SELECT * FROM log \
-                                 WHERE log.channel = c.channel AND log.seq > $3 \
-                                   AND log.session_id = $2 \
-                                 ORDER BY log.seq LIMIT $4) AS l \
-             ORDER BY l.seq LIMIT $4",
-        )
-        .bind(Channel::session_uri(session_id))
-        .bind(session_id)
-        .bind(seq_to_db(after))
-        .bind(clamp_limit(limit))
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        found.into_iter().map(TryInto::try_into).collect()
+        self.session_page(&TRANSCRIPT, session_id, after, limit)
+            .await
+    }
+
+    async fn session_log(
+        &self,
+        session_id: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredEnvelope>, StoreError> {
+        self.session_page(&SESSION_LOG, session_id, after, limit)
+            .await
     }
 
     async fn chat_session(&self, chat: &str) -> Result<Option<String>, StoreError> {

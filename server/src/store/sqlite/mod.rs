@@ -67,7 +67,66 @@ pub struct SqliteStore {
     probing: Arc<crate::store::plan::Probing>,
 }
 
+/// The names of a session's changesets' and terminals' channels (`?1`: its
+/// id), through the index of their names (a prefix is a range of it).
+static UNDER_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let under = crate::store::under_session("uri", "?1", crate::store::Prefixes::Ranges);
+    format!("SELECT uri FROM channels WHERE {}", under.join(" OR "))
+});
+
 impl SqliteStore {
+    /// A page of a session's transcript ([`Store::transcript`]), with its
+    /// changesets' and terminals' envelopes when `work`
+    /// ([`Store::session_log`]).
+    async fn session_page(
+        &self,
+        session_id: &str,
+        after: u64,
+        limit: u32,
+        work: bool,
+    ) -> Result<Vec<StoredEnvelope>, StoreError> {
+        // A session's rows are on its channel and its chats' (the log has
+        // no session index: see migration 0005), and its changesets' and
+        // terminals' (their names begin with its id). Each channel is one
+        // ordered range of log_channel_id; the ranges are merged by seq.
+        let limit = clamp_limit(limit);
+        let mut channels: Vec<String> =
+            sqlx::query_scalar("SELECT chat FROM chats WHERE session_id = ?")
+                .bind(session_id)
+                .fetch_all(&self.readers)
+                .await?;
+        channels.push(Channel::session_uri(session_id));
+        if work {
+            channels.extend(
+                sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(UNDER_SESSION.as_str()))
+                    .bind(session_id)
+                    .fetch_all(&self.readers)
+                    .await?,
+            );
+        }
+        let mut found: Vec<rows::Envelope> = Vec::new();
+        for channel in &channels {
+            let page: Vec<rows::Envelope> = sqlx::query_as(
+                "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, \
+                        at_ms \
+                 FROM log WHERE channel_id = (SELECT id FROM channels WHERE uri = ?) \
+                       AND seq > ? ORDER BY seq LIMIT ?",
+            )
+            .bind(channel)
+            .bind(seq_to_db(after))
+            .bind(limit)
+            .fetch_all(&self.readers)
+            .await?;
+            found.extend(
+                page.into_iter()
+                    .filter(|row| row.session_id.as_deref() == Some(session_id)),
+            );
+        }
+        found.sort_unstable_by_key(|row| row.seq);
+        found.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        found.into_iter().map(TryInto::try_into).collect()
+    }
+
     /// Opens (creating if needed) the database file at `path` and migrates it.
     pub async fn open(path: &str, options: &StoreOptions) -> Result<Self, StoreError> {
         let fail = |reason: String| StoreError::Open {
@@ -219,37 +278,16 @@ impl Store for SqliteStore {
         after: u64,
         limit: u32,
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
-        // A session's rows are on its channel and its chats' (the log has
-        // no session index: see migration 0005). Each channel is one ordered
-        // range of log_channel_id; the ranges are merged by seq.
-        let limit = clamp_limit(limit);
-        let mut channels: Vec<String> =
-            sqlx::query_scalar("SELECT chat FROM chats WHERE session_id = ?")
-                .bind(session_id)
-                .fetch_all(&self.readers)
-                .await?;
-        channels.push(Channel::session_uri(session_id));
-        let mut found: Vec<rows::Envelope> = Vec::new();
-        for channel in &channels {
-            let page: Vec<rows::Envelope> = sqlx::query_as(
-                "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, \
-                        at_ms \
-                 FROM log WHERE channel_id = (SELECT id FROM channels WHERE uri = ?) \
-                       AND seq > ? ORDER BY seq LIMIT ?",
-            )
-            .bind(channel)
-            .bind(seq_to_db(after))
-            .bind(limit)
-            .fetch_all(&self.readers)
-            .await?;
-            found.extend(
-                page.into_iter()
-                    .filter(|row| row.session_id.as_deref() == Some(session_id)),
-            );
-        }
-        found.sort_unstable_by_key(|row| row.seq);
-        found.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-        found.into_iter().map(TryInto::try_into).collect()
+        self.session_page(session_id, after, limit, false).await
+    }
+
+    async fn session_log(
+        &self,
+        session_id: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredEnvelope>, StoreError> {
+        self.session_page(session_id, after, limit, true).await
     }
 
     async fn chat_session(&self, chat: &str) -> Result<Option<String>, StoreError> {
