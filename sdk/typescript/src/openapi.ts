@@ -315,8 +315,9 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * A session's whole transcript (the session and its chats), as JSON Lines
-         *     or Markdown, for download.
+         * A session taken out, for download: as JSON Lines, every envelope of it
+         *     (its transcript's, and its changesets' and terminals'); as Markdown,
+         *     its conversation.
          */
         get: operations["export"];
         put?: never;
@@ -2480,7 +2481,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description JSON Lines (`application/jsonl`: every envelope, oldest first) or Markdown (`text/markdown`). */
+            /** @description JSON Lines (`application/jsonl`: every envelope of the session, its chats, changesets and terminals, oldest first) or Markdown (`text/markdown`). */
             200: {
                 headers: {
                     [name: string]: unknown;
