@@ -475,7 +475,10 @@ async fn a_command_a_killed_server_left_running_is_stopped_at_its_next_start(db:
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
-    assert!(stopped, "the next start stopped the command the killed server left");
+    assert!(
+        stopped,
+        "the next start stopped the command the killed server left"
+    );
     assert!(server.log().contains("left running"), "and said so");
     server.terminate().await;
 }
