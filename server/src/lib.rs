@@ -68,13 +68,18 @@ impl AppState {
         let epoch = store.host().await?.epoch.to_string();
         config.engine.sandbox = config.sandbox.sandbox(&epoch);
         config.engine.sandbox.log_start();
-        let stopped = config.engine.sandbox.stop_left_running();
-        if stopped > 0 {
-            tracing::warn!(
-                agents = stopped,
-                "stopped agent processes the last run left running (it was killed)"
-            );
-        }
+        // Off the runtime's workers and not waited for: reading another
+        // process's environment can block on it.
+        let sandbox = config.engine.sandbox.clone();
+        tokio::task::spawn_blocking(move || {
+            let stopped = sandbox.stop_left_running();
+            if stopped > 0 {
+                tracing::warn!(
+                    processes = stopped,
+                    "stopped processes the last run left running (it was killed)"
+                );
+            }
+        });
         let effects: Arc<dyn Effects> = match &config.effects {
             EffectsConfig::Local => Arc::new(LocalEffects),
             EffectsConfig::Webhook { url } => Arc::new(

@@ -420,6 +420,18 @@ async fn terminals_run_confined_stream_their_output_and_end_at_their_limit(db: T
     drop(server);
 }
 
+/// A process killed when the test ends, however it ends.
+struct KilledAtTheEnd(u32);
+
+impl Drop for KilledAtTheEnd {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &self.0.to_string()])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         stat.rsplit(')')
@@ -462,6 +474,7 @@ async fn a_command_a_killed_server_left_running_is_stopped_at_its_next_start(db:
         ahp.seen.retain(|m| m["params"]["action"] != data);
     };
     assert!(alive(pid), "the command runs: {seen}");
+    let _gone = KilledAtTheEnd(pid);
     drop(ahp);
     server.kill().await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;

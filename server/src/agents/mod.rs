@@ -5,6 +5,7 @@
 
 pub mod acp;
 pub mod config;
+pub mod left_running;
 pub mod mcp_stdio;
 pub mod sandbox;
 pub mod terminals;

@@ -340,77 +340,10 @@ impl Sandbox {
         Ok(Started { child, cwd })
     }
 
-    /// Stops the processes a server that is gone left running (it was
-    /// killed, so it could not stop them): every process the sandbox
-    /// starts, and what those start, carries its server in [`STARTED_BY`];
-    /// each process of this scratch root's whose server no longer runs
-    /// (the same process: its start time must match, so a reused pid does
-    /// not count as it) is killed. Returns how many were stopped.
-    ///
-    /// A process that clears its environment escapes this; one that
-    /// claims another server's variable only makes itself stoppable.
+    /// Stops what a server of this scratch root that is gone left
+    /// running ([`super::left_running`]); returns how many processes.
     pub fn stop_left_running(&self) -> usize {
-        let me = std::process::id();
-        let mut stopped = std::collections::HashSet::new();
-        // A process may start another between the scan and the kill: scan
-        // again until a pass finds none (a few passes at most).
-        for _ in 0..5 {
-            let Ok(processes) = std::fs::read_dir("/proc") else {
-                break;
-            };
-            let mut found = 0;
-            for pid in processes.flatten().filter_map(|entry| {
-                entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|name| name.parse::<u32>().ok())
-            }) {
-                if pid == me || stopped.contains(&pid) || !self.left_by_a_server_gone(pid) {
-                    continue;
-                }
-                if let Some(raw) = i32::try_from(pid)
-                    .ok()
-                    .and_then(rustix::process::Pid::from_raw)
-                {
-                    let _ = rustix::process::kill_process(raw, rustix::process::Signal::KILL);
-                }
-                tracing::warn!(
-                    pid,
-                    "stopped a process (an agent, or what it ran) a server that is gone left running"
-                );
-                stopped.insert(pid);
-                found += 1;
-            }
-            if found == 0 {
-                break;
-            }
-        }
-        stopped.len()
-    }
-
-    /// Whether process `pid` was started (directly or not) by a server
-    /// of this scratch root's that no longer runs.
-    fn left_by_a_server_gone(&self, pid: u32) -> bool {
-        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
-            return false;
-        };
-        let prefix = format!("{STARTED_BY}=");
-        let Some(value) = environ
-            .split(|b| *b == 0)
-            .find_map(|var| var.strip_prefix(prefix.as_bytes()))
-            .and_then(|value| std::str::from_utf8(value).ok())
-        else {
-            return false;
-        };
-        let mut parts = value.splitn(3, ' ');
-        let (Some(server), Some(start), Some(root)) = (
-            parts.next().and_then(|p| p.parse::<u64>().ok()),
-            parts.next().and_then(|p| p.parse::<u64>().ok()),
-            parts.next(),
-        ) else {
-            return false;
-        };
-        Path::new(root) == self.scratch_root && started_at(server) != Some(start)
+        super::left_running::stop(&self.scratch_root)
     }
 
     /// Starts a command on an agent's behalf (a terminal): with the
@@ -477,17 +410,10 @@ impl Sandbox {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .process_group(0);
-        if let Some(server) = started_at(u64::from(std::process::id())) {
+        if let Some(marker) = super::left_running::marker(&self.scratch_root) {
             // Last, so neither the agent's nor a command's own variables
             // replace it.
-            process.env(
-                STARTED_BY,
-                format!(
-                    "{} {server} {}",
-                    std::process::id(),
-                    self.scratch_root.display()
-                ),
-            );
+            process.env(super::left_running::STARTED_BY, marker);
         }
         let confined = self.confines().then_some(policy);
         spawn_on_confined_thread(process, confined)
@@ -690,22 +616,6 @@ fn own_files(path: &Path) -> PathBuf {
         .map_or(resolved.clone(), Path::to_path_buf)
 }
 
-/// The variable naming the server that started a process, which what it
-/// starts inherits: `SERVER_PID SERVER_START SCRATCH_ROOT` (the start time
-/// in clock ticks since boot, `/proc/PID/stat`'s 22nd field), so a server
-/// on the same scratch root stops what a killed one left running
-/// ([`Sandbox::stop_left_running`]).
-pub const STARTED_BY: &str = "TETHER_STARTED_BY";
-
-/// When process `pid` started (clock ticks since boot), if it runs.
-fn started_at(pid: u64) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command's name, which may hold spaces and parentheses:
-    // the state is the 3rd field, the start time the 22nd.
-    let (_, fields) = stat.rsplit_once(')')?;
-    fields.split_whitespace().nth(19)?.parse().ok()
-}
-
 /// Sends `signal` to the process group `pid` leads (every process started
 /// through the sandbox leads its own).
 pub fn signal_group(pid: Option<u32>, signal: rustix::process::Signal) {
@@ -747,36 +657,6 @@ fn spawn_on_confined_thread(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_start_stops_what_a_gone_server_of_its_scratch_root_left_running() {
-        let root = tempfile::tempdir().unwrap();
-        let sandbox = Sandbox::new(ConfinementMode::Off, root.path().to_path_buf(), Vec::new());
-        let me = std::process::id();
-        let start = started_at(u64::from(me)).unwrap();
-        let here = root.path().display().to_string();
-        let spawn = |value: String| {
-            std::process::Command::new("sleep")
-                .arg("60")
-                .env(STARTED_BY, value)
-                .spawn()
-                .unwrap()
-        };
-        // A server that is gone: this pid, but not this start.
-        let mut left = spawn(format!("{me} {} {here}", start + 1));
-        // A server that runs (this one), and another root's gone server.
-        let mut running = spawn(format!("{me} {start} {here}"));
-        let mut elsewhere = spawn(format!("{me} {} {here}/other", start + 1));
-        let alive = |child: &mut std::process::Child| child.try_wait().unwrap().is_none();
-        assert_eq!(sandbox.stop_left_running(), 1);
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(left.wait().unwrap().signal(), Some(9));
-        assert!(alive(&mut running) && alive(&mut elsewhere));
-        for mut child in [running, elsewhere] {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 
     #[test]
     fn the_environment_is_the_allow_list_the_scratch_and_the_agents_own() {

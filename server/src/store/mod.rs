@@ -728,7 +728,7 @@ pub trait Store: Send + Sync + fmt::Debug {
     async fn search_indexed(&self, session: &str) -> Result<(), StoreError>;
 
     /// Refreshes the query planner's statistics after a bulk write (the
-    /// search index built for a whole store): Postgres runs `ANALYZE`,
+    /// search index built for a whole store): Postgres analyses `search_docs`,
     /// without which a store written in bulk plans common-word searches
     /// badly until autovacuum gets to it; SQLite's plans are chosen
     /// without statistics, so it does nothing.

@@ -762,7 +762,9 @@ impl Store for PostgresStore {
     }
 
     async fn analyze(&self) -> Result<(), StoreError> {
-        sqlx::query("ANALYZE").execute(&self.pool).await?;
+        sqlx::query("ANALYZE search_docs")
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
