@@ -481,6 +481,49 @@ async fn transcript_pages_hold_one_session_in_order(db: TestDb) {
     assert_eq!(seqs, expected);
     assert!(pages.iter().all(|e| e.session_id.as_deref() == Some("x")));
     assert!(store.transcript("missing", 0, 10).await.unwrap().is_empty());
+
+    // Its changesets and terminals are in its log (what an export takes
+    // out), not in its transcript; those of sessions whose ids begin as
+    // its does are in neither.
+    let under = [
+        ("ahp-changeset:/x/t1", "x"),
+        ("ahp-terminal:/x/console-1", "x"),
+        ("ahp-terminal:/x2/console-1", "x2"),
+        ("ahp-changeset:/x.y/t1", "x.y"),
+        ("ahp-terminal:/x/t-2", "x"),
+    ];
+    let batch = (31..=60)
+        .map(|n| {
+            let (channel, session) = under[n as usize % under.len()];
+            let mut e = envelope(channel, n);
+            e.session_id = Some(session.to_owned());
+            e
+        })
+        .collect();
+    store.append(batch).await.unwrap();
+    let mut logged = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store.session_log("x", after, 4).await.unwrap();
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        logged.extend(page.into_iter().map(|e| e.seq));
+    }
+    let ours = |n: &u64| under[*n as usize % under.len()].1 == "x";
+    let expected_log: Vec<u64> = expected
+        .iter()
+        .copied()
+        .chain((31..=60).filter(ours))
+        .collect();
+    assert_eq!(logged, expected_log);
+    let transcript: Vec<u64> = store
+        .transcript("x", 0, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(transcript, expected, "the transcript is the conversation");
     store.close().await;
 }
 

@@ -60,12 +60,12 @@ pub struct PostgresStore {
 }
 
 /// A page of a session's envelopes on the channels `channels` lists (`$1`:
-/// the session's channel, `$2`: its id): one ordered range of
-/// `log_channel` per channel, merged by seq (the log has no session index:
-/// see migration 0006).
-fn session_page_sql(channels: &str) -> String {
+/// the session's channel, `$2`: its id; after `with`, a `WITH` clause it
+/// needs, or nothing): one ordered range of `log_channel` per channel,
+/// merged by seq (the log has no session index: see migration 0006).
+fn session_page_sql(with: &str, channels: &str) -> String {
     format!(
-        "SELECT l.seq, l.channel, l.session_id, l.action, l.client_id, l.client_seq, \
+        "{with} SELECT l.seq, l.channel, l.session_id, l.action, l.client_id, l.client_seq, \
                 l.origin_scope, l.at_ms \
          FROM ({channels}) AS c \
          CROSS JOIN LATERAL (SELECT * FROM log \
@@ -82,17 +82,44 @@ const TRANSCRIPT_CHANNELS: &str =
 
 /// [`Store::transcript`]'s page.
 static TRANSCRIPT: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| session_page_sql(TRANSCRIPT_CHANNELS));
+    std::sync::LazyLock::new(|| session_page_sql("", TRANSCRIPT_CHANNELS));
 
 /// [`Store::session_log`]'s page: the transcript's channels, and those
-/// under the session, found through their partial index (migration 0017).
+/// under the session. Each kind of those is found by skipping through its
+/// partial index (migration 0017) from one channel to the next, one probe
+/// a channel, however many rows each holds (a terminal's output may be
+/// thousands).
 static SESSION_LOG: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    let [changesets, terminals] =
-        crate::store::under_session("channel", "$2", crate::store::Prefixes::Collated);
-    session_page_sql(&format!(
-        "{TRANSCRIPT_CHANNELS} UNION SELECT channel FROM log WHERE {changesets} \
-         UNION SELECT channel FROM log WHERE {terminals}"
-    ))
+    let of =
+        |column: &str| crate::store::under_session(column, "$2", crate::store::Prefixes::Collated);
+    let (outer, inner) = (of("channel"), of("l.channel"));
+    let skip = |name: &str, kind: usize| {
+        format!(
+            "{name}(channel) AS ( \
+                 SELECT min(channel COLLATE \"C\") FROM log WHERE {} \
+                 UNION ALL \
+                 SELECT (SELECT min(l.channel COLLATE \"C\") FROM log l \
+                         WHERE {} AND l.channel COLLATE \"C\" > k.channel) \
+                 FROM {name} k WHERE k.channel IS NOT NULL)",
+            outer[kind], inner[kind]
+        )
+    };
+    let with = format!(
+        "WITH RECURSIVE {}, {}",
+        skip("changesets", 0),
+        skip("terminals", 1)
+    );
+    let found = |name: &str| {
+        format!(" UNION SELECT channel COLLATE \"default\" FROM {name} WHERE channel IS NOT NULL")
+    };
+    session_page_sql(
+        &with,
+        &format!(
+            "{TRANSCRIPT_CHANNELS}{}{}",
+            found("changesets"),
+            found("terminals")
+        ),
+    )
 });
 
 impl PostgresStore {
