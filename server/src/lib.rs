@@ -67,6 +67,8 @@ impl AppState {
     pub async fn new(store: Arc<dyn Store>, mut config: ServeConfig) -> Result<Self, StoreError> {
         let epoch = store.host().await?.epoch.to_string();
         config.engine.sandbox = config.sandbox.sandbox(&epoch);
+        config.engine.roots = std::mem::take(&mut config.engine.roots)
+            .keeping_out(config.engine.sandbox.scratch_root());
         config.engine.sandbox.log_start();
         // Off the runtime's workers and not waited for: reading another
         // process's environment can block on it.

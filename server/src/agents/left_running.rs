@@ -30,8 +30,10 @@ use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 /// `SERVER_PID SERVER_START SESSION PID_NAMESPACE SCRATCH_ROOT` (the
 /// start time in clock ticks since boot, `/proc/PID/stat`'s 22nd field;
 /// the session id its 6th; the namespace as `/proc/self/ns/pid` names it;
-/// the scratch root resolved, last, as it may hold spaces).
-pub const STARTED_BY: &str = "TETHER_STARTED_BY";
+/// the scratch root resolved, last, as it may hold spaces). Not named
+/// `TETHER_…`: no variable of the server's own configuration reaches an
+/// agent, and none is named like one.
+pub const STARTED_BY: &str = "STARTED_BY_AHP_HOST";
 
 /// Scans of `/proc` at most: each stops what it found, so a process that
 /// forks cannot outrun them for long.

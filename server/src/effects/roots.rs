@@ -89,10 +89,15 @@ enum Refused {
     Outside(String),
 }
 
-/// The allowed roots, resolved; cheap to clone.
+/// The allowed roots, resolved, and what no session may use whatever
+/// they are; cheap to clone.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Roots {
     roots: Arc<[Root]>,
+    /// The agents' scratch root: every session's agent HOME (its logins,
+    /// histories, caches) is in it, so no session may work in it, nor in a
+    /// directory holding it.
+    scratch: Option<PathBuf>,
 }
 
 impl Roots {
@@ -101,6 +106,16 @@ impl Roots {
     pub fn new(roots: &[PathBuf]) -> Self {
         Self {
             roots: roots.iter().map(|root| Root::parse(root)).collect(),
+            scratch: None,
+        }
+    }
+
+    /// These roots, keeping every session out of the agents' scratch root
+    /// `scratch` (resolved now, as far as it exists).
+    pub fn keeping_out(self, scratch: &Path) -> Self {
+        Self {
+            scratch: Some(resolved(scratch)),
+            ..self
         }
     }
 
@@ -151,6 +166,7 @@ impl Roots {
     /// the nearest roots holding it decide (one of them open, or the
     /// project's own).
     fn check(&self, project: &str, path: &Path, shown: &Path) -> Result<(), Refused> {
+        self.kept_out(path, shown).map_err(Refused::Kept)?;
         if self.roots.is_empty() {
             return Ok(());
         }
@@ -181,12 +197,42 @@ impl Roots {
         )))
     }
 
-    /// [`Roots::resolve_uri`] off the async threads (it touches the disk).
-    pub async fn check_uri(&self, project: &str, uri: &str) -> Result<PathBuf, String> {
+    /// Refuses `path` (`shown` as the caller wrote it) when it is the
+    /// agents' scratch root, inside it or holding it.
+    fn kept_out(&self, path: &Path, shown: &Path) -> Result<(), String> {
+        match &self.scratch {
+            Some(scratch) if path.starts_with(scratch) || scratch.starts_with(path) => {
+                Err(format!(
+                    "Working directory {} holds the agents' scratch directories (each session's \
+                 agent HOME, with its logins); no session may work there.",
+                    shown.display()
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether a session of `project` may be given `uri`, off the async
+    /// threads (it touches the disk): with roots set, as
+    /// [`Roots::resolve_uri`] says; without, only the scratch root is kept
+    /// out (a directory this host does not have is the side-effect
+    /// backend's to judge).
+    pub async fn check_uri(&self, project: &str, uri: &str) -> Result<(), String> {
         let (roots, project, uri) = (self.clone(), project.to_owned(), uri.to_owned());
-        tokio::task::spawn_blocking(move || roots.resolve_uri(&project, &uri))
-            .await
-            .unwrap_or_else(|_| Err("The working directory could not be checked.".to_owned()))
+        tokio::task::spawn_blocking(move || {
+            if !roots.is_empty() {
+                return roots.resolve_uri(&project, &uri).map(|_| ());
+            }
+            let path = file_uri_path(&uri).map_err(|e| e.to_string())?;
+            let path = Path::new(&path);
+            roots.kept_out(&lexical(path), path)?;
+            match std::fs::canonicalize(path) {
+                Ok(real) => roots.kept_out(&real, path),
+                Err(_) => Ok(()),
+            }
+        })
+        .await
+        .unwrap_or_else(|_| Err("The working directory could not be checked.".to_owned()))
     }
 
     /// The roots `project` may use, comma-separated, for messages (another

@@ -263,15 +263,14 @@ impl Engine {
         project: &str,
         directories: &[String],
     ) -> Result<(), EngineError> {
-        let roots = &self.ctx.config.roots;
-        if !roots.is_empty() {
-            // Every backend keeps to the roots.
-            for directory in directories {
-                roots
-                    .check_uri(project, directory)
-                    .await
-                    .map_err(EngineError::InvalidParams)?;
-            }
+        // Every backend keeps to the roots, and out of the scratch root.
+        for directory in directories {
+            self.ctx
+                .config
+                .roots
+                .check_uri(project, directory)
+                .await
+                .map_err(EngineError::InvalidParams)?;
         }
         let timeout = self.ctx.config.effect_timeout;
         match tokio::time::timeout(timeout, self.ctx.effects.check_directories(directories)).await {

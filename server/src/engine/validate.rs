@@ -212,8 +212,9 @@ pub(super) async fn check_dispatch(
             return Err(format!("Action {kind} does not apply to {}.", d.channel).into());
         }
     };
-    if d.origin.is_some() && !ctx.config.roots.is_empty() {
-        // The roots hold whatever backend applies the change.
+    if d.origin.is_some() {
+        // The roots (and the scratch root kept out) hold whatever backend
+        // applies the change.
         for directory in crate::effects::added_directories(&d.action) {
             ctx.config
                 .roots

@@ -35,11 +35,16 @@ impl Connection {
             .await
             .map_err(RpcError::from)?
             .ok_or_else(|| RpcError::from(missing()))?;
+        // Another project's chat answers as a missing one: its session's
+        // id is not named.
         let state = self
             .engine
             .snapshot(&self.principal, &Channel::session_uri(&session))
             .await
-            .map_err(RpcError::from)?
+            .map_err(|err| match err {
+                EngineError::NotFound(_) => RpcError::from(missing()),
+                other => RpcError::from(other),
+            })?
             .state;
         // The text before the cursor, counted in UTF-16 units as AHP does.
         let typed: String = char::decode_utf16(text.encode_utf16().take(offset))

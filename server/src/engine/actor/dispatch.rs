@@ -77,8 +77,41 @@ impl SessionActor {
         outcomes
     }
 
+    /// The dispatches of principals who may see this session; the others
+    /// are answered as for a session that does not exist, before anything
+    /// of it (who writes it, an earlier outcome of a client's number) is
+    /// told. A session in memory here is not looked up in the store on
+    /// its way (see `in_scope`), so this is where it is checked.
+    fn only_visible(&self, batch: Vec<Dispatch>) -> Vec<Dispatch> {
+        let Some(project) = self.model.as_ref().map(|m| m.created.project.as_str()) else {
+            return batch;
+        };
+        let sees = |d: &Dispatch| d.principal.as_ref().is_none_or(|p| p.can_see(project));
+        if batch.iter().all(sees) {
+            return batch;
+        }
+        batch
+            .into_iter()
+            .filter_map(|d| {
+                if sees(&d) {
+                    return Some(d);
+                }
+                let reason = format!("Channel {} does not exist.", d.channel);
+                reply(
+                    d.reply,
+                    DispatchOutcome::Rejected(Refusal::new(RefusalKind::NotFound, reason)),
+                );
+                None
+            })
+            .collect()
+    }
+
     /// Validates, applies and commits a batch; answers every dispatch.
     pub(super) async fn dispatch_batch(&mut self, batch: Vec<Dispatch>) {
+        let batch = self.only_visible(batch);
+        if batch.is_empty() {
+            return;
+        }
         if !self.still_writer().await {
             let reason = if self.stepped_down {
                 format!("Session {} is now served by another host; retry.", self.id)
