@@ -999,6 +999,47 @@ async fn per_principal_bounds_answer_429_with_when_to_retry(db: TestDb) {
         }
         other => panic!("{other:?}"),
     }
+    // So does every command that commits or makes what will, and REST's
+    // creations: nothing is made over the rate.
+    for (method, params) in [
+        (
+            "createSession",
+            json!({"channel": "ahp-session:/greedy-ws", "project": "p1"}),
+        ),
+        (
+            "createChat",
+            json!({"channel": "ahp-session:/busy", "chat": "ahp-chat:/greedy-chat"}),
+        ),
+        (
+            "createTerminal",
+            json!({"channel": "ahp-terminal:/busy/greedy", "claim": {"kind": "client", "clientId": "greedy-1"}}),
+        ),
+    ] {
+        match first.request::<_, Value>(method, params).await {
+            Err(ahp::ClientError::Rpc(rpc)) => assert_eq!(rpc.code, -32050, "{method}: {rpc:?}"),
+            other => panic!("{method} over the rate: {other:?}"),
+        }
+    }
+    let (status, _, body) = api
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(create_body("greedy-rest", "p1")),
+        )
+        .await;
+    assert_eq!(status, 429, "{body}");
+    let (status, _, body) = api
+        .call(
+            "PUT",
+            "/v1/projects/p1/sessions/busy/working-context",
+            Some(json!({"goal": "more than the rate"})),
+        )
+        .await;
+    assert_eq!(status, 429, "{body}");
+    for id in ["greedy-ws", "greedy-rest"] {
+        let (status, _, _) = admin.call("GET", &format!("/v1/sessions/{id}"), None).await;
+        assert_eq!(status, 404, "{id} was not made over the rate");
+    }
     let _second = ahp_with(&server, &greedy, "greedy-2").await;
     let request = authorized(&server.ws_url(), &greedy);
     match tokio_tungstenite::connect_async(request).await {

@@ -117,6 +117,7 @@ pub async fn save(
         return Err(too_large(body.len()));
     }
     let context: WorkingContext = decode_object(&body)?;
+    super::sessions::charge(&state, &caller)?;
     let saved = state
         .engine
         .save_working_context(&path.project, &path.session, &context)

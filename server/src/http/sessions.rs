@@ -165,6 +165,23 @@ pub async fn list_sessions(
     }))
 }
 
+/// Draws on `caller`'s dispatch rate: every dispatch, and every request
+/// that commits or makes what will (a session, a saved working context),
+/// counts against it.
+pub(super) fn charge(state: &AppState, caller: &Principal) -> Result<(), ApiError> {
+    state
+        .auth
+        .limits
+        .dispatch(&caller.sub)
+        .map_err(|wait| ApiError::TooMany {
+            retry_after_secs: wait.as_secs().max(1),
+            detail: format!(
+                "Over this principal's dispatch rate; retry in {} ms.",
+                wait.as_millis().max(1)
+            ),
+        })
+}
+
 /// Creates a session (with its default chat) and answers its summary.
 #[utoipa::path(
     post,
@@ -210,6 +227,7 @@ pub async fn create_session(
     };
     validate_name("session id", &create.id)?;
     validate_name("project", &create.project)?;
+    charge(&state, &caller)?;
     let view = state.engine.create_session(&caller, create).await?;
     Ok((StatusCode::CREATED, Json(view)))
 }
@@ -379,15 +397,7 @@ pub async fn dispatch(
             )));
         }
     }
-    if let Err(wait) = state.auth.limits.dispatch(&caller.sub) {
-        return Err(ApiError::TooMany {
-            retry_after_secs: wait.as_secs().max(1),
-            detail: format!(
-                "Over this principal's dispatch rate; retry in {} ms.",
-                wait.as_millis().max(1)
-            ),
-        });
-    }
+    charge(&state, &caller)?;
     // REST callers name their own origin: it is durable (per principal).
     let origin = Origin {
         client_id: request.client_id.clone(),

@@ -194,6 +194,15 @@ pub(super) enum Next {
     Close(u16, String),
 }
 
+/// Commands that commit, or make what will: each counts against the
+/// principal's dispatch rate as a dispatch does.
+const CHARGED: [&str; 4] = [
+    "createSession",
+    "createChat",
+    "createTerminal",
+    "fetchTurns",
+];
+
 impl Connection {
     pub(super) async fn run(
         socket: WebSocket,
@@ -648,6 +657,9 @@ impl Connection {
             return self.dispatch(dispatched, id.clone()).await.map(|()| None);
         }
         let params = params.into_value()?;
+        if CHARGED.contains(&method) {
+            self.charge()?;
+        }
         let value = match method {
             "initialize" => self.initialize(params).await,
             "subscribe" => self.subscribe(params).await,

@@ -286,24 +286,16 @@ impl Connection {
             client_seq,
             scope: self.origin_scope.clone(),
         };
-        if let Err(wait) = self.principal_limits.dispatch(&self.principal.sub) {
-            let reason = format!(
-                "Over this principal's dispatch rate; retry in {} ms.",
-                wait.as_millis().max(1)
-            );
-            return Err(match id {
-                Some(_) => RpcError {
-                    code: TOO_MANY_REQUESTS,
-                    message: reason,
-                    data: Some(json!({"retryAfterMs": wait.as_millis().max(1) as u64})),
-                },
+        if let Err(over) = self.charge() {
+            match id {
+                Some(_) => return Err(over),
                 // A notification has no answer but its echo: refused, not
                 // recorded, so the same dispatch may pass later.
                 None => {
-                    self.echo_refusal(&channel, &action_text, &origin, &reason);
+                    self.echo_refusal(&channel, &action_text, &origin, &over.message);
                     return Ok(());
                 }
-            });
+            }
         }
         // Bounded: past MAX_INFLIGHT_DISPATCHES unanswered dispatches the
         // connection's loop stops reading until one is answered.
@@ -521,6 +513,22 @@ impl Connection {
             .map_err(RpcError::from)
     }
 
+    /// Draws on the principal's dispatch rate: every dispatch, and every
+    /// command that commits or makes what will (a session, a chat, a
+    /// terminal, a load of turns), counts against it.
+    pub(super) fn charge(&self) -> Result<(), RpcError> {
+        self.principal_limits
+            .dispatch(&self.principal.sub)
+            .map_err(|wait| {
+                let wait = wait.as_millis().max(1) as u64;
+                RpcError {
+                    code: TOO_MANY_REQUESTS,
+                    message: format!("Over this principal's dispatch rate; retry in {wait} ms."),
+                    data: Some(json!({"retryAfterMs": wait})),
+                }
+            })
+    }
+
     /// `fetchTurns`: loads older turns of a chat into its window. The
     /// `chat/turnsLoaded` is committed, and delivered to this connection
     /// when it subscribes to the chat, before the (empty) result.
@@ -535,17 +543,6 @@ impl Connection {
                 ));
             }
         };
-        // Each load is a commit: it counts against the principal's rate.
-        if let Err(wait) = self.principal_limits.dispatch(&self.principal.sub) {
-            return Err(RpcError {
-                code: TOO_MANY_REQUESTS,
-                message: format!(
-                    "Over this principal's rate; retry in {} ms.",
-                    wait.as_millis().max(1)
-                ),
-                data: Some(json!({"retryAfterMs": wait.as_millis().max(1) as u64})),
-            });
-        }
         let loaded = self
             .engine
             .fetch_turns(&self.principal, &chat, cursor)
