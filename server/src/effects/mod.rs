@@ -123,7 +123,11 @@ pub struct LocalEffects;
 
 impl LocalEffects {
     async fn check(&self, uri: &str) -> Result<(), String> {
-        Roots::default().check_uri("", uri).await.map(|_| ())
+        // Resolved off the async threads: it touches the disk.
+        let uri = uri.to_owned();
+        tokio::task::spawn_blocking(move || Roots::default().resolve_uri("", &uri).map(|_| ()))
+            .await
+            .unwrap_or_else(|_| Err("The working directory could not be checked.".to_owned()))
     }
 }
 

@@ -104,26 +104,51 @@ impl SqliteStore {
                     .await?,
             );
         }
-        let mut found: Vec<rows::Envelope> = Vec::new();
-        for channel in &channels {
-            let page: Vec<rows::Envelope> = sqlx::query_as(
-                "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, \
-                        at_ms \
-                 FROM log WHERE channel_id = (SELECT id FROM channels WHERE uri = ?) \
+        // Which rows make the page: each channel's first `limit` seqs, read
+        // off its index alone (a seq is the rowid), merged; then only the
+        // rows up to the page's last seq are read, not `limit` rows of
+        // every channel.
+        let after = seq_to_db(after);
+        let mut firsts: Vec<(i64, usize)> = Vec::new();
+        for (n, channel) in channels.iter().enumerate() {
+            let seqs: Vec<i64> = sqlx::query_scalar(
+                "SELECT seq FROM log WHERE channel_id = (SELECT id FROM channels WHERE uri = ?) \
                        AND seq > ? ORDER BY seq LIMIT ?",
             )
             .bind(channel)
-            .bind(seq_to_db(after))
+            .bind(after)
             .bind(limit)
             .fetch_all(&self.readers)
             .await?;
+            firsts.extend(seqs.into_iter().map(|seq| (seq, n)));
+        }
+        firsts.sort_unstable();
+        firsts.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        let Some(&(last, _)) = firsts.last() else {
+            return Ok(Vec::new());
+        };
+        let mut read: Vec<usize> = firsts.iter().map(|(_, n)| *n).collect();
+        read.sort_unstable();
+        read.dedup();
+        let mut found: Vec<rows::Envelope> = Vec::with_capacity(firsts.len());
+        for channel in read.into_iter().map(|n| &channels[n]) {
+            let rows: Vec<rows::Envelope> = sqlx::query_as(
+                "SELECT seq, channel, session_id, action, client_id, client_seq, origin_scope, \
+                        at_ms \
+                 FROM log WHERE channel_id = (SELECT id FROM channels WHERE uri = ?) \
+                       AND seq > ? AND seq <= ? ORDER BY seq",
+            )
+            .bind(channel)
+            .bind(after)
+            .bind(last)
+            .fetch_all(&self.readers)
+            .await?;
             found.extend(
-                page.into_iter()
+                rows.into_iter()
                     .filter(|row| row.session_id.as_deref() == Some(session_id)),
             );
         }
         found.sort_unstable_by_key(|row| row.seq);
-        found.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
         found.into_iter().map(TryInto::try_into).collect()
     }
 
