@@ -835,6 +835,16 @@ pub async fn next_envelope(
     }
 }
 
+/// A token for `sub` with `role` in `projects` (every project when none),
+/// signed with `secret` as `--auth-secret-file` holds it, valid an hour.
+pub fn mint(secret: &str, sub: &str, role: tether_server::auth::Role, projects: &[&str]) -> String {
+    let projects: Vec<String> = projects.iter().map(|p| (*p).to_owned()).collect();
+    tether_server::auth::token::Authenticator::new(secret.as_bytes())
+        .expect("a strong secret")
+        .mint(sub, role, &projects, std::time::Duration::from_secs(3600))
+        .expect("mint")
+}
+
 /// Creates session `id` with `provider` over REST, asserting 201.
 pub async fn create_session(base: &str, id: &str, provider: &str) {
     let answer = reqwest::Client::new()

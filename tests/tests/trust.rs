@@ -49,11 +49,7 @@ const WAIT: Duration = Duration::from_secs(20);
 const METRICS_TOKEN_ON_THE_COMMAND_LINE: &str = "a-metrics-token-given-on-the-command-line";
 
 fn mint(sub: &str, role: Role, projects: &[&str]) -> String {
-    let projects: Vec<String> = projects.iter().map(|p| (*p).to_owned()).collect();
-    Authenticator::new(SECRET.as_bytes())
-        .expect("a strong secret")
-        .mint(sub, role, &projects, Duration::from_secs(3600))
-        .expect("mint")
+    tether_tests::mint(SECRET, sub, role, projects)
 }
 
 /// A secret file for `--auth-secret-file`, in a folder of its own.

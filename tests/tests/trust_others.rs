@@ -5,11 +5,9 @@
 //! one, also while it is in memory on the host.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 use tether_server::auth::Role;
-use tether_server::auth::token::Authenticator;
 use tether_tests::{ServerProcess, TestDb, backend_tests};
 
 backend_tests!(
@@ -20,11 +18,7 @@ backend_tests!(
 const SECRET: &str = "a test secret of another project's, well over 32 bytes";
 
 fn mint(sub: &str, role: Role, projects: &[&str]) -> String {
-    let projects: Vec<String> = projects.iter().map(|p| (*p).to_owned()).collect();
-    Authenticator::new(SECRET.as_bytes())
-        .expect("a strong secret")
-        .mint(sub, role, &projects, Duration::from_secs(3600))
-        .expect("mint")
+    tether_tests::mint(SECRET, sub, role, projects)
 }
 
 async fn create(base: &str, token: Option<&str>, body: Value) -> (u16, Value) {

@@ -60,19 +60,29 @@ pub struct PostgresStore {
 }
 
 /// A page of a session's envelopes on the channels `channels` lists (`$1`:
-/// the session's channel, `$2`: its id; after `with`, a `WITH` clause it
-/// needs, or nothing): one ordered range of `log_channel` per channel,
-/// merged by seq (the log has no session index: see migration 0006).
+/// the session's channel, `$2`: its id; `with`: the `WITH` clauses it
+/// needs, each followed by a comma, or nothing). The log has no session
+/// index (migration 0006): each channel's first `$4` seqs above `$3` are
+/// read off `log_channel` (index only, where the visibility map allows),
+/// the page ends at the `$4`-th of them all, and only the rows up to it
+/// are read, one range of `log_channel` per channel, merged by seq (not a
+/// page of rows from every chat, changeset and terminal).
 fn session_page_sql(with: &str, channels: &str) -> String {
     format!(
-        "{with} SELECT l.seq, l.channel, l.session_id, l.action, l.client_id, l.client_seq, \
+        "WITH RECURSIVE {with} \
+         c AS MATERIALIZED ({channels}), \
+         bound AS (SELECT max(f.seq) AS last FROM \
+                   (SELECT s.seq FROM c CROSS JOIN LATERAL \
+                        (SELECT seq FROM log WHERE log.channel = c.channel AND log.seq > $3 \
+                         ORDER BY log.seq LIMIT $4) AS s \
+                    ORDER BY s.seq LIMIT $4) AS f) \
+         SELECT l.seq, l.channel, l.session_id, l.action, l.client_id, l.client_seq, \
                 l.origin_scope, l.at_ms \
-         FROM ({channels}) AS c \
-         CROSS JOIN LATERAL (SELECT * FROM log \
-                             WHERE log.channel = c.channel AND log.seq > $3 \
-                               AND log.session_id = $2 \
-                             ORDER BY log.seq LIMIT $4) AS l \
-         ORDER BY l.seq LIMIT $4"
+         FROM c CROSS JOIN LATERAL (SELECT * FROM log \
+                                    WHERE log.channel = c.channel AND log.seq > $3 \
+                                      AND log.seq <= (SELECT last FROM bound) \
+                                      AND log.session_id = $2) AS l \
+         ORDER BY l.seq"
     )
 }
 
@@ -104,11 +114,7 @@ static SESSION_LOG: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
             outer[kind], inner[kind]
         )
     };
-    let with = format!(
-        "WITH RECURSIVE {}, {}",
-        skip("changesets", 0),
-        skip("terminals", 1)
-    );
+    let with = format!("{}, {},", skip("changesets", 0), skip("terminals", 1));
     let found = |name: &str| {
         format!(" UNION SELECT channel COLLATE \"default\" FROM {name} WHERE channel IS NOT NULL")
     };
