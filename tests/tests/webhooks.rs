@@ -24,6 +24,7 @@ backend_tests!(
     a_receiver_that_fails_three_times_gets_the_event_on_the_fourth,
     a_server_killed_with_a_delivery_in_flight_delivers_after_restart,
     a_receiver_over_https_gets_its_events,
+    a_project_holds_at_most_twenty_webhooks_however_fast_they_are_added,
 );
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
@@ -648,4 +649,36 @@ async fn a_receiver_over_https_gets_its_events(db: TestDb) {
         assert!(Instant::now() < deadline, "{list}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Nineteen webhooks, then twenty additions at once: one is made, nineteen
+/// refused with 409, and the project lists twenty (the bound is counted
+/// where the row is added, not before).
+async fn a_project_holds_at_most_twenty_webhooks_however_fast_they_are_added(db: TestDb) {
+    let server = ServerProcess::start(&db, &[]).await;
+    let base = server.base_url();
+    let add = |n: usize| {
+        let base = base.clone();
+        async move {
+            call(
+                &base,
+                "POST",
+                "/v1/projects/many/webhooks",
+                Some(json!({"url": format!("http://127.0.0.1:9/{n}")})),
+            )
+            .await
+        }
+    };
+    for n in 0..19 {
+        assert_eq!(add(n).await.0, 201);
+    }
+    let added = futures_util::future::join_all((19..39).map(add)).await;
+    let made = added.iter().filter(|(status, _)| *status == 201).count();
+    let refused = added
+        .iter()
+        .filter(|(status, body)| *status == 409 && body.to_string().contains("as many as it may"))
+        .count();
+    assert_eq!((made, refused), (1, 19), "{added:?}");
+    let (_, list) = call(&base, "GET", "/v1/projects/many/webhooks", None).await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 20, "{list}");
 }

@@ -179,16 +179,6 @@ pub async fn create_webhook(
             events.push(kind.clone());
         }
     }
-    if state.store.webhooks(&path.project).await?.len() >= MAX_WEBHOOKS {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "too_many_webhooks",
-            format!(
-                "Project {} has {MAX_WEBHOOKS} webhooks, as many as it may; remove one first.",
-                path.project
-            ),
-        ));
-    }
     let webhook = Webhook {
         id: uuid::Uuid::new_v4().to_string(),
         project: path.project.clone(),
@@ -198,7 +188,16 @@ pub async fn create_webhook(
         created_ms: crate::store::now_ms(),
         created_by: caller.sub.clone(),
     };
-    state.store.create_webhook(&webhook).await?;
+    if !state.store.create_webhook(&webhook, MAX_WEBHOOKS).await? {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "too_many_webhooks",
+            format!(
+                "Project {} has {MAX_WEBHOOKS} webhooks, as many as it may; remove one first.",
+                path.project
+            ),
+        ));
+    }
     tracing::info!(project = %webhook.project, webhook = %webhook.id, by = %caller.sub, "webhook added");
     Ok((StatusCode::CREATED, Json(view(webhook, true))))
 }

@@ -677,8 +677,14 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// another's concurrent call deletes nothing. Returns the ids deleted.
     async fn delete_sessions(&self, sessions: &[Expired]) -> Result<Vec<String>, StoreError>;
 
-    /// Adds a webhook.
-    async fn create_webhook(&self, webhook: &webhooks::Webhook) -> Result<(), StoreError>;
+    /// Adds a webhook unless its project has `most` already (then
+    /// `false`): counted and added at once, so concurrent additions never
+    /// pass the bound.
+    async fn create_webhook(
+        &self,
+        webhook: &webhooks::Webhook,
+        most: usize,
+    ) -> Result<bool, StoreError>;
 
     /// A project's webhooks, oldest first.
     async fn webhooks(&self, project: &str) -> Result<Vec<webhooks::Webhook>, StoreError>;

@@ -7,10 +7,22 @@ use sqlx::{AssertSqlSafe, PgPool};
 use crate::store::webhooks::{self, Attempt, DeliveryRow, Due, Webhook};
 use crate::store::{StoreError, clamp_limit, now_ms};
 
-pub(super) async fn create_webhook(pool: &PgPool, w: &Webhook) -> Result<(), StoreError> {
-    sqlx::query(
+pub(super) async fn create_webhook(
+    pool: &PgPool,
+    w: &Webhook,
+    most: usize,
+) -> Result<bool, StoreError> {
+    // One addition to a project at a time, across hosts: the count holds
+    // until the commit.
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('tether-webhooks:' || $1, 0))")
+        .bind(&w.project)
+        .execute(&mut *tx)
+        .await?;
+    let added = sqlx::query(
         "INSERT INTO webhooks (id, project, url, secret, events, created_ms, created_by) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+         SELECT $1, $2, $3, $4, $5, $6, $7 \
+         WHERE (SELECT count(*) FROM webhooks WHERE project = $2) < $8",
     )
     .bind(&w.id)
     .bind(&w.project)
@@ -19,9 +31,11 @@ pub(super) async fn create_webhook(pool: &PgPool, w: &Webhook) -> Result<(), Sto
     .bind(&w.events)
     .bind(w.created_ms)
     .bind(&w.created_by)
-    .execute(pool)
+    .bind(i64::try_from(most).unwrap_or(i64::MAX))
+    .execute(&mut *tx)
     .await?;
-    Ok(())
+    tx.commit().await?;
+    Ok(added.rows_affected() == 1)
 }
 
 pub(super) async fn webhooks(pool: &PgPool, project: &str) -> Result<Vec<Webhook>, StoreError> {

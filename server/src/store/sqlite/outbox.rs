@@ -8,21 +8,29 @@ use super::super::webhooks::{Attempt, Webhook};
 use super::super::{StoreError, now_ms};
 
 /// Adds a webhook.
-pub(super) fn create_webhook(tx: &Transaction<'_>, w: &Webhook) -> Result<(), StoreError> {
-    tx.prepare_cached(
-        "INSERT INTO webhooks (id, project, url, secret, events, created_ms, created_by) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?
-    .execute(rusqlite::params![
-        w.id,
-        w.project,
-        w.url,
-        w.secret,
-        w.events,
-        w.created_ms,
-        w.created_by
-    ])?;
-    Ok(())
+pub(super) fn create_webhook(
+    tx: &Transaction<'_>,
+    w: &Webhook,
+    most: usize,
+) -> Result<bool, StoreError> {
+    // The writer runs one transaction at a time: the count holds.
+    let added = tx
+        .prepare_cached(
+            "INSERT INTO webhooks (id, project, url, secret, events, created_ms, created_by) \
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7 \
+             WHERE (SELECT count(*) FROM webhooks WHERE project = ?2) < ?8",
+        )?
+        .execute(rusqlite::params![
+            w.id,
+            w.project,
+            w.url,
+            w.secret,
+            w.events,
+            w.created_ms,
+            w.created_by,
+            i64::try_from(most).unwrap_or(i64::MAX)
+        ])?;
+    Ok(added == 1)
 }
 
 /// Deletes a project's webhook, its deliveries and the events no delivery
