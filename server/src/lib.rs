@@ -67,8 +67,21 @@ impl AppState {
     pub async fn new(store: Arc<dyn Store>, mut config: ServeConfig) -> Result<Self, StoreError> {
         let epoch = store.host().await?.epoch.to_string();
         config.engine.sandbox = config.sandbox.sandbox(&epoch);
-        config.engine.roots = std::mem::take(&mut config.engine.roots)
-            .keeping_out(config.engine.sandbox.scratch_root());
+        // Made now (private to this user) and resolved, so the roots keep
+        // sessions out of where it really is, however it was written.
+        let scratch = config.engine.sandbox.scratch_root().to_path_buf();
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            if let Err(err) = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&scratch)
+            {
+                tracing::warn!(error = %err, scratch = %scratch.display(), "cannot make the agents' scratch root");
+            }
+        }
+        let scratch = std::fs::canonicalize(&scratch).unwrap_or(scratch);
+        config.engine.roots = std::mem::take(&mut config.engine.roots).keeping_out(&scratch);
         config.engine.sandbox.log_start();
         // Off the runtime's workers and not waited for: reading another
         // process's environment can block on it.

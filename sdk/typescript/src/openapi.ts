@@ -1552,6 +1552,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Over this principal's dispatch rate; Retry-After says when to retry. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
         };
     };
     list_webhooks: {
@@ -2135,6 +2144,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Over this principal's dispatch rate; Retry-After says when to retry. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
         };
     };
     get_session: {
@@ -2631,6 +2649,15 @@ export interface operations {
             };
             /** @description cwd is not the primary directory, or a directory is not absolute. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Over this principal's dispatch rate; Retry-After says when to retry. */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };

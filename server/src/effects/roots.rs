@@ -203,8 +203,9 @@ impl Roots {
         match &self.scratch {
             Some(scratch) if path.starts_with(scratch) || scratch.starts_with(path) => {
                 Err(format!(
-                    "Working directory {} holds the agents' scratch directories (each session's \
-                 agent HOME, with its logins); no session may work there.",
+                    "Working directory {} is, lies inside or holds the agents' scratch \
+                 directories (each session's agent HOME, with its logins); no session may work \
+                 there: choose another working directory.",
                     shown.display()
                 ))
             }

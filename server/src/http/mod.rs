@@ -142,12 +142,15 @@ fn document_authentication(doc: &mut OpenApiDoc) {
             continue;
         }
         let operations = [
-            item.get.as_mut(),
-            item.put.as_mut(),
-            item.post.as_mut(),
-            item.delete.as_mut(),
+            ("get", item.get.as_mut()),
+            ("put", item.put.as_mut()),
+            ("post", item.post.as_mut()),
+            ("delete", item.delete.as_mut()),
         ];
-        for operation in operations.into_iter().flatten() {
+        for (method, operation) in operations {
+            let Some(operation) = operation else {
+                continue;
+            };
             operation.security = Some(vec![SecurityRequirement::new(
                 "bearer",
                 Vec::<String>::new(),
@@ -159,7 +162,12 @@ fn document_authentication(doc: &mut OpenApiDoc) {
             responses
                 .entry("403".to_owned())
                 .or_insert_with(|| refusal("The token's role may not do this.").into());
-            if path.ends_with("/actions") {
+            // What draws on the principal's dispatch rate (`sessions::charge`).
+            let charged = path.ends_with("/actions")
+                || path.ends_with("/resume")
+                || (method == "post" && path == "/v1/sessions")
+                || (method == "put" && path.ends_with("/working-context"));
+            if charged {
                 responses.entry("429".to_owned()).or_insert_with(|| {
                     refusal("Over this principal's dispatch rate; Retry-After says when to retry.")
                         .into()

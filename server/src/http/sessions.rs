@@ -166,8 +166,8 @@ pub async fn list_sessions(
 }
 
 /// Draws on `caller`'s dispatch rate: every dispatch, and every request
-/// that commits or makes what will (a session, a saved working context),
-/// counts against it.
+/// that commits or makes what will (a session, a saved working context, a
+/// resume), counts against it.
 pub(super) fn charge(state: &AppState, caller: &Principal) -> Result<(), ApiError> {
     state
         .auth
@@ -518,6 +518,8 @@ pub async fn resume(
         .iter()
         .map(|d| as_uri(d, "additional directory"))
         .collect::<Result<Vec<_>, _>>()?;
+    // It may start the session's agent.
+    charge(&state, &caller)?;
     state
         .engine
         .resume(&caller, &path.id, cwd, additional)

@@ -61,7 +61,8 @@ pub struct PostgresStore {
 
 /// A page of a session's envelopes on the channels `channels` lists (`$1`:
 /// the session's channel, `$2`: its id; `with`: the `WITH` clauses it
-/// needs, each followed by a comma, or nothing). The log has no session
+/// needs, each followed by a comma). A row of another session's on one of
+/// them (none is: a channel is one session's) would shorten the page. The log has no session
 /// index (migration 0006): each channel's first `$4` seqs above `$3` are
 /// read off `log_channel` (index only, where the visibility map allows),
 /// the page ends at the `$4`-th of them all, and only the rows up to it
@@ -90,9 +91,23 @@ fn session_page_sql(with: &str, channels: &str) -> String {
 const TRANSCRIPT_CHANNELS: &str =
     "SELECT $1::text AS channel UNION SELECT chat FROM chats WHERE session_id = $2";
 
-/// [`Store::transcript`]'s page.
-static TRANSCRIPT: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| session_page_sql("", TRANSCRIPT_CHANNELS));
+/// [`Store::transcript`]'s page: a page of the session's rows from each
+/// of its channels (two, or a few chats), merged. The session's rows are
+/// filtered before each channel's limit, so a page is short only at the
+/// end (the rebuild's fold and the lease check read it so), and with so
+/// few channels reading seqs first gains nothing (BENCHMARKS.md).
+static TRANSCRIPT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT l.seq, l.channel, l.session_id, l.action, l.client_id, l.client_seq, \
+                l.origin_scope, l.at_ms \
+         FROM ({TRANSCRIPT_CHANNELS}) AS c \
+         CROSS JOIN LATERAL (SELECT * FROM log \
+                             WHERE log.channel = c.channel AND log.seq > $3 \
+                               AND log.session_id = $2 \
+                             ORDER BY log.seq LIMIT $4) AS l \
+         ORDER BY l.seq LIMIT $4"
+    )
+});
 
 /// [`Store::session_log`]'s page: the transcript's channels, and those
 /// under the session. Each kind of those is found by skipping through its
@@ -738,8 +753,8 @@ impl Store for PostgresStore {
         self.delete_expired(sessions).await
     }
 
-    async fn create_webhook(&self, w: &Webhook) -> Result<(), StoreError> {
-        outbox::create_webhook(&self.pool, w).await
+    async fn create_webhook(&self, w: &Webhook, most: usize) -> Result<bool, StoreError> {
+        outbox::create_webhook(&self.pool, w, most).await
     }
 
     async fn webhooks(&self, project: &str) -> Result<Vec<Webhook>, StoreError> {

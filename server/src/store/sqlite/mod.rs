@@ -90,17 +90,20 @@ impl SqliteStore {
         // terminals' (their names begin with its id). Each channel is one
         // ordered range of log_channel_id; the ranges are merged by seq.
         let limit = clamp_limit(limit);
+        // One snapshot for every read of the page (WAL: the first read
+        // fixes it), so no append lands between them.
+        let mut tx = self.readers.begin().await?;
         let mut channels: Vec<String> =
             sqlx::query_scalar("SELECT chat FROM chats WHERE session_id = ?")
                 .bind(session_id)
-                .fetch_all(&self.readers)
+                .fetch_all(&mut *tx)
                 .await?;
         channels.push(Channel::session_uri(session_id));
         if work {
             channels.extend(
                 sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(UNDER_SESSION.as_str()))
                     .bind(session_id)
-                    .fetch_all(&self.readers)
+                    .fetch_all(&mut *tx)
                     .await?,
             );
         }
@@ -118,13 +121,14 @@ impl SqliteStore {
             .bind(channel)
             .bind(after)
             .bind(limit)
-            .fetch_all(&self.readers)
+            .fetch_all(&mut *tx)
             .await?;
             firsts.extend(seqs.into_iter().map(|seq| (seq, n)));
         }
         firsts.sort_unstable();
         firsts.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
         let Some(&(last, _)) = firsts.last() else {
+            tx.commit().await?;
             return Ok(Vec::new());
         };
         let mut read: Vec<usize> = firsts.iter().map(|(_, n)| *n).collect();
@@ -141,14 +145,16 @@ impl SqliteStore {
             .bind(channel)
             .bind(after)
             .bind(last)
-            .fetch_all(&self.readers)
+            .fetch_all(&mut *tx)
             .await?;
             found.extend(
                 rows.into_iter()
                     .filter(|row| row.session_id.as_deref() == Some(session_id)),
             );
         }
+        tx.commit().await?;
         found.sort_unstable_by_key(|row| row.seq);
+        found.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
         found.into_iter().map(TryInto::try_into).collect()
     }
 
@@ -692,10 +698,10 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn create_webhook(&self, webhook: &Webhook) -> Result<(), StoreError> {
+    async fn create_webhook(&self, webhook: &Webhook, most: usize) -> Result<bool, StoreError> {
         let w = webhook.clone();
         self.writer
-            .transaction(move |tx| outbox::create_webhook(tx, &w))
+            .transaction(move |tx| outbox::create_webhook(tx, &w, most))
             .await
     }
 
