@@ -1014,6 +1014,11 @@ async fn per_principal_bounds_answer_429_with_when_to_retry(db: TestDb) {
             "createTerminal",
             json!({"channel": "ahp-terminal:/busy/greedy", "claim": {"kind": "client", "clientId": "greedy-1"}}),
         ),
+        ("disposeSession", json!({"channel": "ahp-session:/busy"})),
+        (
+            "invokeChangesetOperation",
+            json!({"channel": "ahp-changeset:/busy/t1", "operationId": "revert"}),
+        ),
     ] {
         match first.request::<_, Value>(method, params).await {
             Err(ahp::ClientError::Rpc(rpc)) => assert_eq!(rpc.code, -32050, "{method}: {rpc:?}"),
@@ -1036,6 +1041,15 @@ async fn per_principal_bounds_answer_429_with_when_to_retry(db: TestDb) {
         )
         .await;
     assert_eq!(status, 429, "{body}");
+    let (_, _, before) = admin.call("GET", "/v1/sessions/busy", None).await;
+    assert!(before["state"].is_string(), "{before}");
+    let (status, _, body) = api.call("DELETE", "/v1/sessions/busy", None).await;
+    assert_eq!(status, 429, "{body}");
+    let (_, _, after) = admin.call("GET", "/v1/sessions/busy", None).await;
+    assert_eq!(
+        after["state"], before["state"],
+        "not disposed over the rate"
+    );
     for id in ["greedy-ws", "greedy-rest"] {
         let (status, _, _) = admin.call("GET", &format!("/v1/sessions/{id}"), None).await;
         assert_eq!(status, 404, "{id} was not made over the rate");

@@ -166,6 +166,7 @@ fn document_authentication(doc: &mut OpenApiDoc) {
             let charged = path.ends_with("/actions")
                 || path.ends_with("/resume")
                 || (method == "post" && path == "/v1/sessions")
+                || (method == "delete" && path == "/v1/sessions/{id}")
                 || (method == "put" && path.ends_with("/working-context"));
             if charged {
                 responses.entry("429".to_owned()).or_insert_with(|| {

@@ -166,8 +166,8 @@ pub async fn list_sessions(
 }
 
 /// Draws on `caller`'s dispatch rate: every dispatch, and every request
-/// that commits or makes what will (a session, a saved working context, a
-/// resume), counts against it.
+/// that commits or makes or stops what will (a session, its disposal, a
+/// saved working context, a resume), counts against it.
 pub(super) fn charge(state: &AppState, caller: &Principal) -> Result<(), ApiError> {
     state
         .auth
@@ -285,6 +285,7 @@ pub async fn delete_session(
     ApiPath(path): ApiPath<SessionPath>,
 ) -> Result<Json<SessionView>, ApiError> {
     visible(&state, &caller, &path.id).await?;
+    charge(&state, &caller)?;
     Ok(Json(state.engine.dispose_session(&caller, &path.id).await?))
 }
 

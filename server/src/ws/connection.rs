@@ -194,13 +194,16 @@ pub(super) enum Next {
     Close(u16, String),
 }
 
-/// Commands that commit, or make what will: each counts against the
-/// principal's dispatch rate as a dispatch does.
-const CHARGED: [&str; 4] = [
+/// Commands that commit, or make or stop what will: each counts against
+/// the principal's dispatch rate as a dispatch does.
+const CHARGED: [&str; 7] = [
     "createSession",
+    "disposeSession",
     "createChat",
     "createTerminal",
+    "disposeTerminal",
     "fetchTurns",
+    "invokeChangesetOperation",
 ];
 
 impl Connection {
