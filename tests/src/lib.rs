@@ -835,6 +835,26 @@ pub async fn next_envelope(
     }
 }
 
+/// Whether `pid` is a live process (not gone, not a zombie).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// Whether `pid` is gone within 5 s.
+pub async fn gone(pid: u32) -> bool {
+    for _ in 0..200 {
+        if !alive(pid) {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    false
+}
+
 /// A token for `sub` with `role` in `projects` (every project when none),
 /// signed with `secret` as `--auth-secret-file` holds it, valid an hour.
 pub fn mint(secret: &str, sub: &str, role: tether_server::auth::Role, projects: &[&str]) -> String {

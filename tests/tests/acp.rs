@@ -854,24 +854,7 @@ fn agent_pid(transcript: &[(String, Value)]) -> u32 {
         .expect("a pid")
 }
 
-/// Whether `pid` is a live process (not gone, not a zombie).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit(')')
-            .next()
-            .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
-    })
-}
-
-async fn gone(pid: u32) -> bool {
-    for _ in 0..200 {
-        if !alive(pid) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    false
-}
+use tether_tests::{alive, gone};
 
 /// A server killed with SIGKILL cannot stop its agents, and one that
 /// ignores EOF and SIGTERM keeps running; the next start on the same store

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 use tether_tests::ahp_raw::Ahp;
-use tether_tests::{ServerProcess, TestDb, backend_tests};
+use tether_tests::{ServerProcess, TestDb, alive, backend_tests, gone};
 
 backend_tests!(
     file_edits_are_changesets_with_both_sides_and_clients_revert_them,
@@ -432,17 +432,9 @@ impl Drop for KilledAtTheEnd {
     }
 }
 
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit(')')
-            .next()
-            .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
-    })
-}
-
 /// A server killed with SIGKILL cannot stop the commands its terminals
-/// run; the next start on the same store stops them (each was noted with
-/// its server, outside every agent's reach).
+/// run; the next start on the same scratch root stops them (each carries
+/// its server in a variable it cannot take from anyone else).
 async fn a_command_a_killed_server_left_running_is_stopped_at_its_next_start(db: TestDb) {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().canonicalize().unwrap();
@@ -480,16 +472,8 @@ async fn a_command_a_killed_server_left_running_is_stopped_at_its_next_start(db:
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert!(alive(pid), "a killed server left its command running");
     server.restart().await;
-    let mut stopped = false;
-    for _ in 0..200 {
-        if !alive(pid) {
-            stopped = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
     assert!(
-        stopped,
+        gone(pid).await,
         "the next start stopped the command the killed server left"
     );
     assert!(server.log().contains("left running"), "and said so");

@@ -19,6 +19,7 @@ mod delivery;
 mod error;
 pub mod fanout;
 mod forward;
+mod frames;
 pub mod host_tools;
 pub mod indexing;
 mod mailbox;
