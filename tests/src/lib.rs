@@ -158,6 +158,38 @@ impl TestDb {
         }
     }
 
+    /// Takes the database's write lock and holds it until
+    /// [`HeldWrites::release`] (SQLite: `BEGIN IMMEDIATE`; Postgres:
+    /// `table` locked against every write): what a long transaction does
+    /// to a host's commits, while its reads go on.
+    pub async fn hold_writes(&self, table: &str) -> HeldWrites {
+        use sqlx::Connection as _;
+        match self.backend {
+            Backend::Sqlite => {
+                let mut db = sqlx::SqliteConnection::connect(&self.url)
+                    .await
+                    .expect("connect");
+                sqlx::query("BEGIN IMMEDIATE")
+                    .execute(&mut db)
+                    .await
+                    .expect("take the write lock");
+                HeldWrites::Sqlite(db)
+            }
+            Backend::Postgres => {
+                let mut db = sqlx::PgConnection::connect(&self.url)
+                    .await
+                    .expect("connect");
+                sqlx::query("BEGIN").execute(&mut db).await.expect("begin");
+                let lock = format!("LOCK TABLE {table} IN EXCLUSIVE MODE");
+                sqlx::query(sqlx::AssertSqlSafe(lock))
+                    .execute(&mut db)
+                    .await
+                    .expect("lock the table");
+                HeldWrites::Postgres(db)
+            }
+        }
+    }
+
     /// The single integer a query answers, straight from the database.
     pub async fn count(&self, sql: &str) -> i64 {
         let sql = sqlx::AssertSqlSafe(sql.to_owned());
@@ -179,6 +211,32 @@ impl TestDb {
                     .expect("count");
                 pool.close().await;
                 n
+            }
+        }
+    }
+}
+
+/// A write lock a test holds on its database (see [`TestDb::hold_writes`]).
+pub enum HeldWrites {
+    Sqlite(sqlx::SqliteConnection),
+    Postgres(sqlx::PgConnection),
+}
+
+impl HeldWrites {
+    /// Lets the writes it held back go on.
+    pub async fn release(self) {
+        match self {
+            Self::Sqlite(mut db) => {
+                sqlx::query("COMMIT")
+                    .execute(&mut db)
+                    .await
+                    .expect("commit");
+            }
+            Self::Postgres(mut db) => {
+                sqlx::query("COMMIT")
+                    .execute(&mut db)
+                    .await
+                    .expect("commit");
             }
         }
     }

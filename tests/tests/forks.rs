@@ -17,6 +17,7 @@ backend_tests!(
     what_cannot_be_forked_is_refused_and_nothing_is_recorded,
     a_builtin_agents_chat_forks_from_any_completed_turn,
     chats_are_bounded_and_an_ended_session_takes_none,
+    one_chat_uri_goes_to_one_session_however_many_ask_at_once,
 );
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
@@ -458,4 +459,75 @@ async fn chats_are_bounded_and_an_ended_session_takes_none(db: TestDb) {
         .await
         .unwrap_err();
     assert!(refused.contains("has ended"), "{refused}");
+}
+
+/// Sessions asking for one chat URI at the same moment: all pass the
+/// engine's "does it exist" read, so the claim in the store decides. Before
+/// it, several were told yes and the losers' turns went to the winner's
+/// chat.
+async fn one_chat_uri_goes_to_one_session_however_many_ask_at_once(db: TestDb) {
+    const ASKERS: usize = 8;
+    const CHATS: usize = 12;
+    let server = ServerProcess::start(&db, &[]).await;
+    let mut askers = Vec::new();
+    for k in 0..ASKERS {
+        let mut ahp = Ahp::connect(&server.ws_url(), &format!("asker-{k}")).await;
+        ahp.call(
+            "createSession",
+            json!({"channel": format!("ahp-session:/asker-{k}")}),
+        )
+        .await
+        .unwrap();
+        askers.push(ahp);
+    }
+    for i in 0..CHATS {
+        let chat = format!("ahp-chat:/contested-{i}");
+        let asks = askers.iter_mut().enumerate().map(|(k, ahp)| {
+            let params = json!({"channel": format!("ahp-session:/asker-{k}"), "chat": chat});
+            ahp.call("createChat", params)
+        });
+        // Every third round with the database's writes held back a while,
+        // so that every asker reads "no such chat" before any commit: the
+        // race, made certain.
+        let held = if i % 3 == 0 {
+            Some(db.hold_writes("chats").await)
+        } else {
+            None
+        };
+        let (answers, ()) = tokio::join!(futures_util::future::join_all(asks), async {
+            if let Some(held) = held {
+                tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+                held.release().await;
+            }
+        });
+        let given = answers.iter().filter(|a| a.is_ok()).count();
+        assert_eq!(given, 1, "{chat}: exactly one session gets it: {answers:?}");
+        for refused in answers.iter().filter_map(|a| a.as_ref().err()) {
+            assert!(refused.contains("already exists"), "{refused}");
+        }
+    }
+    // Each contested chat is listed by exactly one session.
+    let mut listed = Vec::new();
+    for (k, ahp) in askers.iter_mut().enumerate() {
+        let state = ahp
+            .call(
+                "subscribe",
+                json!({"channel": format!("ahp-session:/asker-{k}")}),
+            )
+            .await
+            .unwrap();
+        listed.extend(
+            state["snapshot"]["state"]["chats"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|c| c["resource"].as_str())
+                .filter(|c| c.starts_with("ahp-chat:/contested-"))
+                .map(str::to_owned),
+        );
+    }
+    listed.sort();
+    let before = listed.len();
+    listed.dedup();
+    assert_eq!((before, listed.len()), (CHATS, CHATS), "{listed:?}");
 }

@@ -546,6 +546,14 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// The session that owns a chat URI.
     async fn chat_session(&self, chat: &str) -> Result<Option<String>, StoreError>;
 
+    /// Claims a chat URI for a session before its `session/chatAdded` is
+    /// committed: true when the chat is now the session's (or already
+    /// was), false when another session holds it. One claim wins however
+    /// many sessions ask at once, so no two sessions write one chat's
+    /// channel. A claim whose chat is then not committed stays the
+    /// session's (claiming it again succeeds) and goes with the session.
+    async fn claim_chat(&self, chat: &str, session_id: &str) -> Result<bool, StoreError>;
+
     /// Stores an attachment's bytes for a session, once (keyed by their
     /// digest: storing the same bytes again changes nothing).
     async fn put_attachment(&self, attachment: &Attachment) -> Result<(), StoreError>;

@@ -354,6 +354,20 @@ impl SessionActor {
                 model.chats.len()
             )));
         }
+        // Claimed in the store before it is committed: two sessions asked
+        // for one chat URI at once both passed the engine's check, and the
+        // loser would have written its turns on the winner's chat.
+        let claimed = self
+            .ctx
+            .store
+            .claim_chat(&chat, &self.id)
+            .await
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        if !claimed {
+            return Err(EngineError::AlreadyExists(format!(
+                "Chat {chat} already exists."
+            )));
+        }
         if let Some(fork) = fork {
             return self.fork_chat(chat, &fork).await;
         }

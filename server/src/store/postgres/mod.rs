@@ -338,6 +338,29 @@ impl Store for PostgresStore {
         )
     }
 
+    async fn claim_chat(&self, chat: &str, session_id: &str) -> Result<bool, StoreError> {
+        // The insert either adds the row or waits on the one a concurrent
+        // claim added; the CTE's read then sees only the snapshot, so the
+        // owner is read by a second statement when the insert did nothing.
+        let inserted = sqlx::query(
+            "INSERT INTO chats (chat, session_id) VALUES ($1, $2) ON CONFLICT (chat) DO NOTHING",
+        )
+        .bind(chat)
+        .bind(session_id)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        if inserted == 1 {
+            return Ok(true);
+        }
+        let owner: Option<String> =
+            sqlx::query_scalar("SELECT session_id FROM chats WHERE chat = $1")
+                .bind(chat)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(owner.as_deref() == Some(session_id))
+    }
+
     async fn put_attachment(&self, attachment: &Attachment) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO attachments (session_id, digest, content_type, size, data, created_ms) \

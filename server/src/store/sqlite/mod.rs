@@ -240,6 +240,23 @@ impl Store for SqliteStore {
         )
     }
 
+    async fn claim_chat(&self, chat: &str, session_id: &str) -> Result<bool, StoreError> {
+        let (chat, session_id) = (chat.to_owned(), session_id.to_owned());
+        self.writer
+            .transaction(move |tx| {
+                tx.prepare_cached(
+                    "INSERT INTO chats (chat, session_id) VALUES (?1, ?2) \
+                     ON CONFLICT (chat) DO NOTHING",
+                )?
+                .execute(rusqlite::params![chat, session_id])?;
+                let owner: String = tx
+                    .prepare_cached("SELECT session_id FROM chats WHERE chat = ?1")?
+                    .query_row([&chat], |row| row.get(0))?;
+                Ok(owner == session_id)
+            })
+            .await
+    }
+
     async fn put_attachment(&self, attachment: &Attachment) -> Result<(), StoreError> {
         let a = attachment.clone();
         let at_ms = now_ms();
