@@ -3,8 +3,12 @@
 //! files it edited, its questions and plans), folded from the envelopes in
 //! order. Pure: the caller reads the envelopes (AHP `ActionEnvelope` JSON,
 //! as the transcript endpoint gives them).
+//!
+//! It streams: [`Markdown::take`] gives each turn as soon as it is settled
+//! and a later one has begun, so what the fold holds is the turns still
+//! open, not the whole conversation.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
 
 use serde_json::Value;
@@ -46,13 +50,21 @@ enum Block {
     Plan(Vec<(String, String)>),
 }
 
-/// The fold: feed it envelopes in `serverSeq` order, then `finish`.
+/// The fold: feed it envelopes in `serverSeq` order, `take` what is
+/// written as it goes, then `finish`.
 #[derive(Debug, Default)]
 pub struct Markdown {
     id: String,
+    /// The session's title as its record has it, when the caller knows it.
+    known_title: Option<String>,
+    /// The last title its envelopes set.
     title: Option<String>,
-    order: Vec<String>,
+    /// Turns not yet written, in the order they began.
+    order: VecDeque<String>,
     turns: HashMap<String, Turn>,
+    /// Turns written already.
+    written: usize,
+    headed: bool,
     envelopes: u64,
 }
 
@@ -92,10 +104,22 @@ fn edit_line(content: &Value) -> Option<String> {
 }
 
 impl Markdown {
-    /// A fold for session `id`.
+    /// A fold for session `id`; its heading is the last title its
+    /// envelopes set, else its first message, else `id`.
     pub fn new(id: &str) -> Self {
         Self {
             id: id.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    /// A fold for session `id` whose heading is `title` (the session's own
+    /// record, known before its envelopes are read), when it is not
+    /// blank: a streamed document is headed before its end is read.
+    pub fn titled(id: &str, title: Option<&str>) -> Self {
+        Self {
+            id: id.to_owned(),
+            known_title: title.filter(|t| !t.trim().is_empty()).map(str::to_owned),
             ..Self::default()
         }
     }
@@ -140,7 +164,7 @@ impl Markdown {
                     started_at: action["startedAt"].as_str().map(str::to_owned),
                     ..Turn::default()
                 };
-                self.order.push(turn_id.clone());
+                self.order.push_back(turn_id.clone());
                 self.turns.insert(turn_id, turn);
             }
             "chat/inputRequested" => {
@@ -184,34 +208,64 @@ impl Markdown {
         }
     }
 
-    /// The document.
-    pub fn finish(self) -> String {
+    /// What can be written now: the heading, once, and each turn that is
+    /// settled and followed by a later one, oldest first (none is written
+    /// out of order). Envelopes for a turn already written are not read.
+    pub fn take(&mut self) -> String {
         let mut out = String::new();
+        while self.order.len() > 1
+            && self
+                .order
+                .front()
+                .and_then(|id| self.turns.get(id))
+                .is_none_or(|t| t.state.is_some())
+        {
+            self.head(&mut out);
+            self.write_front(&mut out);
+        }
+        out
+    }
+
+    /// The rest of the document: the heading if nothing was taken yet, the
+    /// turns not yet written, and the count of what it holds.
+    pub fn finish(mut self) -> String {
+        let mut out = String::new();
+        self.head(&mut out);
+        while !self.order.is_empty() {
+            self.write_front(&mut out);
+        }
+        let _ = writeln!(
+            out,
+            "_Session `{}`: {} turns, {} envelopes._",
+            self.id, self.written, self.envelopes
+        );
+        out
+    }
+
+    fn head(&mut self, out: &mut String) {
+        if std::mem::replace(&mut self.headed, true) {
+            return;
+        }
         let title = self
-            .title
-            .filter(|t| !t.trim().is_empty())
+            .known_title
+            .clone()
+            .or_else(|| self.title.clone().filter(|t| !t.trim().is_empty()))
             .or_else(|| {
                 self.order
-                    .first()
+                    .front()
                     .and_then(|id| self.turns.get(id))
                     .map(|t| t.message.chars().take(60).collect::<String>())
                     .filter(|t| !t.trim().is_empty())
             })
             .unwrap_or_else(|| self.id.clone());
         let _ = writeln!(out, "# {title}\n");
-        let _ = writeln!(
-            out,
-            "Session `{}`: {} turns, {} envelopes.\n",
-            self.id,
-            self.order.len(),
-            self.envelopes
-        );
-        for id in &self.order {
-            if let Some(turn) = self.turns.get(id) {
-                turn.write(&mut out);
-            }
+    }
+
+    fn write_front(&mut self, out: &mut String) {
+        if let Some(turn) = self.order.pop_front().and_then(|id| self.turns.remove(&id)) {
+            turn.write(out);
+            self.written += 1;
         }
-        out
     }
 }
 
@@ -479,5 +533,49 @@ mod tests {
         // An output with a fence inside is fenced longer.
         assert!(text.contains("````text\nok ```\n````"), "{text}");
         assert!(text.contains("_complete_"), "{text}");
+    }
+
+    #[test]
+    fn settled_turns_are_written_as_soon_as_a_later_one_begins() {
+        let turn = |id: &str, text: &str| json!({"type": "chat/turnStarted", "turnId": id, "message": {"text": text}});
+        let mut md = Markdown::titled("s", Some("From the record"));
+        md.envelope(&env(1, turn("t1", "first")));
+        md.envelope(&env(
+            2,
+            json!({"type": "chat/delta", "turnId": "t1", "partId": "p", "content": "one"}),
+        ));
+        assert_eq!(md.take(), "", "nothing is settled");
+        md.envelope(&env(
+            3,
+            json!({"type": "chat/turnComplete", "turnId": "t1"}),
+        ));
+        assert_eq!(md.take(), "", "the newest turn may still hear of itself");
+        md.envelope(&env(4, turn("t2", "second")));
+        md.envelope(&env(5, turn("t3", "third")));
+        let taken = md.take();
+        assert!(taken.starts_with("# From the record\n"), "{taken}");
+        assert!(taken.contains("first") && taken.contains("one"), "{taken}");
+        assert!(
+            !taken.contains("second"),
+            "t2 is open, so it and all after it wait: {taken}"
+        );
+        md.envelope(&env(
+            6,
+            json!({"type": "chat/turnCancelled", "turnId": "t2"}),
+        ));
+        let taken = md.take();
+        assert!(
+            taken.contains("second") && !taken.contains("# From"),
+            "{taken}"
+        );
+        let rest = md.finish();
+        assert!(
+            rest.contains("third") && rest.contains("_running_"),
+            "{rest}"
+        );
+        assert!(
+            rest.ends_with("_Session `s`: 3 turns, 6 envelopes._\n"),
+            "{rest}"
+        );
     }
 }

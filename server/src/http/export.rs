@@ -104,7 +104,7 @@ pub async fn export(
             ));
         }
     };
-    visible(&state, &caller, &path.id).await?;
+    let view = visible(&state, &caller, &path.id).await?;
     let id = path.id;
     let disposition = |extension: &str| {
         HeaderValue::from_str(&format!("attachment; filename=\"{id}.{extension}\""))
@@ -114,22 +114,36 @@ pub async fn export(
     // edits' changesets and the terminals' output with it.
     let pages = pages(state.store.clone(), id.clone(), format == Format::Jsonl);
     if format == Format::Markdown {
-        let mut markdown = Markdown::new(&id);
-        let mut pages = std::pin::pin!(pages);
-        while let Some(page) = pages.next().await {
-            for envelope in &page? {
-                markdown.envelope(&envelope_json(envelope));
+        // Streamed too: each turn is sent once it is settled and a later
+        // one has begun, so what is held is a page and the open turns.
+        let markdown = Markdown::titled(&id, view.title.as_deref());
+        let start = Some((Box::pin(pages), markdown));
+        let named = disposition("md");
+        let chunks = futures_util::stream::unfold(start, move |state| {
+            let id = id.clone();
+            async move {
+                let (mut pages, mut markdown) = state?;
+                match pages.next().await {
+                    Some(Ok(page)) => {
+                        for envelope in &page {
+                            markdown.envelope(&envelope_json(envelope));
+                        }
+                        Some((Ok(Bytes::from(markdown.take())), Some((pages, markdown))))
+                    }
+                    Some(Err(err)) => Some((Err(cut_short(&id, &err)), None)),
+                    None => Some((Ok(Bytes::from(markdown.finish())), None)),
+                }
             }
-        }
+        });
         return Ok((
             [
                 (
                     header::CONTENT_TYPE,
                     HeaderValue::from_static("text/markdown; charset=utf-8"),
                 ),
-                (header::CONTENT_DISPOSITION, disposition("md")),
+                (header::CONTENT_DISPOSITION, named),
             ],
-            markdown.finish(),
+            Body::from_stream(chunks),
         )
             .into_response());
     }
@@ -153,10 +167,7 @@ pub async fn export(
             }
             Ok(Bytes::from(lines))
         }
-        Err(err) => {
-            tracing::warn!(session = %id, error = %err, "export cut short: the store failed");
-            Err(std::io::Error::other(err.to_string()))
-        }
+        Err(err) => Err(cut_short(&id, &err)),
     });
     Ok((
         [
@@ -169,4 +180,11 @@ pub async fn export(
         Body::from_stream(lines),
     )
         .into_response())
+}
+
+/// A store failure mid-way through an export: logged, and the body ends
+/// early (the client sees a cut download, not a complete-looking one).
+fn cut_short(session: &str, err: &StoreError) -> std::io::Error {
+    tracing::warn!(session, error = %err, "export cut short: the store failed");
+    std::io::Error::other(err.to_string())
 }
