@@ -672,7 +672,14 @@ async fn a_project_holds_at_most_twenty_webhooks_however_fast_they_are_added(db:
     for n in 0..19 {
         assert_eq!(add(n).await.0, 201);
     }
-    let added = futures_util::future::join_all((19..39).map(add)).await;
+    // The adds arrive while the database's writes are held back, so each
+    // would read 19 before any of them is written: a count read before
+    // its insert would let them all in.
+    let held = db.hold_writes("webhooks").await;
+    let (added, ()) = tokio::join!(futures_util::future::join_all((19..39).map(add)), async {
+        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+        held.release().await;
+    });
     let made = added.iter().filter(|(status, _)| *status == 201).count();
     let refused = added
         .iter()
