@@ -217,6 +217,7 @@ impl TestDb {
 }
 
 /// A write lock a test holds on its database (see [`TestDb::hold_writes`]).
+#[derive(Debug)]
 pub enum HeldWrites {
     Sqlite(sqlx::SqliteConnection),
     Postgres(sqlx::PgConnection),

@@ -336,6 +336,16 @@ async fn what_cannot_be_forked_is_refused_and_nothing_is_recorded(db: TestDb) {
             .len();
         assert_eq!(chats, 1, "{state}");
     }
+    // A refused chat's URI is free: the agent's refusal came after the
+    // URI was claimed, and gave it back.
+    for chat in ["ahp-chat:/rf-a", "ahp-chat:/rs-a"] {
+        ahp.call(
+            "createChat",
+            json!({"channel": "ahp-session:/rf", "chat": chat}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{chat} after its refusal: {e}"));
+    }
     // The latest turn forks, and the session keeps serving.
     ahp.call(
         "createChat",

@@ -550,9 +550,14 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// committed: true when the chat is now the session's (or already
     /// was), false when another session holds it. One claim wins however
     /// many sessions ask at once, so no two sessions write one chat's
-    /// channel. A claim whose chat is then not committed stays the
-    /// session's (claiming it again succeeds) and goes with the session.
+    /// channel. A claim whose chat's commit failed with no answer stays
+    /// the session's and goes with the session.
     async fn claim_chat(&self, chat: &str, session_id: &str) -> Result<bool, StoreError>;
+
+    /// Gives back a session's claim on a chat under which nothing was
+    /// committed (a fork the agent refused, a `session/chatAdded` the
+    /// session refused), so that the URI is free again.
+    async fn release_chat(&self, chat: &str, session_id: &str) -> Result<(), StoreError>;
 
     /// Stores an attachment's bytes for a session, once (keyed by their
     /// digest: storing the same bytes again changes nothing).

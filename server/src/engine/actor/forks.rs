@@ -25,8 +25,15 @@ impl SessionActor {
         fork: &ChatFork,
     ) -> Result<(), EngineError> {
         let (spec, turns) = self.fork_source(fork)?;
+        self.claim_chat(&chat).await?;
         let reference = match spec.acp_command() {
-            Some(_) => Some(self.fork_agent(&spec, fork, &chat).await?),
+            Some(_) => match self.fork_agent(&spec, fork, &chat).await {
+                Ok(reference) => Some(reference),
+                Err(err) => {
+                    self.release_chat(&chat).await;
+                    return Err(err);
+                }
+            },
             None => None,
         };
         let summary = json!({
@@ -56,6 +63,10 @@ impl SessionActor {
             return Err(EngineError::Unavailable(
                 "the forked chat was not recorded".to_owned(),
             ));
+        }
+        if let Some(DispatchOutcome::Rejected(_)) = outcomes.first() {
+            // The chat itself was refused: nothing was committed under it.
+            self.release_chat(&chat).await;
         }
         for outcome in outcomes {
             if let DispatchOutcome::Rejected(refusal) = outcome {

@@ -354,23 +354,10 @@ impl SessionActor {
                 model.chats.len()
             )));
         }
-        // Claimed in the store before it is committed: two sessions asked
-        // for one chat URI at once both passed the engine's check, and the
-        // loser would have written its turns on the winner's chat.
-        let claimed = self
-            .ctx
-            .store
-            .claim_chat(&chat, &self.id)
-            .await
-            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
-        if !claimed {
-            return Err(EngineError::AlreadyExists(format!(
-                "Chat {chat} already exists."
-            )));
-        }
         if let Some(fork) = fork {
             return self.fork_chat(chat, &fork).await;
         }
+        self.claim_chat(&chat).await?;
         let action = serde_json::json!({
             "type": "session/chatAdded",
             "summary": {"resource": chat, "title": "", "status": 1, "modifiedAt": engine::rfc3339(now_ms())},
@@ -379,11 +366,40 @@ impl SessionActor {
         match self.run_follow_ups().await.into_iter().next() {
             Some(DispatchOutcome::Accepted(_)) => Ok(()),
             Some(DispatchOutcome::Rejected(refusal)) => {
+                self.release_chat(&chat).await;
                 Err(EngineError::Unavailable(refusal.reason))
             }
             None => Err(EngineError::Unavailable(
                 "the chat was not recorded".to_owned(),
             )),
+        }
+    }
+
+    /// Claims `chat` in the store for this session before its
+    /// `session/chatAdded` is committed: sessions asking for one chat URI
+    /// at once all pass the engine's read, and without the claim each
+    /// would be told yes and write on the winner's chat.
+    pub(super) async fn claim_chat(&self, chat: &str) -> Result<(), EngineError> {
+        let claimed = self
+            .ctx
+            .store
+            .claim_chat(chat, &self.id)
+            .await
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        if claimed {
+            Ok(())
+        } else {
+            Err(EngineError::AlreadyExists(format!(
+                "Chat {chat} already exists."
+            )))
+        }
+    }
+
+    /// Gives back a claim under which nothing was committed; a failure
+    /// leaves the URI taken by this session, which is logged.
+    pub(super) async fn release_chat(&self, chat: &str) {
+        if let Err(err) = self.ctx.store.release_chat(chat, &self.id).await {
+            tracing::warn!(session = %self.id, chat, error = %err, "a refused chat's URI stays claimed");
         }
     }
 

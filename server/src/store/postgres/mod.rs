@@ -361,6 +361,15 @@ impl Store for PostgresStore {
         Ok(owner.as_deref() == Some(session_id))
     }
 
+    async fn release_chat(&self, chat: &str, session_id: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM chats WHERE chat = $1 AND session_id = $2")
+            .bind(chat)
+            .bind(session_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     async fn put_attachment(&self, attachment: &Attachment) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO attachments (session_id, digest, content_type, size, data, created_ms) \

@@ -257,6 +257,17 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn release_chat(&self, chat: &str, session_id: &str) -> Result<(), StoreError> {
+        let (chat, session_id) = (chat.to_owned(), session_id.to_owned());
+        self.writer
+            .transaction(move |tx| {
+                tx.prepare_cached("DELETE FROM chats WHERE chat = ?1 AND session_id = ?2")?
+                    .execute(rusqlite::params![chat, session_id])?;
+                Ok(())
+            })
+            .await
+    }
+
     async fn put_attachment(&self, attachment: &Attachment) -> Result<(), StoreError> {
         let a = attachment.clone();
         let at_ms = now_ms();
