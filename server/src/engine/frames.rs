@@ -14,13 +14,12 @@ pub fn action_frame(
     origin: Option<&Origin>,
     rejection: Option<&str>,
 ) -> String {
-    const HEAD: &str = r#"{"jsonrpc":"2.0","method":"action","params":"#;
-    let mut frame =
-        String::with_capacity(HEAD.len() + ENVELOPE_ROOM + channel.len() + action.len());
-    frame.push_str(HEAD);
-    write_envelope(&mut frame, seq, channel, action, origin, rejection);
-    frame.push('}');
-    frame
+    let envelope = Envelope(seq, channel, action, origin, rejection);
+    wrapped(
+        r#"{"jsonrpc":"2.0","method":"action","params":"#,
+        &envelope,
+        "}",
+    )
 }
 
 /// The envelope object as JSON text (the `params` of an `action`
@@ -33,13 +32,22 @@ pub fn envelope_text(
     origin: Option<&Origin>,
     rejection: Option<&str>,
 ) -> String {
-    let mut text = String::with_capacity(ENVELOPE_ROOM + channel.len() + action.len());
-    write_envelope(&mut text, seq, channel, action, origin, rejection);
+    wrapped("", &Envelope(seq, channel, action, origin, rejection), "")
+}
+
+/// An envelope's parts: seq, channel, action text, origin, rejection.
+struct Envelope<'a>(u64, &'a str, &'a str, Option<&'a Origin>, Option<&'a str>);
+
+/// `head`, the envelope's text, then `tail`, in one allocation.
+fn wrapped(head: &str, e: &Envelope<'_>, tail: &str) -> String {
+    let room = head.len() + ENVELOPE_ROOM + e.1.len() + e.2.len() + tail.len();
+    let mut text = String::with_capacity(room);
+    text.push_str(head);
+    write_envelope(&mut text, e.0, e.1, e.2, e.3, e.4);
+    text.push_str(tail);
     text
 }
 
-/// Room for an envelope's keys, seq and origin besides its channel and
-/// action.
 const ENVELOPE_ROOM: usize = 128;
 
 /// Appends the envelope object to `out`, written straight into it (no

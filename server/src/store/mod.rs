@@ -16,6 +16,7 @@
 //! * A session's read-model row is written in the same transaction as the log
 //!   row it summarises.
 
+mod attachment;
 #[cfg(test)]
 mod expand;
 pub mod identity;
@@ -29,6 +30,8 @@ pub mod search;
 pub(crate) mod sqlite;
 pub mod usage;
 pub mod webhooks;
+
+pub use attachment::{ATTACHMENT_SCHEME, Attachment, attachment_digest};
 
 use std::fmt;
 use std::sync::Arc;
@@ -208,50 +211,6 @@ pub struct Directed {
     pub sub: Option<String>,
     /// The action JSON text that client receives instead.
     pub action: String,
-}
-
-/// The URI scheme of a stored attachment: `tether-attachment:<digest>`.
-pub const ATTACHMENT_SCHEME: &str = "tether-attachment:";
-
-/// The digest a stored attachment's URI names.
-pub fn attachment_digest(uri: &str) -> Option<&str> {
-    uri.strip_prefix(ATTACHMENT_SCHEME)
-        .filter(|d| d.len() == 64 && d.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')))
-}
-
-impl Attachment {
-    /// Bytes of a session's, keyed by their SHA-256.
-    pub fn new(session_id: &str, content_type: &str, data: Vec<u8>) -> Self {
-        use sha2::Digest as _;
-        let digest = sha2::Sha256::digest(&data)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        Self {
-            session_id: session_id.to_owned(),
-            digest,
-            content_type: content_type.to_owned(),
-            data,
-        }
-    }
-
-    /// Its `tether-attachment:` URI.
-    pub fn uri(&self) -> String {
-        format!("{ATTACHMENT_SCHEME}{}", self.digest)
-    }
-}
-
-/// A message attachment's bytes, stored outside the envelopes.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub struct Attachment {
-    /// The session it belongs to.
-    pub session_id: String,
-    /// The SHA-256 of its bytes, lower-case hex.
-    pub digest: String,
-    /// Its media type (`image/png`, ...).
-    pub content_type: String,
-    /// The bytes.
-    pub data: Vec<u8>,
 }
 
 /// An envelope as stored in the log.
