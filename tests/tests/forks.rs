@@ -18,6 +18,7 @@ backend_tests!(
     a_builtin_agents_chat_forks_from_any_completed_turn,
     chats_are_bounded_and_an_ended_session_takes_none,
     one_chat_uri_goes_to_one_session_however_many_ask_at_once,
+    a_chat_whose_write_failed_can_be_asked_for_again,
 );
 
 const FAKE: &str = env!("CARGO_BIN_EXE_fake-acp-agent");
@@ -540,4 +541,104 @@ async fn one_chat_uri_goes_to_one_session_however_many_ask_at_once(db: TestDb) {
     let before = listed.len();
     listed.dedup();
     assert_eq!((before, listed.len()), (CHATS, CHATS), "{listed:?}");
+}
+
+/// Makes writes of `unlucky`'s `session/chatAdded`, and the give-back of
+/// any chat's claim, fail in the database itself (triggers), as a full
+/// disk or a lost connection would.
+async fn fail_writes_of(db: &TestDb, unlucky: &str) {
+    match db.backend() {
+        tether_tests::Backend::Sqlite => {
+            db.execute(&format!(
+                "CREATE TRIGGER fault_log BEFORE INSERT ON log \
+                 WHEN NEW.action LIKE '%session/chatAdded%{unlucky}%' \
+                 BEGIN SELECT RAISE(ABORT, 'injected fault'); END"
+            ))
+            .await;
+            db.execute(
+                "CREATE TRIGGER fault_chats BEFORE DELETE ON chats \
+                 BEGIN SELECT RAISE(ABORT, 'injected fault'); END",
+            )
+            .await;
+        }
+        tether_tests::Backend::Postgres => {
+            db.execute(
+                "CREATE FUNCTION fault() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN RAISE EXCEPTION 'injected fault'; END $$",
+            )
+            .await;
+            db.execute(&format!(
+                "CREATE TRIGGER fault_log BEFORE INSERT ON log FOR EACH ROW \
+                 WHEN (NEW.action LIKE '%session/chatAdded%{unlucky}%') EXECUTE FUNCTION fault()"
+            ))
+            .await;
+            db.execute(
+                "CREATE TRIGGER fault_chats BEFORE DELETE ON chats FOR EACH ROW \
+                 EXECUTE FUNCTION fault()",
+            )
+            .await;
+        }
+    }
+}
+
+async fn heal_writes(db: &TestDb) {
+    let on = |table| match db.backend() {
+        tether_tests::Backend::Sqlite => String::new(),
+        tether_tests::Backend::Postgres => format!(" ON {table}"),
+    };
+    db.execute(&format!("DROP TRIGGER fault_log{}", on("log")))
+        .await;
+    db.execute(&format!("DROP TRIGGER fault_chats{}", on("chats")))
+        .await;
+}
+
+/// A chat whose `session/chatAdded` could not be written, and whose claim
+/// could not be given back either, is refused as unavailable; asked for
+/// again by its session once the store is well, it is added, once.
+async fn a_chat_whose_write_failed_can_be_asked_for_again(db: TestDb) {
+    let server = ServerProcess::start(&db, &[]).await;
+    let mut ahp = Ahp::connect(&server.ws_url(), "unlucky").await;
+    ahp.call("createSession", json!({"channel": "ahp-session:/unlucky"}))
+        .await
+        .unwrap();
+    let chat = "ahp-chat:/unlucky-chat";
+    let ask = json!({"channel": "ahp-session:/unlucky", "chat": chat});
+    fail_writes_of(&db, "unlucky-chat").await;
+    let refused = ahp.call("createChat", ask.clone()).await.unwrap_err();
+    assert!(
+        refused.to_lowercase().contains("storage unavailable"),
+        "{refused}"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM chats WHERE chat = 'ahp-chat:/unlucky-chat'")
+            .await,
+        1,
+        "the claim could not be given back"
+    );
+    heal_writes(&db).await;
+    ahp.call("createChat", ask)
+        .await
+        .expect("the same session asks again once the store is well");
+    let added = db
+        .count(
+            "SELECT count(*) FROM log WHERE action LIKE '%session/chatAdded%' \
+             AND action LIKE '%ahp-chat:/unlucky-chat%'",
+        )
+        .await;
+    assert_eq!(added, 1, "one chatAdded is committed");
+    let state = ahp
+        .call("subscribe", json!({"channel": "ahp-session:/unlucky"}))
+        .await
+        .unwrap();
+    let chats: Vec<&str> = state["snapshot"]["state"]["chats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["resource"].as_str())
+        .filter(|c| *c == chat)
+        .collect();
+    assert_eq!(chats.len(), 1, "{state}");
+    ahp.call("subscribe", json!({"channel": chat}))
+        .await
+        .expect("the chat is there to subscribe to");
 }

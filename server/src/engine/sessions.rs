@@ -156,14 +156,11 @@ impl Engine {
                 Channel::DEFAULT_CHAT_SUFFIX
             )));
         }
-        // Asked of the store, which is the truth: a chat this host
-        // remembers may have gone with its session (retention on another
-        // host), or never been committed.
-        if self.stored_chat_session(chat).await?.is_some() {
-            return Err(EngineError::AlreadyExists(format!(
-                "Chat {chat} already exists."
-            )));
-        }
+        // Whether the chat is taken is decided by the session's actor: its
+        // own chats, then the store's claim on the URI (another session's
+        // chat, or one a concurrent ask is adding). A read here would add a
+        // round trip and refuse a retry of a chat this session claimed
+        // whose commit failed.
         let fork = source.map(chat_fork).transpose()?.map(Box::new);
         let chat = chat.to_owned();
         self.ask(session, |reply| Command::CreateChat { chat, fork, reply })

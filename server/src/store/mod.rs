@@ -509,8 +509,9 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// committed: true when the chat is now the session's (or already
     /// was), false when another session holds it. One claim wins however
     /// many sessions ask at once, so no two sessions write one chat's
-    /// channel. A claim whose chat's commit failed with no answer stays
-    /// the session's and goes with the session.
+    /// channel. A claim that could not be given back after its chat's
+    /// commit failed stays the session's: the session may ask for the
+    /// chat again, and the claim goes with the session.
     async fn claim_chat(&self, chat: &str, session_id: &str) -> Result<bool, StoreError>;
 
     /// Gives back a session's claim on a chat under which nothing was
