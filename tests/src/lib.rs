@@ -278,6 +278,11 @@ impl ServerProcess {
         }
     }
 
+    /// The running process's id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(tokio::process::Child::id)
+    }
+
     /// What the process wrote to stderr so far (its log), across restarts.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log.path()).unwrap_or_default()

@@ -1,35 +1,56 @@
-//! Pages of the log, read on a blocking thread through connections of
+//! Pages of the log, read on threads of their own through connections of
 //! rusqlite's own: a page of a thousand rows crosses threads once. sqlx's
 //! SQLite driver hands every row from its worker thread to the async side,
 //! and a catch-up spent most of its time in those hand-offs (see
 //! BENCHMARKS.md, "Catch-up").
+//!
+//! The threads are this store's, at most `readers` of them, each keeping
+//! its connection: tokio's blocking pool started a thread for a read
+//! whenever none had yet gone back idle, and 10,000 subscribers arriving at
+//! once left some thirty threads, each with its allocator's pages, where
+//! eight read at a time (BENCHMARKS.md, "Idle subscribers on SQLite").
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 
 use rusqlite::{Connection, OpenFlags};
-use tokio::sync::Semaphore;
+use tokio::sync::oneshot;
 
 use super::BUSY_TIMEOUT;
 use crate::store::{Origin, StoreError, StoredEnvelope, clamp_limit, seq_from_db, seq_to_db};
 
-/// Read-only connections for log pages, and how many may read at once.
+/// A read for a reader thread, given the thread's connection (opened on
+/// its first read, dropped after a read that failed).
+type Job = Box<dyn FnOnce(&mut Option<Connection>) + Send>;
+
+/// The reader threads of one database and the reads waiting for them.
 #[derive(Debug)]
 pub(super) struct Pages {
     path: PathBuf,
-    /// Connections not reading now (at most `readers` of them).
-    idle: Mutex<Vec<Connection>>,
-    /// Bounds the pages read at once, and so the connections open.
-    readers: Semaphore,
+    /// Where reads wait; the threads end when it is dropped with the store.
+    jobs: mpsc::Sender<Job>,
+    /// What the threads take reads from, one thread at a time.
+    queue: Arc<Mutex<mpsc::Receiver<Job>>>,
+    /// Threads started, at most `readers`.
+    threads: AtomicUsize,
+    /// Threads not reading now (waiting for a read).
+    idle: Arc<AtomicUsize>,
+    readers: usize,
 }
 
 impl Pages {
-    /// Pages of the database at `path`, at most `readers` read at once.
+    /// Pages of the database at `path`, read by at most `readers` threads
+    /// (started as reads need them).
     pub(super) fn new(path: &Path, readers: usize) -> Arc<Self> {
+        let (jobs, queue) = mpsc::channel();
         Arc::new(Self {
             path: path.to_owned(),
-            idle: Mutex::new(Vec::new()),
-            readers: Semaphore::new(readers.max(1)),
+            jobs,
+            queue: Arc::new(Mutex::new(queue)),
+            threads: AtomicUsize::new(0),
+            idle: Arc::new(AtomicUsize::new(0)),
+            readers: readers.max(1),
         })
     }
 
@@ -46,50 +67,91 @@ impl Pages {
             .map(serde_json::to_string)
             .transpose()
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let _permit = self
-            .readers
-            .acquire()
+        let path = self.path.clone();
+        let (reply, answer) = oneshot::channel();
+        self.submit(Box::new(move |db| {
+            let page = match db {
+                Some(db) => read_page(db, after, channels.as_deref(), limit, max_bytes),
+                None => open(&path).and_then(|opened| {
+                    read_page(
+                        db.insert(opened),
+                        after,
+                        channels.as_deref(),
+                        limit,
+                        max_bytes,
+                    )
+                }),
+            };
+            // Kept only after a read that worked: a broken connection goes.
+            if page.is_err() {
+                *db = None;
+            }
+            let _ = reply.send(page);
+        }))?;
+        answer
             .await
+            .map_err(|_| StoreError::Corrupt("a log page read failed: its reader stopped".into()))?
+    }
+
+    /// Queues `job`, and starts a thread for it when none is waiting and
+    /// fewer than `readers` run.
+    fn submit(&self, job: Job) -> Result<(), StoreError> {
+        self.jobs
+            .send(job)
             .map_err(|_| StoreError::Corrupt("the store is closed".into()))?;
-        let pages = self.clone();
-        tokio::task::spawn_blocking(move || {
-            pages.read(after, channels.as_deref(), limit, max_bytes)
-        })
-        .await
-        .map_err(|e| StoreError::Corrupt(format!("a log page read failed: {e}")))?
-    }
-
-    fn read(
-        &self,
-        after: u64,
-        channels: Option<&str>,
-        limit: u32,
-        max_bytes: usize,
-    ) -> Result<Vec<StoredEnvelope>, StoreError> {
-        let idle = self.idle.lock().ok().and_then(|mut idle| idle.pop());
-        let db = match idle {
-            Some(db) => db,
-            None => self.open()?,
-        };
-        let page = read_page(&db, after, channels, limit, max_bytes)?;
-        // Kept only after a read that worked: a broken connection goes.
-        if let Ok(mut idle) = self.idle.lock() {
-            idle.push(db);
+        if self.idle.load(Ordering::Acquire) > 0 {
+            return Ok(());
         }
-        Ok(page)
+        let more = self
+            .threads
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.readers).then_some(n + 1)
+            });
+        if more.is_ok() {
+            let (queue, idle) = (self.queue.clone(), self.idle.clone());
+            let started = std::thread::Builder::new()
+                .name("tether-sqlite-r".into())
+                .spawn(move || serve(&queue, &idle));
+            if let Err(err) = started {
+                self.threads.fetch_sub(1, Ordering::AcqRel);
+                // The read waits for a thread already started, if any.
+                tracing::warn!(error = %err, "cannot start a SQLite reader thread");
+            }
+        }
+        Ok(())
     }
+}
 
-    fn open(&self) -> Result<Connection, StoreError> {
-        let db = Connection::open_with_flags(
-            &self.path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX
-                | OpenFlags::SQLITE_OPEN_URI,
-        )?;
-        db.busy_timeout(BUSY_TIMEOUT)?;
-        db.set_prepared_statement_cache_capacity(4);
-        Ok(db)
+/// A reader thread: takes reads until the store is dropped. A read that
+/// panics loses its connection and its answer (its caller gets an error),
+/// not the thread.
+fn serve(queue: &Mutex<mpsc::Receiver<Job>>, idle: &AtomicUsize) {
+    let mut db = None;
+    loop {
+        idle.fetch_add(1, Ordering::AcqRel);
+        let job = match queue.lock() {
+            Ok(queue) => queue.recv(),
+            Err(_) => return,
+        };
+        idle.fetch_sub(1, Ordering::AcqRel);
+        let Ok(job) = job else { return };
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut db)));
+        if ran.is_err() {
+            db = None;
+        }
     }
+}
+
+fn open(path: &Path) -> Result<Connection, StoreError> {
+    let db = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI,
+    )?;
+    db.busy_timeout(BUSY_TIMEOUT)?;
+    db.set_prepared_statement_cache_capacity(4);
+    Ok(db)
 }
 
 fn read_page(
