@@ -70,22 +70,18 @@ impl Pages {
         let path = self.path.clone();
         let (reply, answer) = oneshot::channel();
         self.submit(Box::new(move |db| {
-            let page = match db {
-                Some(db) => read_page(db, after, channels.as_deref(), limit, max_bytes),
-                None => open(&path).and_then(|opened| {
-                    read_page(
-                        db.insert(opened),
-                        after,
-                        channels.as_deref(),
-                        limit,
-                        max_bytes,
-                    )
-                }),
-            };
-            // Kept only after a read that worked: a broken connection goes.
-            if page.is_err() {
-                *db = None;
-            }
+            // The connection goes back only after a read that worked: a
+            // broken one goes.
+            let page = db
+                .take()
+                .map_or_else(|| open(&path), Ok)
+                .and_then(|connection| {
+                    let page = read_page(&connection, after, channels.as_deref(), limit, max_bytes);
+                    if page.is_ok() {
+                        *db = Some(connection);
+                    }
+                    page
+                });
             let _ = reply.send(page);
         }))?;
         answer
