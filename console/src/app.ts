@@ -19,7 +19,7 @@ import {
 import { Attachments, Commands, acceptFiles, renderConfig, type SessionConfig } from "./composer.js";
 import { Attention } from "./attention.js";
 import { Conversation, type Plan } from "./conversation.js";
-import { $, element, renderSnippet, when } from "./render.js";
+import { $, element, placeChildren, renderSnippet, when } from "./render.js";
 import { applyChat, totals, turnsOf, type TurnView } from "./turns.js";
 
 const TOKEN_KEY = "tether-token";
@@ -277,14 +277,16 @@ class Console {
     const agent = String(filters.get("agent") ?? "");
     const items = answer.items.filter((s) => (!search || `${s.title ?? ""} ${s.id}`.toLowerCase().includes(search)) && (!agent || s.provider === agent));
     const list = $("#session-list");
-    // A session keeps its button (and its list item) across refreshes, and
-    // clicks land on the button itself (style.css): a refresh between a
-    // press and its release does not swallow the click.
+    // A session keeps its button (and its list item) across refreshes,
+    // left where it is (placeChildren), and clicks land on the button
+    // itself (style.css): a refresh between a press and its release does
+    // not swallow the click.
     const shown = new Map(
       Array.from(list.querySelectorAll<HTMLButtonElement>("button[data-session]"), (b) => [b.dataset.session, b]),
     );
-    list.replaceChildren(
-      ...items.map((s) => {
+    placeChildren(
+      list,
+      items.map((s) => {
         let button = shown.get(s.id);
         if (!button) {
           button = element("button", { type: "button", "data-session": s.id });
@@ -325,18 +327,28 @@ class Console {
       return;
     }
     found.hidden = false;
-    $("#hits").replaceChildren(
-      ...answer.items.map((hit) => {
-        const button = element(
-          "button",
-          { type: "button", "data-hit": `${hit.sessionId}:${hit.seq}` },
+    // Hits are found again at each list refresh: like the sessions, a hit
+    // keeps its button, left where it is.
+    const hits = $("#hits");
+    const shown = new Map(
+      Array.from(hits.querySelectorAll<HTMLButtonElement>("button[data-hit]"), (b) => [b.dataset.hit, b]),
+    );
+    placeChildren(
+      hits,
+      answer.items.map((hit) => {
+        const key = `${hit.sessionId}:${hit.seq}`;
+        let button = shown.get(key);
+        if (!button) {
+          button = element("button", { type: "button", "data-hit": key });
+          button.addEventListener("click", () => void this.open(hit.sessionId, hit.turnId ?? undefined));
+        }
+        button.replaceChildren(
           element("span", { class: "title" }, hit.title || hit.sessionId),
           element("span", { class: "badge" }, hit.kind),
           element("span", { class: "snippet" }, renderSnippet(hit.snippetHtml)),
           element("span", { class: "meta" }, `${hit.agent} · ${hit.project} · `, when(hit.at)),
         );
-        button.addEventListener("click", () => void this.open(hit.sessionId, hit.turnId ?? undefined));
-        return element("li", {}, button);
+        return button.parentElement ?? element("li", {}, button);
       }),
     );
     if (!answer.items.length) $("#hits").replaceChildren(element("li", { class: "empty" }, "Nothing said matches."));

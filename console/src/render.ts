@@ -40,6 +40,20 @@ export function element<K extends keyof HTMLElementTagNameMap>(
   return node;
 }
 
+/**
+ * Makes `parent`'s children exactly `nodes`, in order, moving only the
+ * nodes out of place. `replaceChildren` would take every node out and put
+ * it back, and the browser drops a click whose button was taken out
+ * between its press and its release, even when it is put back at once.
+ */
+export function placeChildren(parent: Element, nodes: readonly Node[]): void {
+  nodes.forEach((node, index) => {
+    const there = parent.childNodes[index];
+    if (there !== node) parent.insertBefore(node, there ?? null);
+  });
+  while (parent.childNodes.length > nodes.length) parent.lastChild!.remove();
+}
+
 const escapeHtml = (text: string) =>
   text.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]!);
 

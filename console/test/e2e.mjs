@@ -163,7 +163,21 @@ try {
   const other = await (await browser.newContext()).newPage();
   await other.goto(base);
   await connected(other);
-  await other.locator('[data-session="e2e"]').click();
+  // The list refreshes between the press and the release: the click still
+  // opens the session (a refresh that took the button out and put it
+  // back lost the click, now and then, in CI).
+  const entry = await other.locator('[data-session="e2e"]').boundingBox();
+  await other.mouse.move(entry.x + entry.width / 2, entry.y + entry.height / 2);
+  await other.mouse.down();
+  await other.evaluate(() => new Promise((done) => {
+    const seen = new MutationObserver(() => {
+      seen.disconnect();
+      done();
+    });
+    seen.observe(document.querySelector("#session-list"), { childList: true, subtree: true });
+    document.querySelector("#filters").dispatchEvent(new Event("input", { bubbles: true }));
+  }));
+  await other.mouse.up();
   await other.getByRole("heading", { name: "From REST" }).waitFor({ timeout: WAIT });
 
   // A turn: the echo agent's answer streams in, on both pages.
