@@ -4,7 +4,7 @@
 
 import type { Action } from "../../sdk/typescript/src/index.js";
 import { renderQuestion } from "./questions.js";
-import { $, element, lineDiff, renderDiff, renderMarkdown } from "./render.js";
+import { $, element, lineDiff, placeChildren, renderDiff, renderMarkdown } from "./render.js";
 import type { EditView, ToolView, TurnView } from "./turns.js";
 
 /** The agent's plan as last reported (`_meta["tether/plan"]`): the turn it belongs to and its steps. */
@@ -51,7 +51,9 @@ export class Conversation {
       this.drawn.set(turn.id, { key, node });
       return node;
     });
-    if (nodes.length !== list.children.length || nodes.some((node, i) => list.children[i] !== node)) list.replaceChildren(...nodes);
+    // Unchanged turns stay where they are: a press on one of their buttons
+    // survives another turn's update (placeChildren).
+    placeChildren(list, nodes);
     if (atBottom) list.scrollTop = list.scrollHeight;
   }
 
