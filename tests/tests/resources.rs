@@ -1,7 +1,9 @@
 //! What a crowd of clients may take of the host's own resources, through
-//! the real binary on both backends: a burst of subscribers, each of whose
-//! subscriptions reads the log between its snapshot and its route, is
-//! served by the store's own readers, not by a thread started for each.
+//! the real binary on both backends: a burst of subscribers, each of whom
+//! reads the log, is served by the store's own readers, not by a thread
+//! started for each; and subscribers of a quiet channel do not read the
+//! log for the envelopes between their snapshot and their route (there
+//! are none), while those arriving as it commits miss nothing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,7 +13,10 @@ use serde_json::json;
 use tether_tests::ahp_raw::Ahp;
 use tether_tests::{ServerProcess, TestDb, backend_tests};
 
-backend_tests!(a_burst_of_subscribers_starts_no_thread_per_read);
+backend_tests!(
+    a_burst_of_subscribers_starts_no_thread_per_read,
+    subscribers_of_a_quiet_channel_read_the_log_once_and_miss_nothing
+);
 
 const SUBSCRIBERS: usize = 1500;
 
@@ -32,8 +37,8 @@ async fn a_burst_of_subscribers_starts_no_thread_per_read(db: TestDb) {
         .call("createSession", json!({"channel": "ahp-session:/crowd"}))
         .await
         .unwrap();
-    // A later session moves the log past the crowd's, so that every
-    // subscription to it reads the log from its snapshot to its route.
+    // A later session moves the log past the crowd's; each of the crowd
+    // reconnects from the log's start, so each reads it.
     control
         .call("createSession", json!({"channel": "ahp-session:/later"}))
         .await
@@ -60,7 +65,11 @@ async fn a_burst_of_subscribers_starts_no_thread_per_read(db: TestDb) {
             tokio::spawn(async move {
                 let mut ahp = Ahp::connect(&url, &format!("crowd-{i}")).await;
                 let subscribed = ahp
-                    .call("subscribe", json!({"channel": "ahp-session:/crowd"}))
+                    .call(
+                        "reconnect",
+                        json!({"clientId": format!("crowd-{i}"), "lastSeenServerSeq": 0,
+                               "subscriptions": ["ahp-session:/crowd"]}),
+                    )
                     .await;
                 (ahp, subscribed)
             })
@@ -94,5 +103,172 @@ async fn a_burst_of_subscribers_starts_no_thread_per_read(db: TestDb) {
     for ahp in &mut held {
         ahp.action("session/titleChanged", |a| a["title"] == "heard")
             .await;
+    }
+}
+
+const QUIET: &str = "ahp-session:/quiet";
+
+/// The seqs of `channel`'s envelopes among `messages`.
+fn seqs_of(messages: &[serde_json::Value], channel: &str) -> Vec<u64> {
+    messages
+        .iter()
+        .filter(|m| m["method"] == "action" && m["params"]["channel"] == channel)
+        .filter_map(|m| m["params"]["serverSeq"].as_u64())
+        .collect()
+}
+
+async fn subscribers_of_a_quiet_channel_read_the_log_once_and_miss_nothing(db: TestDb) {
+    let server = ServerProcess::start(&db, &[]).await;
+    let base = server.base_url();
+    let mut control = Ahp::connect(&server.ws_url(), "quiet-control").await;
+    for session in [QUIET, "ahp-session:/busy"] {
+        control
+            .call("createSession", json!({"channel": session}))
+            .await
+            .unwrap();
+    }
+    // Every subscription's snapshot is below the hub's seq (the busy
+    // session came later): the first reads the log and finds nothing of
+    // the quiet channel there; the hub learns it, and the rest need not.
+    // (Each connection subscribes to the root too, counted apart.)
+    let reads = || async {
+        let text = reqwest::get(format!("{base}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let name = r#"tether_subscription_bridge_reads_total{kind="session"}"#;
+        tether_tests::metric_value(&text, name).unwrap_or(0.0) as u64
+    };
+    let before = reads().await;
+    let mut held = Vec::new();
+    for i in 0..40 {
+        let mut ahp = Ahp::connect(&server.ws_url(), &format!("quiet-{i}")).await;
+        ahp.call("subscribe", json!({"channel": QUIET}))
+            .await
+            .unwrap();
+        held.push(ahp);
+    }
+    assert_eq!(
+        reads().await - before,
+        1,
+        "40 subscriptions of a quiet channel"
+    );
+    // Still quiet after another session's commits; not once it commits.
+    let busy = control
+        .dispatch(
+            "ahp-session:/busy",
+            json!({"type": "session/titleChanged", "title": "b"}),
+        )
+        .await;
+    assert_eq!(busy, None);
+    let mut late = Ahp::connect(&server.ws_url(), "quiet-late").await;
+    late.call("subscribe", json!({"channel": QUIET}))
+        .await
+        .unwrap();
+    assert_eq!(reads().await - before, 1, "another channel's commit");
+    let echo = control
+        .dispatch(QUIET, json!({"type": "session/titleChanged", "title": "q"}))
+        .await;
+    assert_eq!(echo, None);
+    held.push(late);
+    for ahp in &mut held {
+        ahp.action("session/titleChanged", |a| a["title"] == "q")
+            .await;
+    }
+
+    // Subscribers arriving while the channel commits: each has, after its
+    // snapshot, exactly the channel's envelopes, in order, once. The last
+    // title waits for every one of them to be subscribed.
+    const ARRIVALS: usize = 60;
+    let subscribed = Arc::new(tokio::sync::Barrier::new(ARRIVALS + 1));
+    let title = |writer: u64, seq: u64, title: String| tether_protocol::rest::DispatchRequest {
+        client_id: format!("writer-{writer}"),
+        client_seq: seq,
+        channel: None,
+        action: json!({"type": "session/titleChanged", "title": title}),
+    };
+    // Eight writers at once: the channel commits all the time, so some
+    // arrive between a subscription's snapshot and its route.
+    let writers: Vec<_> = (0..8u64)
+        .map(|w| {
+            let client = server.client();
+            tokio::spawn(async move {
+                for i in 1..=50 {
+                    client
+                        .dispatch("quiet", &title(w, i, format!("w{w}-{i}")))
+                        .await
+                        .expect("a title");
+                }
+            })
+        })
+        .collect();
+    let writer = {
+        let subscribed = subscribed.clone();
+        let client = server.client();
+        tokio::spawn(async move {
+            for writer in writers {
+                writer.await.expect("a writer");
+            }
+            subscribed.wait().await;
+            client
+                .dispatch("quiet", &title(8, 1, "done".into()))
+                .await
+                .expect("the last title");
+        })
+    };
+    let url = server.ws_url();
+    let arrivals: Vec<_> = (0..ARRIVALS as u64)
+        .map(|i| {
+            let url = url.clone();
+            let subscribed = subscribed.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(i * 5)).await;
+                let mut ahp = Ahp::connect(&url, &format!("arrival-{i}")).await;
+                let answer = ahp
+                    .call("subscribe", json!({"channel": QUIET}))
+                    .await
+                    .unwrap();
+                let from = answer["snapshot"]["fromSeq"].as_u64().expect("fromSeq");
+                subscribed.wait().await;
+                let mut messages = std::mem::take(&mut ahp.seen);
+                while !messages
+                    .iter()
+                    .any(|m| m["params"]["action"]["title"] == "done")
+                {
+                    messages.push(tether_tests::raw_next(&mut ahp.ws).await.expect("open"));
+                }
+                (from, seqs_of(&messages, QUIET))
+            })
+        })
+        .collect();
+    writer.await.expect("the writer");
+    let mut transcript = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = server
+            .client()
+            .transcript("quiet", after, 1000)
+            .await
+            .unwrap();
+        transcript.extend(page.envelopes);
+        match page.next_after {
+            Some(next) => after = next,
+            None => break,
+        }
+    }
+    let wrapped: Vec<_> = transcript
+        .into_iter()
+        .map(|envelope| json!({"method": "action", "params": envelope}))
+        .collect();
+    let stored = seqs_of(&wrapped, QUIET);
+    for arrival in arrivals {
+        let (from, got) = arrival.await.expect("an arrival");
+        let want: Vec<u64> = stored.iter().copied().filter(|&seq| seq > from).collect();
+        assert_eq!(
+            got, want,
+            "a subscriber at {from}: no gap, no duplicate, in order"
+        );
     }
 }

@@ -23,6 +23,7 @@ pub use super::frames::{
     action_frame, envelope_json, envelope_text, published_from_store, write_envelope,
 };
 use super::mailbox::Waiting;
+use super::route::ChannelRoute;
 
 /// One committed envelope, ready to send.
 #[derive(Debug)]
@@ -260,7 +261,7 @@ impl Wakes {
 
 #[derive(Debug, Default)]
 struct Routes {
-    by_channel: HashMap<String, Vec<Arc<Inbox>>, foldhash::fast::RandomState>,
+    by_channel: HashMap<String, ChannelRoute<Arc<Inbox>>, foldhash::fast::RandomState>,
 }
 
 /// The routing hub.
@@ -307,20 +308,26 @@ impl Hub {
     /// Publishes a committed envelope; callers publish in seq order, and
     /// then wake the connections `wakes` gathered.
     pub fn publish(&self, item: Arc<Published>, wakes: &mut Wakes) {
-        let routes = self.routes();
+        let mut routes = self.routes();
         // Under the lock, so a route taken concurrently either sees this seq
         // as published (and bridges it from the store) or receives it.
         self.published.fetch_max(item.seq, Ordering::AcqRel);
         if item.creates {
             // A session made again with a deleted one's id: whoever still
             // subscribes to the deleted one's channels is told they ended
-            // (this host may not have heard of the deletion yet).
+            // (this host may not have heard of the deletion yet), and a
+            // subscription of its default chat routed later reads the log,
+            // where the creation ends it too.
             for channel in ended_by_creation(&item.channel) {
                 end_routes(&routes, &channel, item.seq, wakes);
+                if let Some(route) = routes.by_channel.get_mut(&channel) {
+                    route.saw(item.seq);
+                }
             }
         }
-        if let Some(inboxes) = routes.by_channel.get(&item.channel) {
-            for inbox in inboxes {
+        if let Some(route) = routes.by_channel.get_mut(&item.channel) {
+            route.saw(item.seq);
+            for inbox in &route.inboxes {
                 wakes.add(inbox.offer(HubItem::Envelope(item.clone())));
             }
         }
@@ -336,14 +343,14 @@ impl Hub {
         }
         let frame = frame();
         let routes = self.routes();
-        if let Some(inboxes) = routes.by_channel.get(channel) {
+        if let Some(route) = routes.by_channel.get(channel) {
             let notice = Arc::new(Notice {
                 channel: channel.to_owned(),
                 frame: frame.into(),
                 project: project.to_owned(),
             });
             let mut wakes = Wakes::default();
-            for inbox in inboxes {
+            for inbox in &route.inboxes {
                 wakes.add(inbox.offer(HubItem::Notice(notice.clone())));
             }
             drop(routes);
@@ -385,14 +392,51 @@ impl Routing {
     /// marks it lagged).
     pub fn route(&mut self, channel: &str) -> u64 {
         let mut routes = self.hub.routes();
-        if self.channels.insert(channel.to_owned()) {
-            routes
-                .by_channel
-                .entry(channel.to_owned())
-                .or_default()
-                .push(self.inbox.clone());
+        let published = self.hub.published();
+        add_route(
+            &mut routes,
+            &mut self.channels,
+            &self.inbox,
+            channel,
+            published,
+        );
+        published
+    }
+
+    /// Routes `channel` here for a subscription that has every envelope of
+    /// it up to `after` (its snapshot's seq), and returns the seq from
+    /// which the inbox brings the rest: the highest seq published, as
+    /// [`Routing::route`] does, or `after` itself when the hub knows the
+    /// channel had nothing in between (see `route`), so there is nothing
+    /// to read from the log.
+    pub fn route_after(&mut self, channel: &str, after: u64) -> u64 {
+        let mut routes = self.hub.routes();
+        let published = self.hub.published();
+        let route = add_route(
+            &mut routes,
+            &mut self.channels,
+            &self.inbox,
+            channel,
+            published,
+        );
+        if route.quiet_after(after) {
+            after.min(published)
+        } else {
+            published
         }
-        self.hub.published()
+    }
+
+    /// What a read of the log up to `through` found: `channel`'s last seq
+    /// up to it is at most `last` (for a default chat, with no creation of
+    /// its session after `last` either). Later subscriptions whose
+    /// snapshot is at that seq need not read.
+    pub fn learn(&mut self, channel: &str, through: u64, last: u64) {
+        if !self.channels.contains(channel) {
+            return;
+        }
+        if let Some(route) = self.hub.routes().by_channel.get_mut(channel) {
+            route.learn(through, last);
+        }
     }
 
     /// Stops routing `channel` here.
@@ -454,12 +498,12 @@ impl InboxReceiver {
 /// Tells every inbox routed `channel` that its subscriptions from before
 /// `before` end.
 fn end_routes(routes: &Routes, channel: &str, before: u64, wakes: &mut Wakes) {
-    if let Some(inboxes) = routes.by_channel.get(channel) {
+    if let Some(route) = routes.by_channel.get(channel) {
         let ended = Arc::new(Ended {
             channel: channel.to_owned(),
             before,
         });
-        for inbox in inboxes {
+        for inbox in &route.inboxes {
             wakes.add(inbox.end(ended.clone()));
         }
     }
@@ -475,10 +519,29 @@ fn take_next(state: &mut InboxState) -> Option<Inbound> {
     state.items.pop().map(Inbound::Item)
 }
 
+/// Puts `inbox` on `channel`'s route (made, when there is none, at
+/// `published`) unless `channels` says it is there, and returns the route.
+fn add_route<'r>(
+    routes: &'r mut Routes,
+    channels: &mut HashSet<String, foldhash::fast::RandomState>,
+    inbox: &Arc<Inbox>,
+    channel: &str,
+    published: u64,
+) -> &'r mut ChannelRoute<Arc<Inbox>> {
+    let route = routes
+        .by_channel
+        .entry(channel.to_owned())
+        .or_insert_with(|| ChannelRoute::new(published));
+    if channels.insert(channel.to_owned()) {
+        route.inboxes.push(inbox.clone());
+    }
+    route
+}
+
 fn remove_inbox(routes: &mut Routes, channel: &str, id: u64) {
-    if let Some(inboxes) = routes.by_channel.get_mut(channel) {
-        inboxes.retain(|inbox| inbox.id != id);
-        if inboxes.is_empty() {
+    if let Some(route) = routes.by_channel.get_mut(channel) {
+        route.inboxes.retain(|inbox| inbox.id != id);
+        if route.inboxes.is_empty() {
             routes.by_channel.remove(channel);
         }
     }

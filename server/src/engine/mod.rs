@@ -30,6 +30,7 @@ pub mod rebuild;
 mod registry;
 mod retention;
 mod root;
+mod route;
 mod rules;
 mod sessions;
 mod summary;

@@ -52,6 +52,10 @@ pub struct Metrics {
     pub delivery_seconds: Histogram,
     /// Subscribers caught up from the store after lagging.
     pub catch_ups: Counter,
+    /// Subscriptions that read the log between their snapshot and their
+    /// route (the others' channels were known to have nothing there), by
+    /// channel kind.
+    pub bridge_reads: Counters,
     /// Connections closed as too slow to drain.
     pub slow_closes: Counter,
     /// WebSocket connections closed by the server, by close code.
@@ -114,6 +118,7 @@ impl Metrics {
             dispatch_seconds: seconds(),
             delivery_seconds: seconds(),
             catch_ups: Counter::default(),
+            bridge_reads: Family::default(),
             slow_closes: Counter::default(),
             closes: Family::default(),
             effect_seconds: Family::new_with_constructor(seconds),
@@ -178,6 +183,11 @@ impl Metrics {
             "catch_ups",
             "Subscribers that lagged and caught up from the store",
             this.catch_ups.clone(),
+        );
+        r.register(
+            "subscription_bridge_reads",
+            "Subscriptions that read the log between their snapshot and their route, by channel kind",
+            this.bridge_reads.clone(),
         );
         r.register(
             "slow_consumer_closes",

@@ -131,6 +131,10 @@ pub(super) struct Subscription {
     /// The hub seq the channel was routed to this connection at: envelopes
     /// above it arrive in the inbox, those at or below it come from the store.
     pub(super) routed_at: u64,
+    /// The highest seq of the channel read from the store for it (at least
+    /// its snapshot's): after the read up to `routed_at`, the channel's last
+    /// seq up to there.
+    seen: u64,
     /// Holds its place in the `tether_subscriptions` gauge.
     _counted: Counted,
 }
@@ -148,6 +152,7 @@ impl Subscription {
             after,
             from: after,
             routed_at,
+            seen: after,
             _counted: Counted(gauge),
         }
     }
@@ -562,8 +567,11 @@ impl Connection {
                 }
                 let wanted = self
                     .subscriptions
-                    .get(&envelope.channel)
-                    .is_some_and(|have| envelope.seq > have.after);
+                    .get_mut(&envelope.channel)
+                    .is_some_and(|have| {
+                        have.seen = have.seen.max(envelope.seq);
+                        envelope.seq > have.after
+                    });
                 if wanted && !hidden_from(&self.principal, &envelope.channel, &envelope.action) {
                     let frame = action_frame(
                         envelope.seq,
@@ -724,11 +732,29 @@ impl Connection {
             else {
                 continue;
             };
-            if after < routed_at
-                && let Next::Close(code, reason) =
-                    self.deliver_from_store(&[channel], after, routed_at).await
+            if after >= routed_at {
+                continue;
+            }
+            let kind =
+                tether_protocol::channel::Channel::parse(&channel).map_or("other", |c| c.kind());
+            self.engine
+                .metrics()
+                .bridge_reads
+                .get_or_create(&[("kind", kind)])
+                .inc();
+            let channels = [channel];
+            if let Next::Close(code, reason) =
+                self.deliver_from_store(&channels, after, routed_at).await
             {
                 return Next::Close(code, reason);
+            }
+            // Still subscribed (a creation of its session read on the way
+            // would have ended it): the hub learns the channel's last seq up
+            // to the route, so later subscriptions at it need not read.
+            let [channel] = channels;
+            if let Some(have) = self.subscriptions.get(&channel) {
+                let seen = have.seen;
+                self.routing.learn(&channel, routed_at, seen);
             }
         }
         Next::Continue

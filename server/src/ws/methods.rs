@@ -123,8 +123,10 @@ impl Connection {
             .await
             .map_err(RpcError::from)?;
         // Routed after the snapshot succeeded: envelopes published between
-        // the two arrive in the inbox and are skipped as covered.
-        let routed_at = self.routing.route(channel);
+        // the two arrive in the inbox and are skipped as covered; those
+        // from the snapshot up to the route are read after the reply,
+        // unless the hub knows the channel had none.
+        let routed_at = self.routing.route_after(channel, snapshot.from_seq);
         self.subscriptions.insert(
             channel.to_owned(),
             Subscription::new(channel, snapshot.from_seq, routed_at, self.engine.metrics()),
