@@ -17,6 +17,7 @@ mod completions;
 mod config;
 mod connection;
 mod frame;
+mod from_store;
 mod methods;
 mod queue;
 mod readiness;
