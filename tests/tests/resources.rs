@@ -93,15 +93,20 @@ async fn a_burst_of_subscribers_starts_no_thread_per_read(db: TestDb) {
         "{SUBSCRIBERS} subscribers took the server from {before} threads to {most}"
     );
     // Every one of them is live: the next title reaches them all.
+    all_hear(&mut control, &mut held, "ahp-session:/crowd", "heard").await;
+}
+
+/// `control` sets `channel`'s title, and each of `held` receives it.
+async fn all_hear(control: &mut Ahp, held: &mut [Ahp], channel: &str, title: &str) {
     let refused = control
         .dispatch(
-            "ahp-session:/crowd",
-            json!({"type": "session/titleChanged", "title": "heard"}),
+            channel,
+            json!({"type": "session/titleChanged", "title": title}),
         )
         .await;
     assert_eq!(refused, None);
-    for ahp in &mut held {
-        ahp.action("session/titleChanged", |a| a["title"] == "heard")
+    for ahp in held {
+        ahp.action("session/titleChanged", |a| a["title"] == title)
             .await;
     }
 }
@@ -168,15 +173,8 @@ async fn subscribers_of_a_quiet_channel_read_the_log_once_and_miss_nothing(db: T
         .await
         .unwrap();
     assert_eq!(reads().await - before, 1, "another channel's commit");
-    let echo = control
-        .dispatch(QUIET, json!({"type": "session/titleChanged", "title": "q"}))
-        .await;
-    assert_eq!(echo, None);
     held.push(late);
-    for ahp in &mut held {
-        ahp.action("session/titleChanged", |a| a["title"] == "q")
-            .await;
-    }
+    all_hear(&mut control, &mut held, QUIET, "q").await;
 
     // Subscribers arriving while the channel commits: each has, after its
     // snapshot, exactly the channel's envelopes, in order, once. The last
