@@ -43,9 +43,9 @@ pub struct Published {
     pub creates: bool,
 }
 
-/// `channels` and, for each default chat among them, its session's channel
-/// (where a session made again would say so first; see
-/// [`creates_session`]), each once.
+/// `channels` and, after them, for each default chat among them whose
+/// session's channel is not, that channel (where a session made again
+/// would say so first; see [`creates_session`]), each once.
 pub fn with_their_sessions(channels: &[String]) -> Vec<String> {
     use tether_protocol::channel::Channel;
     // A set, not a scan of the list for each chat: a catch-up may cover a
@@ -407,8 +407,8 @@ impl Routing {
     /// it up to `after` (its snapshot's seq), and returns the seq from
     /// which the inbox brings the rest: the highest seq published, as
     /// [`Routing::route`] does, or `after` itself when the hub knows the
-    /// channel had nothing in between (see `route`), so there is nothing
-    /// to read from the log.
+    /// channel had nothing in between (see `engine/route.rs`), so there is
+    /// nothing to read from the log.
     pub fn route_after(&mut self, channel: &str, after: u64) -> u64 {
         let mut routes = self.hub.routes();
         let published = self.hub.published();
@@ -429,7 +429,7 @@ impl Routing {
     /// What a read of the log up to `through` found: `channel`'s last seq
     /// up to it is at most `last` (for a default chat, with no creation of
     /// its session after `last` either). Later subscriptions whose
-    /// snapshot is at that seq need not read.
+    /// snapshot is at or above it need not read.
     pub fn learn(&mut self, channel: &str, through: u64, last: u64) {
         if !self.channels.contains(channel) {
             return;
@@ -654,6 +654,10 @@ mod tests {
         .to_vec();
         let mut read = with_their_sessions(&channels);
         assert_eq!(read.len(), 5, "{read:?}");
+        // The channels first, then what is read beside them (a connection
+        // sends only the first).
+        assert_eq!(read[..4], channels[..]);
+        assert_eq!(read[4], "ahp-session:/a");
         read.sort();
         read.dedup();
         assert_eq!(read.len(), 5, "each once: {read:?}");

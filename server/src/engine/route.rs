@@ -14,6 +14,12 @@
 //!
 //! Everything here changes under the hub's lock, with the hub's published
 //! seq: a route is made, a publish seen and a bound learnt in one order.
+//!
+//! What it trusts: that every envelope of the log at or below the hub's
+//! published seq went through the hub. A seq the log holds that this host
+//! never published (after a Postgres failover issued seqs again) is missed
+//! by the live stream already; a subscription that skips its read misses
+//! it too, where a read would have found it.
 
 /// A channel's route: its inboxes (`T`), and what is known of its last seq.
 #[derive(Debug)]
@@ -21,12 +27,12 @@ pub(super) struct ChannelRoute<T> {
     /// Where the channel's envelopes go.
     pub(super) inboxes: Vec<T>,
     /// The hub's published seq when the route was made: every publish of
-    /// the channel above it is counted in `seen`.
+    /// the channel above it is counted in `last_published`.
     made: u64,
     /// The highest seq published on the channel since the route was made
     /// (for a default chat, its session's creation too: a subscription of
     /// the chat must then read the log, where that creation ends it).
-    seen: u64,
+    last_published: u64,
     /// The channel's last seq up to a seq, as a log read found it.
     known: Option<Known>,
 }
@@ -45,7 +51,7 @@ impl<T> ChannelRoute<T> {
         Self {
             inboxes: Vec::new(),
             made: published,
-            seen: 0,
+            last_published: 0,
             known: None,
         }
     }
@@ -53,27 +59,30 @@ impl<T> ChannelRoute<T> {
     /// An envelope of the channel (or its session's creation) was
     /// published at `seq`.
     pub(super) fn saw(&mut self, seq: u64) {
-        self.seen = self.seen.max(seq);
+        self.last_published = self.last_published.max(seq);
     }
 
     /// Whether the channel has no envelope above `after` up to the hub's
     /// published seq: a read of the log above `after` would find nothing.
     pub(super) fn quiet_after(&self, after: u64) -> bool {
         self.known
-            .is_some_and(|known| known.last.max(self.seen) <= after)
+            .is_some_and(|known| known.last.max(self.last_published) <= after)
     }
 
     /// A read of the log up to `through` found the channel's last seq at
     /// or below `last`. Kept only when the route was made by then (the
-    /// publishes since are all in `seen`), and when newer than what is
+    /// publishes since are all in `last_published`), and when newer than what is
     /// known.
     pub(super) fn learn(&mut self, through: u64, last: u64) {
+        // A subscription learns while its inbox is on this route, so its
+        // read reaches past `made`: the first test is a safeguard.
         if through < self.made || self.known.is_some_and(|known| known.through >= through) {
             return;
         }
         self.known = Some(Known {
             through,
-            // Never above `through`: what is above it is counted in `seen`.
+            // Never above `through`: what is above it is counted in
+            // `last_published`.
             last: last.min(through),
         });
     }
@@ -121,32 +130,52 @@ mod tests {
         publish(&hub, 4, A, false);
         let (mut fourth, _inbox4) = hub.subscribe();
         assert_eq!(fourth.route_after(A, 1), 4, "A has 4: read (1, 4]");
+        publish(&hub, 5, "ahp-session:/b", false);
         let (mut fifth, _inbox5) = hub.subscribe();
-        assert_eq!(fifth.route_after(A, 4), 4, "a snapshot at 4 has it");
+        assert_eq!(
+            fifth.route_after(A, 4),
+            4,
+            "a snapshot at 4 has it all, the hub at 5"
+        );
+        assert_eq!(fifth.route_after(A, 9), 5, "a snapshot ahead of the hub");
 
         // A default chat is read when its session is made again.
         let [_, chat] = ended_by_creation(A);
-        assert_eq!(fifth.route_after(&chat, 1), 4);
-        fifth.learn(&chat, 4, 1);
+        assert_eq!(fifth.route_after(&chat, 1), 5);
+        fifth.learn(&chat, 5, 1);
         let (mut sixth, _inbox6) = hub.subscribe();
         assert_eq!(sixth.route_after(&chat, 1), 1);
-        publish(&hub, 5, A, true);
+        publish(&hub, 6, A, true);
         assert_eq!(
             sixth.route_after(&chat, 1),
-            5,
-            "its session was made again at 5"
+            6,
+            "its session was made again at 6"
         );
 
         // Given up by every subscriber, the route forgets what it knew.
         drop((first, second, third, fourth, fifth, sixth));
         let (mut again, _inbox7) = hub.subscribe();
-        assert_eq!(again.route_after(A, 5), 5);
-        publish(&hub, 6, "ahp-session:/b", false);
+        assert_eq!(again.route_after(A, 6), 6);
+        publish(&hub, 7, "ahp-session:/b", false);
         assert_eq!(
-            again.route_after(A, 5),
-            6,
+            again.route_after(A, 6),
+            7,
             "nothing known after the routes went"
         );
+
+        // A connection that has left a channel teaches its route nothing.
+        const C: &str = "ahp-session:/c";
+        publish(&hub, 8, C, true);
+        let (mut holder, _inbox8) = hub.subscribe();
+        assert_eq!(holder.route_after(C, 8), 8);
+        let (mut gone, _inbox9) = hub.subscribe();
+        gone.route_after(C, 8);
+        gone.unroute(C);
+        gone.learn(C, 8, 8);
+        publish(&hub, 9, "ahp-session:/b", false);
+        assert_eq!(holder.route_after(C, 8), 9, "not from one that left");
+        holder.learn(C, 9, 8);
+        assert_eq!(holder.route_after(C, 8), 8);
     }
 
     #[test]

@@ -108,9 +108,9 @@ pub(super) struct Answered {
     /// The action's text as it was sent, for the echo of its refusal.
     pub(super) action_text: String,
     pub(super) origin: Origin,
-    /// The hub seq its channel was routed here at, if it was subscribed
-    /// when the dispatch was submitted: a fresh commit is above it and
-    /// reaches the subscriber through the inbox.
+    /// Its channel's subscription's `routed_at`, if it was subscribed when
+    /// the dispatch was submitted: a fresh commit is above it and reaches
+    /// the subscriber through the inbox.
     pub(super) routed_at: Option<u64>,
     pub(super) outcome: DispatchOutcome,
     /// The JSON-RPC id when it was sent as a request.
@@ -125,13 +125,15 @@ pub(super) struct Subscription {
     /// The seq its snapshot was taken at: every envelope above it reaches
     /// the subscriber as an envelope (from the store, then the inbox).
     pub(super) from: u64,
-    /// The hub seq the channel was routed to this connection at: envelopes
-    /// above it arrive in the inbox, those at or below it come from the store.
+    /// Where the inbox takes over: the hub seq the channel was routed to
+    /// this connection at, or the snapshot's seq when the hub knew the
+    /// channel had nothing between the two. Envelopes above it arrive in
+    /// the inbox; those at or below it, above `after`, come from the store.
     pub(super) routed_at: u64,
     /// The highest seq of the channel read from the store for it (at least
     /// its snapshot's): after the read up to `routed_at`, the channel's last
     /// seq up to there.
-    pub(super) seen: u64,
+    pub(super) last_read: u64,
     /// Holds its place in the `tether_subscriptions` gauge.
     _counted: Counted,
 }
@@ -149,7 +151,7 @@ impl Subscription {
             after,
             from: after,
             routed_at,
-            seen: after,
+            last_read: after,
             _counted: Counted(gauge),
         }
     }

@@ -2,6 +2,8 @@
 //! subscription's snapshot and its route (unless the hub knows its channel
 //! had none), and everything its subscriptions lack after its inbox lagged.
 
+use std::collections::HashSet;
+
 use super::CATCH_UP_PAGE;
 use super::connection::{Connection, Next, hidden_from};
 use crate::engine::fanout::{
@@ -52,8 +54,11 @@ impl Connection {
     ) -> Next {
         let mut after = after;
         // A default chat's session channel too: its session made again says
-        // so there.
+        // so there. Those channels are read for that alone: what else they
+        // hold is not sent (a subscription of one has it from its own
+        // bridge and inbox; sent here too, it would arrive twice).
         let read = with_their_sessions(channels);
+        let only_read: HashSet<&str> = read[channels.len()..].iter().map(String::as_str).collect();
         while after < upto && !channels.is_empty() {
             let page = match self
                 .engine
@@ -75,11 +80,14 @@ impl Connection {
                         self.end_subscription(&channel, envelope.seq);
                     }
                 }
+                if only_read.contains(envelope.channel.as_str()) {
+                    continue;
+                }
                 let wanted = self
                     .subscriptions
                     .get_mut(&envelope.channel)
                     .is_some_and(|have| {
-                        have.seen = have.seen.max(envelope.seq);
+                        have.last_read = have.last_read.max(envelope.seq);
                         envelope.seq > have.after
                     });
                 if wanted && !hidden_from(&self.principal, &envelope.channel, &envelope.action) {
@@ -147,8 +155,8 @@ impl Connection {
             // to the route, so later subscriptions at it need not read.
             let [channel] = channels;
             if let Some(have) = self.subscriptions.get(&channel) {
-                let seen = have.seen;
-                self.routing.learn(&channel, routed_at, seen);
+                let last_read = have.last_read;
+                self.routing.learn(&channel, routed_at, last_read);
             }
         }
         Next::Continue
