@@ -19,7 +19,7 @@ import {
 import { Attachments, Commands, acceptFiles, renderConfig, type SessionConfig } from "./composer.js";
 import { Attention } from "./attention.js";
 import { Conversation, type Plan } from "./conversation.js";
-import { $, element, placeChildren, renderSnippet, when } from "./render.js";
+import { $, element, placeButtons, renderSnippet, when } from "./render.js";
 import { applyChat, totals, turnsOf, type TurnView } from "./turns.js";
 
 const TOKEN_KEY = "tether-token";
@@ -277,21 +277,12 @@ class Console {
     const agent = String(filters.get("agent") ?? "");
     const items = answer.items.filter((s) => (!search || `${s.title ?? ""} ${s.id}`.toLowerCase().includes(search)) && (!agent || s.provider === agent));
     const list = $("#session-list");
-    // A session keeps its button (and its list item) across refreshes,
-    // left where it is (placeChildren), and clicks land on the button
-    // itself (style.css): a refresh between a press and its release does
-    // not swallow the click.
-    const shown = new Map(
-      Array.from(list.querySelectorAll<HTMLButtonElement>("button[data-session]"), (b) => [b.dataset.session, b]),
-    );
-    placeChildren(
+    placeButtons(
       list,
-      items.map((s) => {
-        let button = shown.get(s.id);
-        if (!button) {
-          button = element("button", { type: "button", "data-session": s.id });
-          button.addEventListener("click", () => void this.open(s.id));
-        }
+      "data-session",
+      items,
+      (s) => s.id,
+      (button, s) => {
         button.setAttribute("aria-current", String(this.current?.id === s.id));
         button.replaceChildren(
           element("span", { class: "title" }, s.title || s.id),
@@ -300,8 +291,8 @@ class Console {
           (s.status & 24) === 24 ? element("span", { class: "badge pending-confirmation" }, "needs input") : "",
           element("span", { class: "meta" }, `${s.provider} · ${s.project} · ${s.turns} turns · `, when(s.updatedAt)),
         );
-        return button.parentElement ?? element("li", {}, button);
-      }),
+      },
+      (s) => void this.open(s.id),
     );
     if (!items.length) list.replaceChildren(element("li", { class: "empty" }, search ? "No session title or id matches." : "No sessions yet. Create one below."));
     await this.searchTranscripts(String(filters.get("q") ?? "").trim(), project, state, agent || undefined);
@@ -329,27 +320,19 @@ class Console {
     found.hidden = false;
     // Hits are found again at each list refresh: like the sessions, a hit
     // keeps its button, left where it is.
-    const hits = $("#hits");
-    const shown = new Map(
-      Array.from(hits.querySelectorAll<HTMLButtonElement>("button[data-hit]"), (b) => [b.dataset.hit, b]),
-    );
-    placeChildren(
-      hits,
-      answer.items.map((hit) => {
-        const key = `${hit.sessionId}:${hit.seq}`;
-        let button = shown.get(key);
-        if (!button) {
-          button = element("button", { type: "button", "data-hit": key });
-          button.addEventListener("click", () => void this.open(hit.sessionId, hit.turnId ?? undefined));
-        }
+    placeButtons(
+      $("#hits"),
+      "data-hit",
+      answer.items,
+      (hit) => `${hit.sessionId}:${hit.seq}`,
+      (button, hit) =>
         button.replaceChildren(
           element("span", { class: "title" }, hit.title || hit.sessionId),
           element("span", { class: "badge" }, hit.kind),
           element("span", { class: "snippet" }, renderSnippet(hit.snippetHtml)),
           element("span", { class: "meta" }, `${hit.agent} · ${hit.project} · `, when(hit.at)),
-        );
-        return button.parentElement ?? element("li", {}, button);
-      }),
+        ),
+      (hit) => void this.open(hit.sessionId, hit.turnId ?? undefined),
     );
     if (!answer.items.length) $("#hits").replaceChildren(element("li", { class: "empty" }, "Nothing said matches."));
   }

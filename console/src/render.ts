@@ -54,6 +54,39 @@ export function placeChildren(parent: Element, nodes: readonly Node[]): void {
   while (parent.childNodes.length > nodes.length) parent.lastChild!.remove();
 }
 
+/**
+ * Draws `items` in `list` as buttons keyed by `attribute`: an item keeps
+ * its button (and its list item) across redraws, left where it is
+ * (`placeChildren`), so a redraw between a press and its release does not
+ * swallow the click (clicks land on the button itself: style.css). `fill`
+ * draws a button's content each time; `press` is bound once, when the
+ * button is made.
+ */
+export function placeButtons<T>(
+  list: HTMLElement,
+  attribute: string,
+  items: readonly T[],
+  key: (item: T) => string,
+  fill: (button: HTMLButtonElement, item: T) => void,
+  press: (item: T) => void,
+): void {
+  const shown = new Map(
+    Array.from(list.querySelectorAll<HTMLButtonElement>(`button[${attribute}]`), (b) => [b.getAttribute(attribute), b]),
+  );
+  placeChildren(
+    list,
+    items.map((item) => {
+      let button = shown.get(key(item));
+      if (!button) {
+        button = element("button", { type: "button", [attribute]: key(item) });
+        button.addEventListener("click", () => press(item));
+      }
+      fill(button, item);
+      return button.parentElement ?? element("li", {}, button);
+    }),
+  );
+}
+
 const escapeHtml = (text: string) =>
   text.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]!);
 
