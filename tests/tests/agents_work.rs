@@ -433,8 +433,9 @@ impl Drop for KilledAtTheEnd {
 }
 
 /// A server killed with SIGKILL cannot stop the commands its terminals
-/// run; the next start on the same scratch root stops them (each carries
-/// its server in a variable it cannot take from anyone else).
+/// run; the next start on the same scratch root stops them: by the
+/// variable naming their server, or, for one that cleared its environment,
+/// by the process group its server wrote down.
 async fn a_command_a_killed_server_left_running_is_stopped_at_its_next_start(db: TestDb) {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().canonicalize().unwrap();
@@ -449,33 +450,42 @@ async fn a_command_a_killed_server_left_running_is_stopped_at_its_next_start(db:
     ahp.call("subscribe", json!({"channel": shell}))
         .await
         .unwrap();
-    // A command in the background, which outlives its shell's input.
-    let typed = json!({"type": "terminal/input", "data": "sleep 600 & echo pid=$!\n"});
+    // Commands in the background, which outlive their shell's input: one
+    // that keeps its environment, one that clears it (found by its group).
+    let typed = json!({"type": "terminal/input",
+        "data": "sleep 600 & echo pid=$!; env -i sleep 601 & echo cleared=$!\n"});
     assert_eq!(ahp.dispatch(shell, typed).await, None);
     let mut seen = String::new();
-    let pid = loop {
-        if let Some(pid) = seen
-            .split_once("pid=")
+    let number = |seen: &str, name: &str| {
+        seen.split_once(name)
             .and_then(|(_, rest)| rest.split_once('\n'))
             .and_then(|(pid, _)| pid.trim().parse::<u32>().ok())
-        {
-            break pid;
+    };
+    let pids = loop {
+        if let (Some(pid), Some(cleared)) = (number(&seen, "pid="), number(&seen, "cleared=")) {
+            break [pid, cleared];
         }
         let data = ahp.action("terminal/data", |_| true).await;
         seen.push_str(data["data"].as_str().unwrap());
         ahp.seen.retain(|m| m["params"]["action"] != data);
     };
-    assert!(alive(pid), "the command runs: {seen}");
-    let _gone = KilledAtTheEnd(pid);
+    let _gone = pids.map(KilledAtTheEnd);
+    for pid in pids {
+        assert!(alive(pid), "the command runs: {seen}");
+    }
     drop(ahp);
     server.kill().await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(alive(pid), "a killed server left its command running");
+    for pid in pids {
+        assert!(alive(pid), "a killed server left its command {pid} running");
+    }
     server.restart().await;
-    assert!(
-        gone(pid).await,
-        "the next start stopped the command the killed server left"
-    );
+    for pid in pids {
+        assert!(
+            gone(pid).await,
+            "the next start stopped the command {pid} the killed server left: {seen}"
+        );
+    }
     assert!(server.log().contains("left running"), "and said so");
     server.terminate().await;
 }

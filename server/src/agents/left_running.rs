@@ -14,15 +14,24 @@
 //! scan finds none new, so none forks past the scan, then all are killed.
 //!
 //! A process that clears its environment, or writes its title over it
-//! (as postgres and nginx do), escapes this; one that claims another
-//! server's variable only makes itself stoppable.
+//! (as postgres and nginx do), loses the variable, but not its process
+//! group: every process the sandbox starts leads a group of its own, and
+//! the server writes the groups it started to a file in the scratch root
+//! ([`record`]). The next server stops every process of a group a gone
+//! server recorded, whatever its environment, as long as the group can be
+//! only that one: its leader still the process recorded, or gone (the
+//! kernel does not give a group's id to a new process while the group has
+//! a member). What leaves the group (`setsid`, `setpgid`) and clears its
+//! environment escapes; one that claims another server's variable only
+//! makes itself stoppable.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 
@@ -51,6 +60,115 @@ pub fn marker(scratch_root: &Path) -> Option<OsString> {
     Some(OsString::from_vec(value))
 }
 
+/// The file of a scratch root naming the process groups a server started:
+/// `.groups-SERVER_PID-SERVER_START`, its first line the server's pid
+/// namespace, then a line `GROUP LEADER_START` for each group.
+const GROUPS_FILE: &str = ".groups-";
+
+/// Groups recorded past this many, the file keeps only those that still
+/// have a member.
+const GROUPS_KEPT: usize = 256;
+
+/// A process group this server started: its id and its leader's start.
+type Group = (u32, u64);
+
+/// The groups this server started, by scratch root.
+static GROUPS: Mutex<Vec<(PathBuf, Vec<Group>)>> = Mutex::new(Vec::new());
+
+/// Writes down that this server started process `pid`, the leader of a
+/// process group of its own, on `scratch_root` (see the module's doc). A
+/// failure is logged: the process still carries [`STARTED_BY`].
+pub fn record(scratch_root: &Path, pid: u32) {
+    let (Some(me), Some(namespace), Some(leader)) =
+        (Stat::of(std::process::id()), pid_namespace(), Stat::of(pid))
+    else {
+        return;
+    };
+    let mut all = GROUPS.lock().unwrap_or_else(|e| e.into_inner());
+    let at = match all.iter().position(|(root, _)| root == scratch_root) {
+        Some(at) => at,
+        None => {
+            all.push((scratch_root.to_path_buf(), Vec::new()));
+            all.len() - 1
+        }
+    };
+    let groups = &mut all[at].1;
+    groups.push((pid, leader.start));
+    if groups.len() > GROUPS_KEPT {
+        let living = groups_with_members();
+        groups.retain(|(group, _)| living.contains(group));
+    }
+    let mut text = format!("{namespace}\n");
+    for (group, start) in groups.iter() {
+        text.push_str(&format!("{group} {start}\n"));
+    }
+    let name = format!("{GROUPS_FILE}{}-{}", std::process::id(), me.start);
+    let path = scratch_root.join(&name);
+    let written = std::fs::write(scratch_root.join(format!("{name}.new")), text)
+        .and_then(|()| std::fs::rename(scratch_root.join(format!("{name}.new")), &path));
+    if let Err(err) = written {
+        tracing::warn!(error = %err, file = %path.display(), "cannot write down the process groups this server started; one whose processes clear their environment cannot be stopped after a crash");
+    }
+}
+
+/// The process groups of a gone server of `root` in `namespace` that can
+/// be only its own (see the module's doc), and the files that named them.
+fn groups_left(root: &Path, namespace: &str) -> (HashSet<u32>, Vec<PathBuf>) {
+    let mut left = HashSet::new();
+    let mut files = Vec::new();
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return (left, files);
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some((server, start)) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(GROUPS_FILE))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, start)| Some((pid.parse::<u32>().ok()?, start.parse::<u64>().ok()?)))
+        else {
+            continue;
+        };
+        if Stat::of(server).is_some_and(|stat| stat.start == start) {
+            // Its server runs.
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        let mut lines = text.lines();
+        if lines.next() != Some(namespace) {
+            continue;
+        }
+        files.push(entry.path());
+        for line in lines {
+            let Some((group, start)) = line
+                .split_once(' ')
+                .and_then(|(g, s)| Some((g.parse::<u32>().ok()?, s.parse::<u64>().ok()?)))
+            else {
+                continue;
+            };
+            // Its leader is the process recorded, or gone: then no other
+            // group can have its id while one of its members lives.
+            if Stat::of(group).is_none_or(|stat| stat.start == start) {
+                left.insert(group);
+            }
+        }
+    }
+    (left, files)
+}
+
+/// The process groups with a member now.
+fn groups_with_members() -> HashSet<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Stat::of(pid).map(|stat| stat.group))
+        .collect()
+}
+
 /// Stops what a server of `scratch_root` that is gone left running (see
 /// the module's doc); returns how many processes were killed.
 pub fn stop(scratch_root: &Path) -> usize {
@@ -61,6 +179,7 @@ pub fn stop(scratch_root: &Path) -> usize {
     let me = std::process::id();
     let spared = ancestors(me);
     let uid = rustix::process::getuid().as_raw();
+    let (groups, files) = groups_left(&root, &namespace);
     let mut held: HashMap<u32, (OwnedFd, String)> = HashMap::new();
     for _ in 0..SCANS {
         let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -85,7 +204,8 @@ pub fn stop(scratch_root: &Path) -> usize {
             let Ok(fd) = pidfd_open(raw, PidfdFlags::empty()) else {
                 continue;
             };
-            if left_by_a_server_gone(pid, &root, &namespace)
+            let in_a_group_left = || Stat::of(pid).is_some_and(|stat| groups.contains(&stat.group));
+            if (left_by_a_server_gone(pid, &root, &namespace) || in_a_group_left())
                 && pidfd_send_signal(&fd, Signal::STOP).is_ok()
             {
                 let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
@@ -106,6 +226,9 @@ pub fn stop(scratch_root: &Path) -> usize {
             process = %name,
             "stopped a process (an agent, or what it ran) a server that is gone left running"
         );
+    }
+    for file in files {
+        let _ = std::fs::remove_file(file);
     }
     held.len()
 }
@@ -150,6 +273,8 @@ fn left_by_a_server_gone(pid: u32, root: &Path, namespace: &str) -> bool {
 #[derive(Debug, Clone, Copy)]
 struct Stat {
     parent: u32,
+    /// Its process group.
+    group: u32,
     session: u64,
     start: u64,
 }
@@ -159,12 +284,13 @@ impl Stat {
     fn of(pid: u32) -> Option<Self> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         // After the command's name, which may hold spaces and parentheses:
-        // the state is the 3rd field, the parent the 4th, the session the
-        // 6th, the start time the 22nd.
+        // the state is the 3rd field, the parent the 4th, the group the
+        // 5th, the session the 6th, the start time the 22nd.
         let (_, fields) = stat.rsplit_once(')')?;
         let fields: Vec<&str> = fields.split_whitespace().collect();
         Some(Self {
             parent: fields.get(1)?.parse().ok()?,
+            group: fields.get(2)?.parse().ok()?,
             session: fields.get(3)?.parse().ok()?,
             start: fields.get(19)?.parse().ok()?,
         })
@@ -265,5 +391,151 @@ mod tests {
                 child.0.id()
             );
         }
+    }
+
+    /// A group of its own whose shell starts `sleep 60` with an empty
+    /// environment and prints its pid: (the shell, the sleep's pid).
+    fn group_with_a_cleared_child(shell_stays: bool) -> (Reaped, u32) {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        let script = if shell_stays {
+            "env -i sleep 60 & echo $!; wait"
+        } else {
+            "env -i sleep 60 & echo $!"
+        };
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", script])
+            .stdout(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let sleep: u32 = line.trim().parse().unwrap();
+        // Until it is `sleep`, with the environment it cleared.
+        for _ in 0..400 {
+            if std::fs::read_to_string(format!("/proc/{sleep}/comm"))
+                .is_ok_and(|name| name.trim_end() == "sleep")
+            {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        if !shell_stays {
+            child.wait().unwrap();
+        }
+        (Reaped(child), sleep)
+    }
+
+    fn alive(pid: u32) -> bool {
+        // A killed child of another process is a zombie until reaped.
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, f)| f.trim_start().starts_with('Z'))
+        })
+    }
+
+    /// What clears its environment is found by its group: a gone server's
+    /// recorded group is stopped whether its leader lives or is gone, and
+    /// not when its id is another process's now, nor when its server runs.
+    #[test]
+    fn a_gone_servers_groups_are_stopped_though_their_processes_cleared_their_environment() {
+        let root = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let start = Stat::of(me).unwrap().start;
+        let namespace = pid_namespace().unwrap();
+        let (mut led, led_sleep) = group_with_a_cleared_child(true);
+        let (_orphaned, orphan_sleep) = group_with_a_cleared_child(false);
+        let (_other, other_sleep) = group_with_a_cleared_child(true);
+        let (_running, running_sleep) = group_with_a_cleared_child(true);
+        let led_start = Stat::of(led.0.id()).unwrap().start;
+        let other_group = _other.0.id();
+        let gone_file = format!(
+            "{namespace}\n{} {led_start}\n{} 7\n{other_group} {}\n",
+            led.0.id(),
+            _orphaned.0.id(),
+            // Not its leader's start: its id is another process's now.
+            Stat::of(other_group).unwrap().start + 1,
+        );
+        // A gone server: this pid, not this start.
+        std::fs::write(
+            root.path().join(format!("{GROUPS_FILE}{me}-{}", start + 1)),
+            gone_file,
+        )
+        .unwrap();
+        // This server, which runs.
+        std::fs::write(
+            root.path().join(format!("{GROUPS_FILE}{me}-{start}")),
+            format!("{namespace}\n{} 0\n", _running.0.id()),
+        )
+        .unwrap();
+        for pid in [led_sleep, orphan_sleep, other_sleep, running_sleep] {
+            assert!(alive(pid), "{pid} runs");
+        }
+        assert_eq!(stop(root.path()), 3, "the leader and two cleared sleeps");
+        assert_eq!(led.0.wait().unwrap().signal(), Some(9));
+        for _ in 0..400 {
+            if !alive(led_sleep) && !alive(orphan_sleep) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            !alive(led_sleep),
+            "the live leader's cleared sleep was stopped"
+        );
+        assert!(
+            !alive(orphan_sleep),
+            "the gone leader's cleared sleep was stopped"
+        );
+        assert!(
+            alive(other_sleep),
+            "a group whose id is another's now is kept"
+        );
+        assert!(alive(running_sleep), "a running server's group is kept");
+        assert!(
+            !root
+                .path()
+                .join(format!("{GROUPS_FILE}{me}-{}", start + 1))
+                .exists(),
+            "the gone server's file is done with"
+        );
+        for pid in [other_sleep, running_sleep] {
+            let _ = rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
+        }
+    }
+
+    /// A server's own file names the groups it started, pruned to those
+    /// with a member once it holds more than it keeps.
+    #[test]
+    fn a_server_writes_down_the_groups_it_starts() {
+        let root = tempfile::tempdir().unwrap();
+        let (leader, sleep) = group_with_a_cleared_child(true);
+        record(root.path(), leader.0.id());
+        let me = std::process::id();
+        let file = root
+            .path()
+            .join(format!("{GROUPS_FILE}{me}-{}", Stat::of(me).unwrap().start));
+        let text = std::fs::read_to_string(&file).unwrap();
+        let start = Stat::of(leader.0.id()).unwrap().start;
+        assert_eq!(
+            text,
+            format!("{}\n{} {start}\n", pid_namespace().unwrap(), leader.0.id())
+        );
+        // Groups long gone (this test's own pid leads none) are pruned.
+        for _ in 0..GROUPS_KEPT {
+            record(root.path(), me);
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(
+            text.contains(&format!("\n{} {start}\n", leader.0.id())),
+            "{text}"
+        );
+        assert!(text.lines().count() < GROUPS_KEPT, "pruned: {text}");
+        drop(leader);
+        let _ = rustix::process::kill_process(Pid::from_raw(sleep as i32).unwrap(), Signal::KILL);
     }
 }

@@ -416,7 +416,13 @@ impl Sandbox {
             process.env(super::left_running::STARTED_BY, marker);
         }
         let confined = self.confines().then_some(policy);
-        spawn_on_confined_thread(process, confined)
+        let child = spawn_on_confined_thread(process, confined)?;
+        if let Some(pid) = child.id() {
+            // It leads its group: written down, the group is stopped after
+            // a crash even where its processes clear their environment.
+            super::left_running::record(&self.scratch_root, pid);
+        }
+        Ok(child)
     }
 
     /// Where scratch directory `name` is: `s-<name>`. Session ids are
