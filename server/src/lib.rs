@@ -148,7 +148,8 @@ pub async fn serve(
     let draining = state.draining.clone();
     let tasks = state.tasks.clone();
     let stopping = engine.clone();
-    let app = http::router(state);
+    // The AHP surface sits beside the REST one, under the same layers.
+    let app = http::router(state, ws::router());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // TCP_NODELAY, and deadlines for request heads and idle connections.
     let listener = http::listener::Guarded::new(listener);

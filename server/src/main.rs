@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use tether_server::config::{Cli, Command, DatabaseArgs, ServeArgs, hide_command_line};
+use tether_server::config::{Cli, Command, DatabaseArgs, ServeArgs, TokenArgs, hide_command_line};
 use tether_server::{AppState, serve, store, telemetry};
 use tokio::net::TcpListener;
 
@@ -28,7 +28,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Serve(args) => runtime.block_on(run_serve(*args, hidden.err())),
-        Command::Token(args) => tether_server::cli::token(&args),
+        Command::Token(args) => run_token(&args),
         Command::Doctor(args) => runtime.block_on(tether_server::doctor::run(&args)),
         Command::Openapi => {
             print!("{}", tether_server::http::openapi_json());
@@ -95,6 +95,37 @@ async fn run_rebuild(args: DatabaseArgs) -> ExitCode {
 fn fail(message: String) -> ExitCode {
     eprintln!("tether: error: {message}");
     ExitCode::FAILURE
+}
+
+/// `tether token`: mints a token from the auth secret and prints only it
+/// (exit code 2 when it cannot).
+fn run_token(args: &TokenArgs) -> ExitCode {
+    let fail = |message: String| {
+        eprintln!("tether: error: {message}");
+        ExitCode::from(2)
+    };
+    let secret = match tether_server::config::read_secret(
+        args.auth_secret.as_ref(),
+        args.auth_secret_file.as_ref(),
+    ) {
+        Ok(Some(secret)) => secret,
+        Ok(None) => {
+            return fail(
+                "no secret: set TETHER_AUTH_SECRET or pass --auth-secret-file, as for tether serve"
+                    .to_owned(),
+            );
+        }
+        Err(err) => return fail(err.to_string()),
+    };
+    let minted = tether_server::auth::token::Authenticator::new(&secret)
+        .and_then(|auth| auth.mint(&args.sub, args.role, &args.projects, args.ttl));
+    match minted {
+        Ok(token) => {
+            println!("{token}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => fail(err.to_string()),
+    }
 }
 
 async fn run_serve(args: ServeArgs, not_hidden: Option<std::io::Error>) -> ExitCode {

@@ -10,9 +10,6 @@ mod context;
 mod send;
 mod sessions;
 mod tail;
-mod token;
-
-pub use token::token;
 
 use context::{context_get, context_put};
 use send::{dirs, send};

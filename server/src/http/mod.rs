@@ -213,8 +213,10 @@ pub fn openapi_json_for(authenticated: bool) -> String {
     json
 }
 
-/// Builds the whole application router.
-pub fn router(state: AppState) -> Router {
+/// Builds the whole application router: the REST surface, the console
+/// and `beside` (the AHP surface, given by the caller so this module does
+/// not reach into it), under one set of layers.
+pub fn router(state: AppState, beside: Router<AppState>) -> Router {
     // Built once per form: with and without authentication.
     static SPECS: [OnceLock<Arc<str>>; 2] = [OnceLock::new(), OnceLock::new()];
     let authenticated = state.auth.enabled();
@@ -237,7 +239,7 @@ pub fn router(state: AppState) -> Router {
                 async move { ([("content-type", "application/json")], spec.to_string()) }
             }),
         )
-        .merge(crate::ws::router())
+        .merge(beside)
         .merge(console::router())
         .route("/mcp/{session}", axum::routing::any(mcp::serve))
         .fallback(not_found)
