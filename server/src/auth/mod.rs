@@ -146,6 +146,18 @@ impl Principal {
         self.expires_at.is_some()
     }
 
+    /// The scope of its durable origins (`store::Origin::scope`): the
+    /// empty scope without authentication, else its token's `sub`, so that
+    /// one principal can never use up (or answer with) another's sequence
+    /// numbers.
+    pub fn durable_scope(&self) -> String {
+        if self.authenticated() {
+            format!("sub:{}", self.sub)
+        } else {
+            String::new()
+        }
+    }
+
     /// Whether it may read `/metrics`.
     pub fn is_admin(&self) -> bool {
         self.role == Role::Admin

@@ -403,7 +403,7 @@ pub async fn dispatch(
     let origin = Origin {
         client_id: request.client_id.clone(),
         client_seq: request.client_seq,
-        scope: Origin::durable_scope(&caller),
+        scope: caller.durable_scope(),
     };
     match state
         .engine

@@ -145,17 +145,6 @@ impl Origin {
             scope: String::new(),
         }
     }
-
-    /// The durable scope of a caller: the empty scope without
-    /// authentication, else its token's `sub`, so that one principal can
-    /// never use up (or answer with) another's sequence numbers.
-    pub fn durable_scope(principal: &crate::auth::Principal) -> String {
-        if principal.authenticated() {
-            format!("sub:{}", principal.sub)
-        } else {
-            String::new()
-        }
-    }
 }
 
 /// One envelope to append.

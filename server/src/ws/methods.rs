@@ -38,7 +38,7 @@ impl Connection {
             .and_then(Value::as_bool)
             .unwrap_or(false);
         self.origin_scope = if durable {
-            Origin::durable_scope(&self.principal)
+            self.principal.durable_scope()
         } else {
             self.connection_scope.clone()
         };
