@@ -13,6 +13,7 @@ use tether_tests::{Backend, ServerProcess, TestDb, backend_tests, call, metric};
 backend_tests!(
     settled_sessions_past_the_limit_go_with_everything_they_own,
     a_text_naming_a_sessions_creation_ends_no_subscription,
+    an_older_versions_probe_home_goes_unless_a_session_holds_its_id,
 );
 
 const DAY_MS: i64 = 86_400_000;
@@ -547,5 +548,45 @@ async fn a_text_naming_a_sessions_creation_ends_no_subscription(db: TestDb) {
         .action("session/titleChanged", |a| a["title"] == "still heard")
         .await;
     assert_eq!(heard["title"], "still heard");
+    server.terminate().await;
+}
+
+/// An older version's start-up probe ran its agent in `s-probe-<agent>`,
+/// the scratch directory (HOME) a session named `probe-<agent>` would get:
+/// a start removes each such directory no session holds, and keeps the
+/// one of a session that has that id.
+async fn an_older_versions_probe_home_goes_unless_a_session_holds_its_id(db: TestDb) {
+    let scratch = tempfile::tempdir().unwrap();
+    let args = ["--agent-scratch-dir", scratch.path().to_str().unwrap()];
+    let mut server = ServerProcess::start(&db, &args).await;
+    let (status, body) = call(
+        &server.base_url(),
+        "POST",
+        "/v1/sessions",
+        Some(json!({"id": "probe-kept", "project": "p", "provider": "echo"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    server.terminate().await;
+    let home = |id: &str| scratch.path().join(format!("s-{id}"));
+    for id in ["probe-codex", "probe-kept", "probing"] {
+        std::fs::create_dir_all(home(id).join(".agent")).unwrap();
+        std::fs::write(home(id).join(".agent/login"), "planted").unwrap();
+    }
+    server.restart().await;
+    assert!(
+        !home("probe-codex").exists(),
+        "no session holds probe-codex: its HOME went"
+    );
+    assert!(
+        home("probe-kept").join(".agent/login").exists(),
+        "the session probe-kept keeps its HOME"
+    );
+    assert!(home("probing").exists(), "not a probe's name: left");
+    assert!(
+        server
+            .log()
+            .contains("removed an older version's probe scratch directory")
+    );
     server.terminate().await;
 }

@@ -272,6 +272,25 @@ impl Sandbox {
         }
     }
 
+    /// The session ids whose scratch directory a start-up probe of an
+    /// older version may have made and shared: `probe-<agent>` (now
+    /// `probe+<agent>`, [`probe_scratch`], a name no session can take).
+    /// Those no session holds are removed at start (`AppState::new`), so
+    /// a session made later with such an id starts with an empty HOME.
+    pub fn legacy_probe_scratches(&self) -> Vec<String> {
+        std::fs::read_dir(&self.scratch_root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|entry| {
+                let name = entry.file_name().into_string().ok()?;
+                let id = name.strip_prefix("s-")?;
+                id.starts_with("probe-").then(|| id.to_owned())
+            })
+            .collect()
+    }
+
     /// The configured mode.
     pub fn mode(&self) -> ConfinementMode {
         self.mode
