@@ -15,6 +15,8 @@
 #   bench/callgrind-socket.sh --sessions 100  # as many sessions as ingest-16 has
 #   bench/callgrind-socket.sh --fanout 200 --short 5 --long 15
 #       # per delivery instead: one session, 200 subscribers, 10 dispatches/s
+#   bench/callgrind-socket.sh --database-url postgres://…/fresh_db
+#       # the server's own instructions on Postgres (not Postgres's)
 #
 # Environment: TETHER_BIN, TETHER_LOAD_BIN (default: the release build),
 # TETHER_BENCH_PORT (default 17989).
@@ -28,6 +30,7 @@ keep=""
 in_flight=16
 sessions=10
 fanout=""
+database=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --short) short="$2"; shift ;;
@@ -37,7 +40,8 @@ while [ $# -gt 0 ]; do
     --in-flight) in_flight="$2"; shift ;;
     --sessions) sessions="$2"; shift ;;
     --fanout) fanout="$2"; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --database-url) database="$2"; shift ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -56,9 +60,10 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+database="${database:-sqlite:$work/tether.db}"
 
 RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" \
-  "$tether" serve --bind "127.0.0.1:$port" --database-url "sqlite:$work/tether.db" \
+  "$tether" serve --bind "127.0.0.1:$port" --database-url "$database" \
   >"$work/server.log" 2>&1 &
 server=$!
 for _ in $(seq 1 600); do
