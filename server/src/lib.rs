@@ -95,7 +95,11 @@ impl AppState {
                 );
             }
         });
-        remove_legacy_probe_scratches(&*store, &config.engine.sandbox).await;
+        config
+            .engine
+            .sandbox
+            .remove_legacy_probe_scratches(&*store)
+            .await;
         let effects: Arc<dyn Effects> = match &config.effects {
             EffectsConfig::Local => Arc::new(LocalEffects),
             EffectsConfig::Webhook { url } => Arc::new(
@@ -128,30 +132,6 @@ impl AppState {
             tasks: TaskTracker::new(),
             started: Instant::now(),
         })
-    }
-}
-
-/// Removes the scratch directories an older version's start-up probes
-/// made under a name a session could take (`probe-<agent>`,
-/// [`agents::sandbox::Sandbox::legacy_probe_scratches`]) when no session
-/// holds that id: a session made with it later would start in a HOME the
-/// probe (or an earlier holder of the name) filled.
-async fn remove_legacy_probe_scratches(store: &dyn Store, sandbox: &agents::sandbox::Sandbox) {
-    for id in sandbox.legacy_probe_scratches() {
-        match store.session(&id).await {
-            Ok(None) => match sandbox.remove_scratch(&id) {
-                Ok(()) => {
-                    tracing::info!(scratch = %id, "removed an older version's probe scratch directory")
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, scratch = %id, "cannot remove an older version's probe scratch directory")
-                }
-            },
-            Ok(Some(_)) => {}
-            Err(err) => {
-                tracing::warn!(error = %err, scratch = %id, "cannot tell whether a session holds a probe scratch directory; left")
-            }
-        }
     }
 }
 

@@ -93,17 +93,18 @@ async fn run_rebuild(args: DatabaseArgs) -> ExitCode {
 
 /// Prints one line to stderr and returns a failing exit code.
 fn fail(message: String) -> ExitCode {
+    fail_with(message, ExitCode::FAILURE)
+}
+
+fn fail_with(message: String, code: ExitCode) -> ExitCode {
     eprintln!("tether: error: {message}");
-    ExitCode::FAILURE
+    code
 }
 
 /// `tether token`: mints a token from the auth secret and prints only it
 /// (exit code 2 when it cannot).
 fn run_token(args: &TokenArgs) -> ExitCode {
-    let fail = |message: String| {
-        eprintln!("tether: error: {message}");
-        ExitCode::from(2)
-    };
+    let fail = |message: String| fail_with(message, ExitCode::from(2));
     let secret = match tether_server::config::read_secret(
         args.auth_secret.as_ref(),
         args.auth_secret_file.as_ref(),

@@ -104,8 +104,9 @@ pub fn record(scratch_root: &Path, pid: u32) {
     }
     let name = format!("{GROUPS_FILE}{}-{}", std::process::id(), me.start);
     let path = scratch_root.join(&name);
-    let written = std::fs::write(scratch_root.join(format!("{name}.new")), text)
-        .and_then(|()| std::fs::rename(scratch_root.join(format!("{name}.new")), &path));
+    // Whole or not at all: written aside, then renamed over the last.
+    let new = scratch_root.join(format!("{name}.new"));
+    let written = std::fs::write(&new, text).and_then(|()| std::fs::rename(&new, &path));
     if let Err(err) = written {
         tracing::warn!(error = %err, file = %path.display(), "cannot write down the process groups this server started; one whose processes clear their environment cannot be stopped after a crash");
     }
@@ -124,8 +125,7 @@ fn groups_left(root: &Path, namespace: &str) -> (HashSet<u32>, Vec<PathBuf>) {
         let Some((server, start)) = name
             .to_str()
             .and_then(|name| name.strip_prefix(GROUPS_FILE))
-            .and_then(|rest| rest.split_once('-'))
-            .and_then(|(pid, start)| Some((pid.parse::<u32>().ok()?, start.parse::<u64>().ok()?)))
+            .and_then(|rest| pid_and_start(rest, '-'))
         else {
             continue;
         };
@@ -142,10 +142,7 @@ fn groups_left(root: &Path, namespace: &str) -> (HashSet<u32>, Vec<PathBuf>) {
         }
         files.push(entry.path());
         for line in lines {
-            let Some((group, start)) = line
-                .split_once(' ')
-                .and_then(|(g, s)| Some((g.parse::<u32>().ok()?, s.parse::<u64>().ok()?)))
-            else {
+            let Some((group, start)) = pid_and_start(line, ' ') else {
                 continue;
             };
             // Its leader is the process recorded, or gone: then no other
@@ -158,15 +155,26 @@ fn groups_left(root: &Path, namespace: &str) -> (HashSet<u32>, Vec<PathBuf>) {
     (left, files)
 }
 
+/// `PID<separator>START`, as the groups files write a process.
+fn pid_and_start(text: &str, separator: char) -> Option<(u32, u64)> {
+    let (pid, start) = text.split_once(separator)?;
+    Some((pid.parse().ok()?, start.parse().ok()?))
+}
+
 /// The process groups with a member now.
 fn groups_with_members() -> HashSet<u32> {
+    pids()
+        .filter_map(|pid| Stat::of(pid).map(|stat| stat.group))
+        .collect()
+}
+
+/// The processes `/proc` lists now (none when it cannot be read).
+fn pids() -> impl Iterator<Item = u32> {
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| Stat::of(pid).map(|stat| stat.group))
-        .collect()
 }
 
 /// Stops what a server of `scratch_root` that is gone left running (see
@@ -182,16 +190,8 @@ pub fn stop(scratch_root: &Path) -> usize {
     let (groups, files) = groups_left(&root, &namespace);
     let mut held: HashMap<u32, (OwnedFd, String)> = HashMap::new();
     for _ in 0..SCANS {
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            break;
-        };
         let mut found = 0;
-        for pid in entries.flatten().filter_map(|entry| {
-            entry
-                .file_name()
-                .to_str()
-                .and_then(|name| name.parse::<u32>().ok())
-        }) {
+        for pid in pids() {
             if held.contains_key(&pid) || spared.contains(&pid) {
                 continue;
             }
@@ -204,7 +204,9 @@ pub fn stop(scratch_root: &Path) -> usize {
             let Ok(fd) = pidfd_open(raw, PidfdFlags::empty()) else {
                 continue;
             };
-            let in_a_group_left = || Stat::of(pid).is_some_and(|stat| groups.contains(&stat.group));
+            let in_a_group_left = || {
+                !groups.is_empty() && Stat::of(pid).is_some_and(|stat| groups.contains(&stat.group))
+            };
             if (left_by_a_server_gone(pid, &root, &namespace) || in_a_group_left())
                 && pidfd_send_signal(&fd, Signal::STOP).is_ok()
             {

@@ -180,6 +180,9 @@ pub fn probe_scratch(agent: &str) -> String {
     format!("probe+{agent}")
 }
 
+/// What a scratch directory's name starts with (`s-<name>`).
+const SCRATCH_PREFIX: &str = "s-";
+
 /// How this host starts agent processes; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Sandbox {
@@ -272,23 +275,40 @@ impl Sandbox {
         }
     }
 
-    /// The session ids whose scratch directory a start-up probe of an
-    /// older version may have made and shared: `probe-<agent>` (now
-    /// `probe+<agent>`, [`probe_scratch`], a name no session can take).
-    /// Those no session holds are removed at start (`AppState::new`), so
-    /// a session made later with such an id starts with an empty HOME.
-    pub fn legacy_probe_scratches(&self) -> Vec<String> {
-        std::fs::read_dir(&self.scratch_root)
+    /// Removes the scratch directories an older version's start-up probes
+    /// made under a name a session could take, `probe-<agent>` (now
+    /// `probe+<agent>`, [`probe_scratch`], a name no session can take),
+    /// unless a session holds that id: a session made with it later would
+    /// otherwise start in a HOME the probe (or an earlier holder of the
+    /// name) filled. Run at start (`AppState::new`).
+    pub async fn remove_legacy_probe_scratches(&self, store: &dyn crate::store::Store) {
+        let legacy: Vec<String> = std::fs::read_dir(&self.scratch_root)
             .into_iter()
             .flatten()
             .flatten()
             .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
             .filter_map(|entry| {
                 let name = entry.file_name().into_string().ok()?;
-                let id = name.strip_prefix("s-")?;
+                let id = name.strip_prefix(SCRATCH_PREFIX)?;
                 id.starts_with("probe-").then(|| id.to_owned())
             })
-            .collect()
+            .collect();
+        for id in legacy {
+            match store.session(&id).await {
+                Ok(None) => match self.remove_scratch(&id) {
+                    Ok(()) => {
+                        tracing::info!(scratch = %id, "removed an older version's probe scratch directory")
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, scratch = %id, "cannot remove an older version's probe scratch directory")
+                    }
+                },
+                Ok(Some(_)) => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, scratch = %id, "cannot tell whether a session holds a probe scratch directory; left")
+                }
+            }
+        }
     }
 
     /// The configured mode.
@@ -449,7 +469,7 @@ impl Sandbox {
     /// and a name with any other character (a probe's, [`probe_scratch`])
     /// is no session's.
     fn scratch_path(&self, name: &str) -> PathBuf {
-        self.scratch_root.join(format!("s-{name}"))
+        self.scratch_root.join(format!("{SCRATCH_PREFIX}{name}"))
     }
 
     /// The scratch directory `name` (made, private to this user, if new).

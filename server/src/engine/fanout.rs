@@ -391,16 +391,9 @@ impl Routing {
     /// every envelope of the channel above it arrives in the inbox (or
     /// marks it lagged).
     pub fn route(&mut self, channel: &str) -> u64 {
-        let mut routes = self.hub.routes();
-        let published = self.hub.published();
-        add_route(
-            &mut routes,
-            &mut self.channels,
-            &self.inbox,
-            channel,
-            published,
-        );
-        published
+        // A subscription that has everything there is: nothing is quiet
+        // above the hub's seq, so it is routed there.
+        self.route_after(channel, u64::MAX)
     }
 
     /// Routes `channel` here for a subscription that has every envelope of
@@ -412,13 +405,13 @@ impl Routing {
     pub fn route_after(&mut self, channel: &str, after: u64) -> u64 {
         let mut routes = self.hub.routes();
         let published = self.hub.published();
-        let route = add_route(
-            &mut routes,
-            &mut self.channels,
-            &self.inbox,
-            channel,
-            published,
-        );
+        let route = routes
+            .by_channel
+            .entry(channel.to_owned())
+            .or_insert_with(|| ChannelRoute::new(published));
+        if self.channels.insert(channel.to_owned()) {
+            route.inboxes.push(self.inbox.clone());
+        }
         if route.quiet_after(after) {
             after.min(published)
         } else {
@@ -517,25 +510,6 @@ fn take_next(state: &mut InboxState) -> Option<Inbound> {
         return Some(Inbound::Lagged);
     }
     state.items.pop().map(Inbound::Item)
-}
-
-/// Puts `inbox` on `channel`'s route (made, when there is none, at
-/// `published`) unless `channels` says it is there, and returns the route.
-fn add_route<'r>(
-    routes: &'r mut Routes,
-    channels: &mut HashSet<String, foldhash::fast::RandomState>,
-    inbox: &Arc<Inbox>,
-    channel: &str,
-    published: u64,
-) -> &'r mut ChannelRoute<Arc<Inbox>> {
-    let route = routes
-        .by_channel
-        .entry(channel.to_owned())
-        .or_insert_with(|| ChannelRoute::new(published));
-    if channels.insert(channel.to_owned()) {
-        route.inboxes.push(inbox.clone());
-    }
-    route
 }
 
 fn remove_inbox(routes: &mut Routes, channel: &str, id: u64) {
